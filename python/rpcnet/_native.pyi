@@ -1,0 +1,225 @@
+"""Sans-I/O codec and checks of the ggml RPC protocol (rpcnet's native core, built from rust/src).
+
+Integers are Python ints; arguments typed ``int`` for wire fields must fit their unsigned wire
+width (u64 unless noted) or ``OverflowError`` is raised. ``Buffer`` arguments accept any
+C-contiguous object exporting the buffer protocol (bytes, bytearray, memoryview, numpy arrays),
+read-only ones included.
+"""
+
+import sys
+from typing import Final
+
+if sys.version_info >= (3, 12):
+    from collections.abc import Buffer
+else:
+    from typing_extensions import Buffer
+
+PROTO_V8: Final[int]  # 8
+PROTO_V7: Final[int]  # 7
+RPC_TENSOR_SIZE: Final[int]  # 296
+MAX_CHUNK: Final[int]  # 1 << 30
+GGML_TYPE_COUNT: Final[int]  # 43
+
+class NativeError(Exception):
+    """Base class of every error raised by rpcnet._native."""
+
+class FrameError(NativeError):
+    """Bad request header."""
+
+    cmd: int
+    size: int
+    reason: str
+
+class TensorError(NativeError):
+    """Bad rpc_tensor, type, size computation or region."""
+
+    reason: str
+
+class GraphError(NativeError):
+    """Malformed GRAPH_COMPUTE payload."""
+
+    reason: str
+
+# --- framing (spec §1.2, §3, §14); proto must be 7 or 8, else ValueError ---------------------
+
+def command_name(proto: int, cmd: int) -> str:
+    """The command's name ("SET_TENSOR", ...) in the dialect, else "UNKNOWN(<cmd>)"."""
+
+def check_header(proto: int, cmd: int, size: int, max_data: int, max_graph: int) -> None:
+    """Validate a request header before reading the payload; FrameError on failure.
+
+    Rejects unknown commands (>= RPC_CMD_NONE: 23 in v8, 18 in v7), fixed-size commands with
+    another size, SET_TENSOR < 305, SET_TENSOR_2D < 328, GRAPH_COMPUTE < 16 (v8) / < 8 (v7),
+    SET_TENSOR / SET_TENSOR_2D above max_data and GRAPH_COMPUTE above max_graph. HELLO (24 bytes)
+    passes; "first and only once" is the caller's rule.
+    """
+
+def request_size(proto: int, cmd: int) -> int | None:
+    """Fixed request payload size, None if variable. FrameError for an unknown command."""
+
+def response_size(proto: int, cmd: int) -> int | None:
+    """Fixed response payload size; None = no response; -1 = variable (GET_TENSOR, GET_TENSOR_2D).
+
+    FrameError for an unknown command.
+    """
+
+# --- ggml types (spec Appendix A, §5.1) ------------------------------------------------------
+
+def type_info(type_id: int) -> tuple[str, int, int, bool]:
+    """(name, block_size, type_size, is_quantized); TensorError for ids >= 43 or removed ids."""
+
+def tensor_nbytes(
+    type_id: int, ne: tuple[int, int, int, int], nb: tuple[int, int, int, int]
+) -> int:
+    """ggml_nbytes with u64 overflow checks; 0 if any ne is 0. TensorError on bad type/overflow."""
+
+def nelements(ne: tuple[int, ...] | list[int]) -> int:
+    """Product of ne; TensorError past i64::MAX."""
+
+# --- rpc_tensor (spec §4) --------------------------------------------------------------------
+
+class RpcTensor:
+    """One 296-byte rpc_tensor. Immutable, hashable, compared by value (all 296 bytes)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def type(self) -> int: ...
+    @property
+    def buffer(self) -> int: ...
+    @property
+    def ne(self) -> tuple[int, int, int, int]: ...
+    @property
+    def nb(self) -> tuple[int, int, int, int]: ...
+    @property
+    def op(self) -> int: ...
+    @property
+    def op_params(self) -> bytes:
+        """The 64 raw bytes."""
+    @property
+    def flags(self) -> int:
+        """i32."""
+    @property
+    def src(self) -> tuple[int, int, int, int, int, int, int, int, int, int]: ...
+    @property
+    def view_src(self) -> int: ...
+    @property
+    def view_offs(self) -> int: ...
+    @property
+    def data(self) -> int: ...
+    @property
+    def name(self) -> str:
+        """Bytes up to the first NUL, decoded as UTF-8 with replacement."""
+    @property
+    def use_count(self) -> int:
+        """i32."""
+    def __init__(
+        self,
+        *,
+        id: int = 0,
+        type: int = 0,
+        buffer: int = 0,
+        ne: tuple[int, int, int, int] = (1, 1, 1, 1),
+        nb: tuple[int, int, int, int] | None = None,
+        op: int = 0,
+        op_params: Buffer | None = b"",
+        flags: int = 0,
+        src: tuple[int, ...] | list[int] = (),
+        view_src: int = 0,
+        view_offs: int = 0,
+        data: int = 0,
+        name: str = "",
+        use_count: int = 0,
+    ) -> None:
+        """Keyword-only. ne/nb/type/op are u32, flags/use_count i32.
+
+        nb None => contiguous strides of the type (TensorError for an invalid type or a stride
+        beyond u32). op_params is zero-padded to 64 bytes and src to 10 ids (ValueError when
+        longer); name must be at most 63 UTF-8 bytes without NUL (ValueError).
+        """
+    def to_bytes(self) -> bytes:
+        """The exact 296-byte encoding (decode_tensor(t.to_bytes()) == t)."""
+    def nbytes(self) -> int:
+        """tensor_nbytes(self.type, self.ne, self.nb)."""
+    def nelements(self) -> int: ...
+    def op_param_i32(self, i: int) -> int:
+        """op_params slot i (0..15) as i32; IndexError outside."""
+    def op_param_f32(self, i: int) -> float:
+        """op_params slot i (0..15) as f32 bits; IndexError outside."""
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+def decode_tensor(data: Buffer, offset: int = 0) -> RpcTensor:
+    """Decode 296 bytes at offset (no field validation); TensorError if fewer remain."""
+
+def decode_tensors(data: Buffer, offset: int, count: int) -> list[RpcTensor]:
+    """Decode count consecutive tensors at offset; TensorError if the buffer is too short."""
+
+# --- graphs (spec §8.1, §14) -----------------------------------------------------------------
+
+class Graph:
+    """A decoded GRAPH_COMPUTE payload (lists are built once; treat them as read-only)."""
+
+    @property
+    def device(self) -> int: ...
+    @property
+    def uid(self) -> int:
+        """0 for v7."""
+    @property
+    def nodes(self) -> list[int]:
+        """Node tensor ids in execution order."""
+    @property
+    def tensors(self) -> list[RpcTensor]: ...
+
+def decode_graph(proto: int, payload: Buffer) -> Graph:
+    """Decode a GRAPH_COMPUTE payload; GraphError when truncated. Trailing bytes are ignored."""
+
+# --- region checks (overflow-checked u64; TensorError with a reason on failure) ---------------
+
+def check_tensor_in_buffer(data: int, nbytes: int, base: int, size: int) -> None:
+    """Spec §5.1 rule 5: data >= base and data + nbytes <= base + size, without overflow."""
+
+def check_region(
+    base: int, size: int, data: int, offset: int, length: int, tensor_nbytes: int
+) -> None:
+    """SET/GET_TENSOR, SET_TENSOR_HASH (spec §5.2); also offset + length <= tensor_nbytes."""
+
+def check_memset(
+    base: int, size: int, data: int, offset: int, length: int, tensor_nbytes: int
+) -> None:
+    """MEMSET_TENSOR checks in the order of spec §7.14."""
+
+def check_region_2d(
+    base: int,
+    size: int,
+    data: int,
+    tensor_nbytes: int,
+    offset: int,
+    row: int,
+    n_copies: int,
+    stride: int,
+    payload: int | None,
+) -> None:
+    """SET_TENSOR_2D (payload = request size - 328) or GET_TENSOR_2D (payload None).
+
+    Spec §7.16 items 2 and 4-6, §7.17.
+    """
+
+# --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
+
+def fnv1a64(data: Buffer) -> int: ...
+
+class Fnv1a64:
+    def __init__(self) -> None: ...
+    def update(self, data: Buffer) -> None: ...
+    def digest(self) -> int: ...
+    def hexdigest(self) -> str:
+        """16 lowercase hex digits, zero padded (the hash-cache file name)."""
+
+# --- chunking (spec §1.2) --------------------------------------------------------------------
+
+def chunk_plan(total: int, chunk: int = ...) -> list[tuple[int, int]]:
+    """(offset, length) pieces of at most chunk bytes (default MAX_CHUNK).
+
+    ValueError if chunk == 0.
+    """

@@ -1,0 +1,161 @@
+"""The `rpcnet` command line: serve, caps, ops."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+
+from rpcnet import __version__
+from rpcnet.protocol.commands import DEFAULT_PROTOCOL
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'512M', '8G', '1.5g', '1048576' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512M, 8G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rpcnet", description="Remote ggml device server for llama.cpp")
+    parser.add_argument(
+        "--version", action="version", version=f"rpcnet {__version__} (ggml RPC protocol {DEFAULT_PROTOCOL}.0.0 default, 7.0.0 with --proto 7)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve devices to llama.cpp RPC clients")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=50052)
+    serve.add_argument("--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL, help="protocol major version")
+    serve.add_argument("--device", default="cpu", help="device to serve (cpu)")
+    serve.add_argument("--mem", type=parse_size, help="memory to report and enforce (default: physical RAM)")
+    serve.add_argument("--threads", type=int, help="compute threads")
+    serve.add_argument(
+        "--cache", nargs="?", const="", default=None, metavar="DIR",
+        help="enable the weight hash cache (default dir: $LLAMA_CACHE/rpc or ~/.cache/llama.cpp/rpc)",
+    )
+    serve.add_argument("--cache-max", type=parse_size, help="bound the cache directory (LRU eviction)")
+    serve.add_argument("-v", "--verbose", action="count", default=0)
+
+    caps = sub.add_parser("caps", help="connect, HELLO, and show what was negotiated")
+    caps.add_argument("endpoint", type=parse_endpoint, metavar="HOST:PORT")
+    caps.add_argument("--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL)
+    caps.add_argument("--json", action="store_true")
+
+    sub.add_parser("ops", help="list the supported (op, types) kernels")
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rpcnet.server.app import ServerConfig, run
+    from rpcnet.server.cache import default_cache_dir
+
+    level = logging.WARNING - 10 * min(args.verbose, 2) + (10 if args.verbose == 0 else 0)
+    logging.basicConfig(level=min(level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose >= 2:
+        logging.getLogger().setLevel(logging.DEBUG)
+    cache_dir = None
+    if args.cache is not None:
+        cache_dir = Path(args.cache) if args.cache else default_cache_dir()
+    config = ServerConfig(
+        host=args.host, port=args.port, proto=args.proto, device=args.device, mem=args.mem,
+        threads=args.threads, cache_dir=cache_dir, cache_max=args.cache_max,
+    )
+    try:
+        run(config)
+    except OSError as exc:
+        print(f"rpcnet: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"rpcnet: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def probe_caps(host: str, port: int, proto: int) -> dict:
+    from rpcnet.caps import decode_caps, describe_caps, negotiated_transport
+    from rpcnet.client import RpcClient
+
+    client = await RpcClient.connect(host, port, proto, hello=False)
+    try:
+        hello = await client.hello()
+        devices = []
+        for index in range(await client.device_count()):
+            free, total = await client.device_memory(index)
+            devices.append({
+                "index": index, "free": free, "total": total,
+                "alignment": await client.alignment(index), "max_size": await client.max_size(index),
+            })
+    finally:
+        await client.close()
+    rdma = decode_caps(hello.server_caps)
+    return {
+        "endpoint": f"{host}:{port}",
+        "version": ".".join(map(str, hello.version)),
+        "client_caps": hello.client_caps.hex(),
+        "client_caps_decoded": describe_caps(hello.client_caps),
+        "server_caps": hello.server_caps.hex(),
+        "server_caps_decoded": describe_caps(hello.server_caps),
+        "server_rdma": None if rdma is None else {"qpn": rdma.qpn, "psn": rdma.psn, "gid": rdma.gid_text},
+        "transport": negotiated_transport(hello.client_caps, hello.server_caps),
+        "devices": devices,
+    }
+
+
+def cmd_caps(args: argparse.Namespace) -> int:
+    host, port = args.endpoint
+    try:
+        info = asyncio.run(asyncio.wait_for(probe_caps(host, port, args.proto), 10))
+    except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - report any failure plainly
+        print(f"rpcnet caps: {host}:{port}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"endpoint        {info['endpoint']}")
+    print(f"protocol        {info['version']}")
+    print(f"client caps     {info['client_caps']}  ({info['client_caps_decoded']})")
+    print(f"server caps     {info['server_caps']}  ({info['server_caps_decoded']})")
+    print(f"transport       {info['transport']}")
+    print(f"devices         {len(info['devices'])}")
+    for d in info["devices"]:
+        print(
+            f"  [{d['index']}] memory {d['free'] >> 20} MiB free / {d['total'] >> 20} MiB total, "
+            f"alignment {d['alignment']}, max size {d['max_size']:#x}"
+        )
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from rpcnet.compute import kernels  # noqa: F401 - registers the kernels
+    from rpcnet.compute.kernels.registry import table
+    from rpcnet.compute.ops import op_name
+
+    for k in table("cpu"):
+        print(f"{op_name(k.op):<20} {k.types:<48} {k.device}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"serve": cmd_serve, "caps": cmd_caps, "ops": cmd_ops}[args.command]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

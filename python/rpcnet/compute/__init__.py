@@ -1,0 +1,1 @@
+"""Device executors, graph plans and kernels."""

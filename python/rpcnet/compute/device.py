@@ -1,0 +1,97 @@
+"""Devices: memory accounting shared by every client, and one worker thread that runs plans."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+class MemoryPool:
+    """Capacity bookkeeping for one device; thread-safe because workers may cache derived data."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> bool:
+        with self._lock:
+            if nbytes > self.capacity - self._held:
+                return False
+            self._held += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self._held -= nbytes
+            assert self._held >= 0, "memory pool released more than it held"
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self._held)
+
+
+@dataclass
+class Device:
+    """A compute device as the protocol sees it (index, name, memory) plus its executor."""
+
+    index: int
+    name: str
+    description: str
+    memory: MemoryPool
+    xp: Any = np
+    alignment: int = 32
+    max_size: int = (1 << 64) - 1
+    threads: int = 1
+    _worker: ThreadPoolExecutor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # One worker per device: plans of all clients run in FIFO order, never concurrently.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rpcnet-{self.name}")
+
+    def allocate(self, nbytes: int) -> Any | None:
+        """Raw device memory, or None when the device cannot hold it."""
+        if not self.memory.reserve(nbytes):
+            return None
+        try:
+            return self.xp.empty(nbytes, dtype=self.xp.uint8)
+        except MemoryError:
+            self.memory.release(nbytes)
+            return None
+
+    def release(self, nbytes: int) -> None:
+        self.memory.release(nbytes)
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        return self._worker.submit(fn)
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+
+def cpu_device(index: int = 0, capacity: int | None = None, threads: int | None = None) -> Device:
+    total = capacity if capacity is not None else physical_memory()
+    n_threads = threads or max(1, (os.cpu_count() or 2) // 2)
+    return Device(
+        index=index,
+        name="CPU",
+        description=f"rpcnet CPU ({n_threads} threads, NumPy)",
+        memory=MemoryPool(total),
+        threads=n_threads,
+    )

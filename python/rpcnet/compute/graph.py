@@ -1,0 +1,95 @@
+"""Rebuild a client's graph from GRAPH_COMPUTE (spec §8.3) and compile it into a plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rpcnet import _native
+from rpcnet.compute.errors import ComputeError
+from rpcnet.compute import kernels  # noqa: F401 - registers the kernels
+from rpcnet.compute.kernels import registry
+from rpcnet.compute.ops import VIEW_OPS
+from rpcnet.compute.tensor import Tensor
+
+# (wire tensor) -> (buffer or None, byte offset in it); raises ComputeError for invalid tensors.
+Locator = Callable[[_native.RpcTensor], tuple[Any | None, int]]
+
+
+def build_nodes(graph: _native.Graph, locate: Locator) -> list[Tensor]:
+    """Resolve every node and, recursively, its sources and view roots; first duplicate id wins."""
+    by_id: dict[int, _native.RpcTensor] = {}
+    for wire in graph.tensors:
+        by_id.setdefault(wire.id, wire)
+    resolved: dict[int, Tensor] = {}
+
+    def resolve(tid: int) -> Tensor:
+        done = resolved.get(tid)
+        if done is not None:
+            return done
+        # Iterative post-order walk: client graphs can be thousands of tensors deep.
+        stack: list[tuple[int, bool]] = [(tid, False)]
+        visiting: set[int] = set()
+        while stack:
+            cur, expanded = stack.pop()
+            if cur in resolved:
+                continue
+            wire = by_id.get(cur)
+            if wire is None:
+                raise ComputeError(f"graph references tensor id {cur:#x} that was not sent")
+            deps = [s for s in wire.src if s] + ([wire.view_src] if wire.view_src else [])
+            if not expanded:
+                if cur in visiting:
+                    raise ComputeError(f"graph has a cycle through tensor id {cur:#x}")
+                visiting.add(cur)
+                stack.append((cur, True))
+                stack.extend((d, False) for d in deps if d not in resolved)
+                continue
+            buffer, offset = locate(wire)
+            t = Tensor.from_wire(wire, buffer, offset)
+            t.src = tuple(resolved[s] if s else None for s in wire.src)
+            t.view_src = resolved[wire.view_src] if wire.view_src else None
+            resolved[cur] = t
+        return resolved[tid]
+
+    nodes = []
+    for nid in graph.nodes:
+        if nid == 0:
+            continue
+        nodes.append(resolve(nid))
+    if len(set(map(id, nodes))) != len(nodes):
+        raise ComputeError("graph lists the same node twice")
+    return nodes
+
+
+@dataclass
+class Plan:
+    """A graph compiled once into kernel closures; re-running it does no decoding."""
+
+    steps: list[Callable[[], None]]
+    buffers: frozenset[int] = field(default_factory=frozenset)  # handles it touches
+    n_nodes: int = 0
+
+    def run(self) -> None:
+        for step in self.steps:
+            step()
+
+
+def needs_compute(node: Tensor) -> bool:
+    return node.is_computed and node.op not in VIEW_OPS and node.nelements > 0
+
+
+def compile_plan(nodes: list[Tensor], device: str = "cpu") -> Plan:
+    steps = []
+    handles: set[int] = set()
+    for node in nodes:
+        for t in (node, *node.src):
+            if t is not None and t.buffer is not None:
+                handles.add(t.buffer.handle)
+        if not needs_compute(node):
+            continue
+        if node.buffer is None:
+            raise ComputeError(f"node {node.describe()} has no storage on this server")
+        kernel = registry.select(node, device)
+        steps.append(kernel.build(node))
+    return Plan(steps, frozenset(handles), len(nodes))

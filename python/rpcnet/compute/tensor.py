@@ -1,0 +1,66 @@
+"""A graph tensor resolved against session buffers: where its bytes live and how they are laid out."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpcnet import _native
+
+FLAG_COMPUTE = 16
+
+
+@dataclass(eq=False)
+class Tensor:
+    id: int
+    type: int
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    op: int
+    op_params: bytes
+    flags: int
+    name: str
+    buffer: Any | None  # rpcnet.server.buffers.DeviceBuffer
+    offset: int  # byte offset of element 0 inside buffer.array
+    src: tuple[Tensor | None, ...] = field(default=())
+    view_src: Tensor | None = None
+
+    @classmethod
+    def from_wire(cls, t: _native.RpcTensor, buffer: Any | None, offset: int) -> Tensor:
+        return cls(
+            id=t.id,
+            type=t.type,
+            ne=t.ne,
+            nb=t.nb,
+            op=t.op,
+            op_params=t.op_params,
+            flags=t.flags,
+            name=t.name,
+            buffer=buffer,
+            offset=offset,
+        )
+
+    @property
+    def nelements(self) -> int:
+        ne = self.ne
+        return ne[0] * ne[1] * ne[2] * ne[3]
+
+    @property
+    def nbytes(self) -> int:
+        return _native.tensor_nbytes(self.type, self.ne, self.nb)
+
+    @property
+    def is_computed(self) -> bool:
+        return bool(self.flags & FLAG_COMPUTE)
+
+    def i32(self, slot: int) -> int:
+        return struct.unpack_from("<i", self.op_params, 4 * slot)[0]
+
+    def f32(self, slot: int) -> float:
+        return struct.unpack_from("<f", self.op_params, 4 * slot)[0]
+
+    def describe(self) -> str:
+        name, *_ = _native.type_info(self.type) if self.type < _native.GGML_TYPE_COUNT else ("?",)
+        ne = "x".join(str(n) for n in self.ne)
+        return f"{self.name or self.id:}:{name}[{ne}]"

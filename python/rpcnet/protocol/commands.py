@@ -1,0 +1,66 @@
+"""Command ids of the two protocol dialects (spec §3 and §14).
+
+Ids 0..17 are shared; v8 adds the 2-D transfers and the COMM_* family and moves the
+client-internal NONE marker from 18 to 23.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Cmd(enum.IntEnum):
+    ALLOC_BUFFER = 0
+    GET_ALIGNMENT = 1
+    GET_MAX_SIZE = 2
+    BUFFER_GET_BASE = 3
+    FREE_BUFFER = 4
+    BUFFER_CLEAR = 5
+    SET_TENSOR = 6
+    SET_TENSOR_HASH = 7
+    GET_TENSOR = 8
+    COPY_TENSOR = 9
+    GRAPH_COMPUTE = 10
+    GET_DEVICE_MEMORY = 11
+    INIT_TENSOR = 12
+    GET_ALLOC_SIZE = 13
+    HELLO = 14
+    DEVICE_COUNT = 15
+    GRAPH_RECOMPUTE = 16
+    MEMSET_TENSOR = 17
+    SET_TENSOR_2D = 18
+    GET_TENSOR_2D = 19
+    COMM_INIT = 20
+    COMM_ALLREDUCE = 21
+    COMM_FREE = 22
+
+
+SUPPORTED_PROTOCOLS = (8, 7)
+DEFAULT_PROTOCOL = 8
+
+# Commands that must not overlap a running graph of the same connection (spec §8.6).
+WAITS_FOR_GRAPH = frozenset(
+    {
+        Cmd.FREE_BUFFER,
+        Cmd.BUFFER_CLEAR,
+        Cmd.MEMSET_TENSOR,
+        Cmd.SET_TENSOR,
+        Cmd.SET_TENSOR_2D,
+        Cmd.SET_TENSOR_HASH,
+        Cmd.INIT_TENSOR,
+        Cmd.GET_TENSOR,
+        Cmd.GET_TENSOR_2D,
+        Cmd.COPY_TENSOR,
+        Cmd.COMM_ALLREDUCE,
+    }
+)
+
+HEADER_SIZE = 9  # cmd u8 + size u64
+HELLO_CAPS_SIZE = 24
+
+
+def version_triple(proto: int) -> tuple[int, int, int]:
+    """The (major, minor, patch) a server of this dialect announces in HELLO."""
+    if proto not in SUPPORTED_PROTOCOLS:
+        raise ValueError(f"unsupported protocol {proto}; choose one of {SUPPORTED_PROTOCOLS}")
+    return (proto, 0, 0)

@@ -1,0 +1,1 @@
+"""The asyncio server: one task per connection, each with its own isolated session."""

@@ -1,0 +1,316 @@
+"""One client's session: its buffers, graph cache and command semantics (spec §7, §8).
+
+Sans-I/O: methods take payload bytes and return response payloads (or None). The connection
+layer moves bytes and awaits; nothing here touches a socket. Any client error raises
+`ProtocolViolation` (or a narrow native error), which closes this connection only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from rpcnet import _native
+from rpcnet.compute.device import Device
+from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.graph import Plan, build_nodes, compile_plan
+from rpcnet.protocol import messages as msg
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, Cmd, version_triple
+from rpcnet.server.buffers import BufferTable, DeviceBuffer
+from rpcnet.server.cache import HashCache
+
+log = logging.getLogger("rpcnet.session")
+
+GRAPH_CACHE_MAX = 1024  # per device; must match the client's rule exactly (spec §8.4)
+NO_CAPS = bytes(HELLO_CAPS_SIZE)
+
+
+class ProtocolViolation(Exception):
+    """The client sent something the protocol does not allow; close its connection."""
+
+
+@dataclass
+class SetTensorTarget:
+    """Where the data of a SET_TENSOR lands, so the transport can receive straight into it."""
+
+    view: Any  # writable uint8 buffer of exactly the payload length
+    cache: bool
+
+
+class Session:
+    def __init__(self, proto: int, devices: list[Device], cache: HashCache | None = None) -> None:
+        self.proto = proto
+        self.devices = devices
+        self.cache = cache
+        self.buffers = BufferTable()
+        self._graphs: list[OrderedDict[int, Plan]] = [OrderedDict() for _ in devices]
+        self._last_graph: list[Plan | None] = [None for _ in devices]  # v7 keeps one per device
+        self._pending: list[Future[None]] = []
+        self.hello_done = False
+
+    # ---------------------------------------------------------------- helpers
+
+    def device(self, index: int) -> Device:
+        if index >= len(self.devices):
+            raise ProtocolViolation(f"device {index} out of range ({len(self.devices)} devices)")
+        return self.devices[index]
+
+    def buffer(self, handle: int) -> DeviceBuffer:
+        buf = self.buffers.get(handle)
+        if buf is None:
+            raise ProtocolViolation(f"unknown buffer handle {handle:#x}")
+        return buf
+
+    def locate(self, t: _native.RpcTensor) -> tuple[DeviceBuffer | None, int]:
+        """Deserialize-validate a wire tensor (spec §5.1); unknown handles mean "no buffer"."""
+        nbytes = t.nbytes()  # raises TensorError for invalid or removed types, overflow
+        buf = self.buffers.get(t.buffer) if t.buffer else None
+        if buf is None:
+            return None, 0
+        if t.nelements() > 0 or self.proto == 7:
+            _native.check_tensor_in_buffer(t.data, nbytes, buf.base, buf.size)
+        return buf, t.data - buf.base
+
+    def tensor_with_buffer(self, t: _native.RpcTensor) -> tuple[DeviceBuffer, int]:
+        buf, offset = self.locate(t)
+        if buf is None:
+            raise ProtocolViolation(f"tensor {t.name!r} has no buffer on this connection")
+        return buf, offset
+
+    # ---------------------------------------------------------------- handshake & queries
+
+    def hello(self, payload: bytes) -> bytes:
+        if self.hello_done:
+            raise ProtocolViolation("second HELLO")
+        self.hello_done = True
+        # A TCP-only server answers zero caps and ignores the client's (spec §2).
+        return msg.hello_response(*version_triple(self.proto), NO_CAPS)
+
+    def device_count(self, payload: bytes) -> bytes:
+        return msg.u32(len(self.devices))
+
+    def get_alignment(self, payload: bytes) -> bytes:
+        return msg.u64(self.device(msg.parse_u32(payload)).alignment)
+
+    def get_max_size(self, payload: bytes) -> bytes:
+        return msg.u64(self.device(msg.parse_u32(payload)).max_size)
+
+    def get_device_memory(self, payload: bytes) -> bytes:
+        mem = self.device(msg.parse_u32(payload)).memory
+        return msg.u64_pair(mem.free, mem.capacity)
+
+    def get_alloc_size(self, payload: bytes) -> bytes:
+        req = msg.parse_alloc_size(payload)
+        self.device(req.device)
+        self.locate(req.tensor)  # an invalid tensor closes; invalid sources are ignored
+        # CPU-style devices need exactly ggml_nbytes; the answer depends only on the key fields.
+        return msg.u64(req.tensor.nbytes())
+
+    # ---------------------------------------------------------------- buffers
+
+    def alloc_buffer(self, payload: bytes) -> bytes:
+        req = msg.parse_alloc(payload)
+        buf = self.buffers.allocate(self.device(req.device), req.size)
+        if buf is None:
+            log.info("allocation of %d bytes on device %d refused: not enough memory", req.size, req.device)
+            return msg.u64_pair(0, 0)
+        return msg.u64_pair(buf.handle, buf.size)
+
+    def buffer_get_base(self, payload: bytes) -> bytes:
+        return msg.u64(self.buffer(msg.parse_u64(payload)).base)
+
+    def free_buffer(self, payload: bytes) -> None:
+        handle = msg.parse_u64(payload)
+        self.buffer(handle)
+        self._invalidate_graphs(handle)
+        self.buffers.free(handle)
+
+    def buffer_clear(self, payload: bytes) -> None:
+        req = msg.parse_clear(payload)
+        buf = self.buffer(req.handle)
+        if buf.size:
+            buf.array.fill(req.value)
+
+    # ---------------------------------------------------------------- tensor data
+
+    def init_tensor(self, payload: bytes) -> None:
+        t = _native.decode_tensor(payload)
+        buf, _ = self.locate(t)
+        if buf is None:
+            log.debug("INIT_TENSOR for tensor %r without buffer ignored", t.name)
+
+    def begin_set_tensor(self, prefix: bytes, data_len: int) -> SetTensorTarget:
+        head = msg.parse_set_tensor_header(prefix)
+        buf, rel = self.tensor_with_buffer(head.tensor)
+        _native.check_region(buf.base, buf.size, head.tensor.data, head.offset, data_len, head.tensor.nbytes())
+        start = rel + head.offset
+        use_cache = head.cache and self.cache is not None
+        return SetTensorTarget(buf.region(start, data_len), use_cache)
+
+    def cache_store(self, data: Any) -> None:
+        """Hash the bytes just written and keep them (runs on a worker thread: hashing is slow)."""
+        assert self.cache is not None
+        try:
+            self.cache.store(_native.fnv1a64(data), data)
+        except OSError as exc:
+            log.warning("cache write failed (%s); serving continues without storing", exc)
+
+    def set_tensor_hash(self, payload: bytes) -> bytes:
+        req = msg.parse_set_tensor_hash(payload)
+        if self.cache is None:
+            return msg.u8(0)
+        data = self.cache.load(req.hash)
+        if data is None:
+            return msg.u8(0)
+        buf, rel = self.tensor_with_buffer(req.tensor)
+        _native.check_region(buf.base, buf.size, req.tensor.data, req.offset, len(data), req.tensor.nbytes())
+        start = rel + req.offset
+        buf.region(start, len(data))[:] = memoryview(data)
+        return msg.u8(1)
+
+    def get_tensor(self, payload: bytes) -> Any:
+        req = msg.parse_tensor_range(payload)
+        buf, rel = self.tensor_with_buffer(req.tensor)
+        _native.check_region(buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes())
+        start = rel + req.offset
+        return memoryview(buf.region(start, req.size))
+
+    def memset_tensor(self, payload: bytes) -> None:
+        req = msg.parse_memset(payload)
+        buf, rel = self.tensor_with_buffer(req.tensor)
+        _native.check_memset(buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes())
+        buf.region(rel + req.offset, req.size).fill(req.value)
+
+    def copy_tensor(self, payload: bytes) -> bytes:
+        req = msg.parse_copy(payload)
+        src_buf, src_rel = self.tensor_with_buffer(req.src)
+        dst_buf, dst_rel = self.tensor_with_buffer(req.dst)
+        n = req.src.nbytes()
+        if req.dst.data + n > dst_buf.base + dst_buf.size:
+            raise ProtocolViolation("COPY_TENSOR destination range exceeds its buffer")
+        if n:
+            dst_buf.region(dst_rel, n)[:] = src_buf.region(src_rel, n)
+        return msg.u8(1)
+
+    def set_tensor_2d(self, payload: bytes) -> None:
+        req = msg.parse_transfer_2d(payload)
+        data_len = len(payload) - msg.TRANSFER_2D_HEADER
+        buf, rel = self.tensor_with_buffer(req.tensor)
+        _native.check_region_2d(
+            buf.base, buf.size, req.tensor.data, req.tensor.nbytes(), req.offset, req.size, req.n_copies, req.stride, data_len
+        )
+        rows = memoryview(payload)[msg.TRANSFER_2D_HEADER :]
+        base = rel + req.offset
+        for i in range(req.n_copies):
+            start = base + i * req.stride
+            buf.array[start : start + req.size] = rows[i * req.size : (i + 1) * req.size]
+
+    def get_tensor_2d(self, payload: bytes) -> bytes:
+        req = msg.parse_transfer_2d(payload)
+        buf, rel = self.tensor_with_buffer(req.tensor)
+        _native.check_region_2d(
+            buf.base, buf.size, req.tensor.data, req.tensor.nbytes(), req.offset, req.size, req.n_copies, req.stride, None
+        )
+        base = rel + req.offset
+        return b"".join(
+            buf.array[base + i * req.stride : base + i * req.stride + req.size].tobytes() for i in range(req.n_copies)
+        )
+
+    # ---------------------------------------------------------------- graphs
+
+    def graph_compute(self, payload: bytes) -> None:
+        graph = _native.decode_graph(self.proto, payload)
+        device = self.device(graph.device)
+        try:
+            nodes = build_nodes(graph, self.locate)
+            plan = compile_plan(nodes)
+        except _native.TensorError as exc:
+            raise ComputeError(f"invalid tensor in graph: {exc}") from exc
+        if self.proto == 7:
+            self._last_graph[graph.device] = plan
+        elif graph.uid:
+            cache = self._graphs[graph.device]
+            if len(cache) >= GRAPH_CACHE_MAX:
+                cache.clear()
+            cache[graph.uid] = plan
+        self._launch(device, plan)
+
+    def graph_recompute(self, payload: bytes) -> None:
+        req = msg.parse_graph_recompute(self.proto, payload)
+        device = self.device(req.device)
+        if self.proto == 7:
+            plan = self._last_graph[req.device]
+        else:
+            plan = self._graphs[req.device].get(req.uid) if req.uid else None
+        if plan is None:
+            raise ProtocolViolation(f"GRAPH_RECOMPUTE of unknown graph uid {req.uid} on device {req.device}")
+        self._launch(device, plan)
+
+    def _launch(self, device: Device, plan: Plan) -> None:
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+        self._pending.append(device.submit(plan.run))
+
+    def take_pending(self) -> list[Future[None]]:
+        """Graph work this connection launched and has not waited for yet."""
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _invalidate_graphs(self, handle: int) -> None:
+        for cache in self._graphs:
+            for uid in [uid for uid, plan in cache.items() if handle in plan.buffers]:
+                del cache[uid]
+        self._last_graph = [p if p is None or handle not in p.buffers else None for p in self._last_graph]
+
+    # ---------------------------------------------------------------- multi-host (not yet)
+
+    def comm_init(self, payload: bytes) -> bytes:
+        req = msg.parse_comm_init(payload)
+        if req.device >= len(self.devices) or req.world != 2 or req.rank >= req.world:
+            return msg.u8(0)
+        # ok = 0 makes the client fall back to its own reduction.
+        log.info("COMM_INIT rank %d refused: server-to-server allreduce is not enabled", req.rank)
+        return msg.u8(0)
+
+    def comm_allreduce(self, payload: bytes) -> None:
+        self.device(msg.parse_u32(payload))
+        raise ProtocolViolation("COMM_ALLREDUCE without a peer link")
+
+    def comm_free(self, payload: bytes) -> None:
+        self.device(msg.parse_u32(payload))
+
+    # ---------------------------------------------------------------- teardown
+
+    def close(self) -> int:
+        """Free everything this connection held; returns the bytes released."""
+        for cache in self._graphs:
+            cache.clear()
+        self._last_graph = [None for _ in self.devices]
+        return self.buffers.free_all()
+
+
+# Commands whose whole payload is read first and handled synchronously by one method.
+SIMPLE_HANDLERS = {
+    Cmd.DEVICE_COUNT: Session.device_count,
+    Cmd.GET_ALIGNMENT: Session.get_alignment,
+    Cmd.GET_MAX_SIZE: Session.get_max_size,
+    Cmd.GET_DEVICE_MEMORY: Session.get_device_memory,
+    Cmd.GET_ALLOC_SIZE: Session.get_alloc_size,
+    Cmd.ALLOC_BUFFER: Session.alloc_buffer,
+    Cmd.BUFFER_GET_BASE: Session.buffer_get_base,
+    Cmd.FREE_BUFFER: Session.free_buffer,
+    Cmd.BUFFER_CLEAR: Session.buffer_clear,
+    Cmd.INIT_TENSOR: Session.init_tensor,
+    Cmd.GET_TENSOR: Session.get_tensor,
+    Cmd.MEMSET_TENSOR: Session.memset_tensor,
+    Cmd.COPY_TENSOR: Session.copy_tensor,
+    Cmd.SET_TENSOR_2D: Session.set_tensor_2d,
+    Cmd.GET_TENSOR_2D: Session.get_tensor_2d,
+    Cmd.GRAPH_COMPUTE: Session.graph_compute,
+    Cmd.GRAPH_RECOMPUTE: Session.graph_recompute,
+    Cmd.COMM_INIT: Session.comm_init,
+    Cmd.COMM_ALLREDUCE: Session.comm_allreduce,
+    Cmd.COMM_FREE: Session.comm_free,
+}

@@ -1,0 +1,162 @@
+"""A BufferedProtocol stream: `readinto(view)` lets large payloads land directly in device memory.
+
+The event loop asks `get_buffer()` where to put incoming bytes. While a coroutine waits in
+`readinto`, that is the caller's destination itself (no intermediate copy); otherwise bytes go
+to a small staging area, and reading pauses once it is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+STAGING = 256 * 1024
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+class ConnectionClosed(Exception):
+    """The peer closed (or reset) the connection."""
+
+
+class StreamProtocol(asyncio.BufferedProtocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._staging = bytearray(STAGING)
+        self._staged = memoryview(self._staging)
+        self._start = 0  # unread staged bytes are _staging[_start:_end]
+        self._end = 0
+        self._target: memoryview | None = None  # destination of an active readinto
+        self._filled = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._eof = False
+        self._error: BaseException | None = None
+        self._paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._write_paused = False
+
+    # ------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] - uvloop's is not an asyncio.Transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._target is not None:
+            return self._target[self._filled :]
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == STAGING:  # compact so the free space is contiguous
+            n = self._end - self._start
+            self._staging[:n] = self._staging[self._start : self._end]
+            self._start, self._end = 0, n
+        return self._staged[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._target is not None:
+            self._filled += nbytes
+            if self._filled == len(self._target):
+                self._target = None  # later bytes belong to the next request: stage them
+                self._wake()
+            return
+        self._end += nbytes
+        if self._end == STAGING and self._start == 0 and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._error = exc
+        self._wake()
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionClosed("connection lost while writing"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    # ------------------------------------------------------------ reading
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        if self._eof:
+            raise ConnectionClosed("peer closed the connection" if self._error is None else str(self._error))
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _take_staged(self, dest: memoryview) -> int:
+        n = min(len(dest), self._end - self._start)
+        if n:
+            dest[:n] = self._staged[self._start : self._start + n]
+            self._consume(n)
+        return n
+
+    def _consume(self, n: int) -> None:
+        self._start += n
+        if self._paused and self._end - self._start < STAGING:
+            self._paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+
+    async def readinto(self, dest: Any) -> None:
+        """Fill `dest` (any writable buffer) completely, or raise ConnectionClosed."""
+        view = memoryview(dest).cast("B")
+        got = self._take_staged(view)
+        if got == len(view):
+            return
+        self._target, self._filled = view, got
+        try:
+            while self._target is not None:
+                await self._wait()
+        finally:
+            self._target = None
+
+    async def readexactly(self, n: int) -> bytes:
+        if n <= self._end - self._start:
+            data = bytes(self._staged[self._start : self._start + n])
+            self._consume(n)
+            return data
+        out = bytearray(n)
+        await self.readinto(out)
+        return bytes(out)
+
+    async def at_eof(self) -> bool:
+        """Wait until at least one byte is available; True if the peer closed cleanly instead."""
+        while self._start == self._end:
+            if self._eof:
+                return True
+            await self._wait()
+        return False
+
+    # ------------------------------------------------------------ writing
+
+    def write(self, data: Any) -> None:
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    async def drain(self) -> None:
+        if self._eof and self._error is not None:
+            raise ConnectionClosed(str(self._error))
+        if not self._write_paused:
+            return
+        self._drain_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._drain_waiter
+        finally:
+            self._drain_waiter = None
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()

@@ -1,0 +1,76 @@
+"""Run an rpcnet Server on a background thread (real sockets on 127.0.0.1) for white-box tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from rpcnet.server.app import Server, ServerConfig, install_event_loop_policy
+
+
+class ServerThread:
+    def __init__(self, **config: Any) -> None:
+        config.setdefault("port", 0)
+        self.config = ServerConfig(**config)
+        self.server: Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="rpcnet-test-server", daemon=True)
+        self._error: BaseException | None = None
+
+    def _main(self) -> None:
+        install_event_loop_policy()
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # surfaced to the test by start()
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.server = Server(self.config)
+        await self.server.start()
+        self._ready.set()
+        await self._stop.wait()
+        await self.server.close()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def call(self, fn: Any) -> Any:
+        """Run `fn()` on the server's loop thread and return its result (for state inspection)."""
+        assert self.loop is not None
+
+        async def wrapper() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(10)
+
+    def memory_held(self, device: int = 0) -> int:
+        assert self.server is not None
+        return self.call(lambda: self.server.devices[device].memory.held)
+
+    def connection_count(self) -> int:
+        assert self.server is not None
+        return self.call(lambda: len(self.server.connections))
+
+    def stop(self) -> None:
+        if self.loop is not None and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)

@@ -1,0 +1,167 @@
+"""Probe: teacher-forced logits from the REAL llama.cpp, with every layer on an RPC server.
+
+Runs under the reference env::
+
+    run_probe("v8", "generate", "--model", gguf, "--endpoint", "127.0.0.1:50052",
+              "--tokens", "1,5,9,300", "--out", out_dir)
+
+``--endpoint local`` runs the same evaluation on the local CPU backend (the baseline to compare
+against). The model is loaded with ``n_gpu_layers`` (default 999: all layers and the output head)
+on the RPC device; the KV cache follows (``offload_kqv``). Tokens are evaluated teacher-forced,
+logits requested for every position: the first ``--prefill`` tokens (default: all) as one
+``llama_decode`` batch, the remaining ones one token per ``llama_decode`` (the decode path, which
+reuses graphs: GRAPH_RECOMPUTE). ``--n-ubatch`` splits batches into micro-batches.
+
+Writes ``<out>/logits.npy`` (float32, shape ``[n_tokens, n_vocab]``) and prints one JSON line::
+
+    {"logits_path", "n_tokens", "n_vocab", "argmax": [...], "client_protocol", "endpoint",
+     "device", "load_s", "eval_s"}
+
+The llama C API is called through the wheel's cffi binding (``llama_model_load_from_file``,
+``llama_init_from_model``, ``llama_batch_init``, ``llama_decode``, ``llama_get_logits``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="teacher-forced logits via llama.cpp")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--endpoint", default="local", help='HOST:PORT or "local"')
+    parser.add_argument("--tokens", required=True, help="comma-separated token ids")
+    parser.add_argument("--out", required=True, help="directory for logits.npy")
+    parser.add_argument("--n-gpu-layers", type=int, default=999)
+    parser.add_argument("--flash-attn", type=int, default=0, help="-1 auto, 0 off, 1 on")
+    parser.add_argument("--n-ctx", type=int, default=0, help="0: max(256, n_tokens)")
+    parser.add_argument("--n-batch", type=int, default=0, help="0: max(n_ctx, n_tokens)")
+    parser.add_argument("--n-ubatch", type=int, default=0, help="0: n_batch")
+    parser.add_argument("--prefill", type=int, default=-1, help="tokens in the first batch")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--type-k", choices=sorted(GGML_TYPES), default=None)
+    parser.add_argument("--type-v", choices=sorted(GGML_TYPES), default=None)
+    parser.add_argument("--no-offload-kqv", action="store_true")
+    parser.add_argument("--verbose", action="store_true", help="keep llama.cpp's log output")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    if not tokens:
+        raise SystemExit("no tokens")
+
+    from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib, get_rpc_lib
+
+    ffi, lib = get_ffi(), get_lib()
+    rpc = get_rpc_lib()
+    if not args.verbose:
+
+        @ffi.callback("void(enum ggml_log_level, const char *, void *)")
+        def _quiet(level, text, user_data):  # keep errors (level 4) visible
+            if level >= 4:
+                sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
+
+        lib.llama_log_set(_quiet, ffi.NULL)
+    lib.llama_backend_init()
+
+    model_params = lib.llama_model_default_params()
+    model_params.n_gpu_layers = args.n_gpu_layers
+    device_name = "CPU"
+    keep = []
+    if args.endpoint != "local":
+        from llama_cpp_py_sync.rpc import rpc_devices
+
+        devices = rpc_devices([args.endpoint], include_local=False)
+        keep.append(ffi.new("ggml_backend_dev_t[]", [*devices, ffi.NULL]))
+        model_params.devices = keep[-1]
+        device_name = f"RPC x{len(devices)}"
+
+    t0 = time.perf_counter()
+    model = lib.llama_model_load_from_file(args.model.encode(), model_params)
+    if model == ffi.NULL:
+        raise RuntimeError(f"failed to load {args.model}")
+    n_ctx = args.n_ctx or max(256, len(tokens))
+    n_batch = args.n_batch or max(n_ctx, len(tokens))
+    ctx_params = lib.llama_context_default_params()
+    ctx_params.n_ctx = n_ctx
+    ctx_params.n_batch = n_batch
+    ctx_params.n_ubatch = args.n_ubatch or n_batch
+    ctx_params.n_seq_max = 1
+    ctx_params.n_threads = args.threads
+    ctx_params.n_threads_batch = args.threads
+    ctx_params.flash_attn_type = args.flash_attn
+    ctx_params.embeddings = False
+    ctx_params.no_perf = True
+    ctx_params.offload_kqv = not args.no_offload_kqv
+    if args.type_k:
+        ctx_params.type_k = GGML_TYPES[args.type_k]
+    if args.type_v:
+        ctx_params.type_v = GGML_TYPES[args.type_v]
+    ctx = lib.llama_init_from_model(model, ctx_params)
+    if ctx == ffi.NULL:
+        raise RuntimeError("failed to create the llama context")
+    load_s = time.perf_counter() - t0
+
+    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+    prefill = len(tokens) if args.prefill < 0 else min(args.prefill, len(tokens))
+    chunks = [tokens[:prefill]] if prefill else []
+    chunks += [[t] for t in tokens[prefill:]]
+    rows = []
+    t0 = time.perf_counter()
+    pos = 0
+    for chunk in chunks:
+        batch = lib.llama_batch_init(len(chunk), 0, 1)
+        try:
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = pos + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1
+            rc = lib.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            ptr = lib.llama_get_logits(ctx)
+            data = np.frombuffer(ffi.buffer(ptr, 4 * len(chunk) * n_vocab), dtype=np.float32)
+            rows.append(data.reshape(len(chunk), n_vocab).copy())
+        finally:
+            lib.llama_batch_free(batch)
+        pos += len(chunk)
+    eval_s = time.perf_counter() - t0
+    logits = np.concatenate(rows)
+
+    os.makedirs(args.out, exist_ok=True)
+    out_path = os.path.join(args.out, "logits.npy")
+    np.save(out_path, logits)
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
+    result = {
+        "logits_path": out_path,
+        "n_tokens": len(tokens),
+        "n_vocab": int(n_vocab),
+        "argmax": [int(i) for i in logits.argmax(axis=1)],
+        "finite": bool(np.isfinite(logits).all()),
+        "client_protocol": f"{rpc.RPC_PROTO_MAJOR_VERSION}.{rpc.RPC_PROTO_MINOR_VERSION}."
+        f"{rpc.RPC_PROTO_PATCH_VERSION}",
+        "endpoint": args.endpoint,
+        "device": device_name,
+        "load_s": round(load_s, 4),
+        "eval_s": round(eval_s, 4),
+    }
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
