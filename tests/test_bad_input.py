@@ -47,7 +47,7 @@ CASES = {
     "device out of range": lambda h, b: frame(GET_ALIGN, struct.pack("<I", 7)),
     "forged handle": lambda h, b: frame(GET_BASE, struct.pack("<Q", 0xDEADBEEF)),
     "free forged handle": lambda h, b: frame(FREE, struct.pack("<Q", h ^ 1)),
-    "invalid type": lambda h, b: get_request(tensor(type=43, buffer=h, data=b), 0, 4),
+    "invalid type": lambda h, b: get_request(tensor(type=43, buffer=h, data=b, nb=(4, 4, 4, 4)), 0, 4),
     "removed type": lambda h, b: get_request(tensor(type=4, buffer=h, data=b, nb=(1, 1, 1, 1)), 0, 4),
     "tensor outside buffer": lambda h, b: get_request(tensor(buffer=h, data=b + 4096, ne=(4, 1, 1, 1)), 0, 4),
     "tensor before buffer": lambda h, b: get_request(tensor(buffer=h, data=b - 16, ne=(4, 1, 1, 1)), 0, 4),

@@ -164,7 +164,7 @@ def sc_closes(d: Driver) -> None:
     d.expect_close("forged base", frame(BASE, struct.pack("<Q", 0x1234)))
     d.expect_close("truncated graph", frame(GRAPH, graph_payload(d.proto, 0, [1, 2, 3], [])[:-4] + struct.pack("<I", 1)))
     h, b = d.alloc(4096)
-    d.expect_close("type 43", frame(GET, t(type=43, buffer=h, data=b).to_bytes() + struct.pack("<QQ", 0, 4)))
+    d.expect_close("type 43", frame(GET, t(type=43, buffer=h, data=b, nb=(4, 4, 4, 4)).to_bytes() + struct.pack("<QQ", 0, 4)))
     h, b = d.alloc(4096)
     d.expect_close(
         "past buffer", frame(GET, t(buffer=h, data=b + 4092, ne=(1, 1, 1, 1)).to_bytes() + struct.pack("<QQ", 4, 4))
