@@ -32,3 +32,23 @@ def server(server_factory) -> ServerThread:
 @pytest.fixture
 def server_v7(server_factory) -> ServerThread:
     return server_factory(mem=1 << 30, proto=7)
+
+
+@pytest.fixture(scope="session")
+def reference_v8():
+    """The REAL reference rpc-server (v8) for differential tests; port number."""
+    from support import refenv
+
+    if not refenv.available("v8"):
+        pytest.skip("reference env missing: run tools/refenv.sh")
+    port = refenv.free_port()
+    proc = refenv.start_reference_server("v8", port=port)
+    yield port
+    refenv.stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def rpcnet_v8():
+    srv = ServerThread(mem=4 << 30).start()
+    yield srv.port
+    srv.stop()

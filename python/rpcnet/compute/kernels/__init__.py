@@ -1,3 +1,7 @@
-"""CPU kernels, one module per op family; importing this package registers them all."""
+"""CPU kernels, one module per op family; importing this package registers every module in it."""
 
-from rpcnet.compute.kernels import binary, matmul  # noqa: F401
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
