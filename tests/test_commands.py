@@ -109,13 +109,13 @@ async def test_hash_cache_roundtrip(server_factory, tmp_path):
         assert not await c.set_tensor_hash(t, 0, digest)
         await c.set_tensor(t, 0, data, cache=True)
         assert await c.get_tensor(t, 0, 16) == data[:16]
-    assert (tmp_path / f"{digest:016x}").read_bytes() == data
     async with await connect(srv) as c:
         handle, _ = await c.alloc_buffer(1 << 17)
         base = await c.buffer_base(handle)
         t = _native.RpcTensor(id=1, type=24, buffer=handle, data=base, ne=(1 << 16, 1, 1, 1))
-        assert await c.set_tensor_hash(t, 0, digest)
+        assert await c.set_tensor_hash(t, 0, digest)  # waits for the background write
         assert await c.get_tensor(t, 0, len(data)) == data
+    assert (tmp_path / f"{digest:016x}").read_bytes() == data
 
 
 async def test_corrupt_cache_file_is_not_served(server_factory, tmp_path):

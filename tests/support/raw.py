@@ -25,13 +25,15 @@ class RawConn:
         self.sock.sendall(data)
 
     def recv_exact(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
+        out = bytearray(n)
+        view = memoryview(out)
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if not k:
                 raise ConnectionError("closed")
-            out += chunk
-        return out
+            got += k
+        return bytes(out)
 
     def read_response(self, expected: int | None = None) -> bytes:
         (size,) = struct.unpack("<Q", self.recv_exact(8))

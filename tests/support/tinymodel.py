@@ -51,6 +51,10 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+#: public name for other model writers (``support.models``)
+spm_vocab = _vocab
+
+
 def write_tiny_llama(
     path: str | Path,
     *,

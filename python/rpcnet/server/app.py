@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rpcnet.compute.device import Device, cpu_device
 from rpcnet.protocol.commands import DEFAULT_PROTOCOL
-from rpcnet.server.cache import HashCache
+from rpcnet.server.cache import BackgroundWriter, HashCache
 from rpcnet.server.connection import Connection
 from rpcnet.server.stream import StreamProtocol
 
@@ -50,6 +50,7 @@ class Server:
         self.config = config
         self.devices = devices if devices is not None else make_devices(config)
         self.cache = HashCache(config.cache_dir, config.cache_max) if config.cache_dir else None
+        self.cache_writer = BackgroundWriter(self.cache) if self.cache is not None else None
         self.connections: set[asyncio.Task[None]] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -112,6 +113,8 @@ class Server:
             await asyncio.gather(*self.connections, return_exceptions=True)
         for device in self.devices:
             device.shutdown()
+        if self.cache_writer is not None:
+            self.cache_writer.shutdown()
 
 
 class _AcceptingStream(StreamProtocol):

@@ -1,8 +1,10 @@
 """The weight hash cache (spec §7.12), file-compatible with rpc-server's `-c`.
 
 Files are named by the FNV-1a-64 of their content (16 lowercase hex digits). Writes are atomic;
-reads re-hash so a truncated or corrupt file is never served; `max_bytes` bounds the directory
-with least-recently-used eviction (access time = mtime, refreshed on every hit).
+a hit is verified (the content must hash to its name) so a truncated or corrupt file is never
+served. Files this process wrote or already verified are remembered by (size, mtime, inode), so
+re-hashing is skipped while they stay untouched. `max_bytes` bounds the directory with
+least-recently-used eviction (access time = mtime, refreshed on every hit).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rpcnet import _native
 
@@ -35,46 +39,79 @@ class HashCache:
     def __init__(self, directory: Path, max_bytes: int | None = None) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
-        self._lock = threading.Lock()  # eviction runs from worker threads
+        self._lock = threading.Lock()  # stores and eviction run on worker threads
+        self._verified: dict[str, tuple[int, int, int]] = {}
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def path_for(self, digest: int) -> Path:
         return self.directory / hash_name(digest)
 
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple[int, int, int]:
+        return (st.st_size, st.st_mtime_ns, st.st_ino)
+
     def load(self, digest: int) -> bytes | None:
         """The verified content for `digest`, or None (missing, unreadable or corrupt)."""
+        out: list[bytearray] = []
+
+        def target(size: int) -> memoryview:
+            out.append(bytearray(size))
+            return memoryview(out[0])
+
+        return bytes(out[0]) if self.load_into(digest, target) else None
+
+    def load_into(self, digest: int, target: Callable[[int], Any]) -> bool:
+        """Read the entry for `digest` straight into `target(size)`; False when there is none.
+
+        `target` is only called for an existing entry (so a miss needs no tensor validation) and
+        may raise to reject the size. Content that does not hash to its name is removed.
+        """
         path = self.path_for(digest)
         try:
-            data = path.read_bytes()
+            with open(path, "rb", buffering=0) as fh:
+                st = os.fstat(fh.fileno())
+                view = memoryview(target(st.st_size)).cast("B")
+                got = 0
+                while got < st.st_size:
+                    n = fh.readinto(view[got:])
+                    if not n:
+                        break
+                    got += n
         except FileNotFoundError:
-            return None
+            return False
         except OSError as exc:
             log.warning("cache: cannot read %s: %s", path, exc)
-            return None
-        if _native.fnv1a64(data) != digest:
+            return False
+        if got != st.st_size or (
+            self._verified.get(path.name) != self._identity(st) and _native.fnv1a64(view) != digest
+        ):
             log.warning("cache: %s does not match its hash; removing it", path.name)
+            self._verified.pop(path.name, None)
             self._remove(path)
-            return None
+            return False
         try:
             os.utime(path)
+            self._verified[path.name] = self._identity(path.stat())
         except OSError:
             pass
-        return data
+        return True
 
-    def store(self, digest: int, data) -> None:
+    def store(self, digest: int, data: Any) -> None:
         """Atomically write `data` under its hash (temp file + rename), then enforce the bound."""
         path = self.path_for(digest)
-        if path.exists():
-            os.utime(path)
-            return
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            self._remove(Path(tmp))
-            raise
+        with self._lock:
+            if path.exists():
+                os.utime(path)
+                return
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                self._remove(Path(tmp))
+                raise
+            self._verified[path.name] = self._identity(path.stat())
         if self.max_bytes is not None:
             self.evict(self.max_bytes, keep=path.name)
 
@@ -103,3 +140,49 @@ class HashCache:
             path.unlink()
         except OSError:
             pass
+
+
+class BackgroundWriter:
+    """Hashes and stores cache entries on a worker thread so uploads are not held up by disk.
+
+    The data is copied first (the client may overwrite its buffer right after); at most
+    `max_pending` bytes of copies wait at once, after which `submit` tells the caller to wait.
+    """
+
+    def __init__(self, cache: HashCache, max_pending: int = 1 << 30) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.cache = cache
+        self.max_pending = max_pending
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpcnet-cache")
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.cache.store(_native.fnv1a64(data), data)
+        except OSError as exc:
+            log.warning("cache write failed (%s); serving continues without storing", exc)
+        finally:
+            with self._lock:
+                self._pending -= len(data)
+
+    def submit(self, view: Any):
+        """Queue a copy of `view`; returns the Future when the caller should wait for it."""
+        data = bytes(view)
+        with self._lock:
+            self._pending += len(data)
+            over = self._pending > self.max_pending
+        future = self._worker.submit(self._write, data)
+        return future if over else None
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def barrier(self):
+        """A Future that completes once everything submitted so far is stored."""
+        return self._worker.submit(lambda: None)
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=True)

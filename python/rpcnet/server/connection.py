@@ -26,7 +26,8 @@ log = logging.getLogger("rpcnet.server")
 _HEADER = struct.Struct("<BQ")
 _SIZE = struct.Struct("<Q")
 CLIENT_ERRORS = (ProtocolViolation, ComputeError, _native.NativeError)
-LARGE_WRITE = 1 << 20
+LARGE_WRITE = 64 * 1024
+HELLO, SET_TENSOR, SET_TENSOR_HASH = int(Cmd.HELLO), int(Cmd.SET_TENSOR), int(Cmd.SET_TENSOR_HASH)
 
 
 class Connection:
@@ -35,7 +36,14 @@ class Connection:
         self.stream = stream
         self.peer = peer
         self.session = Session(server.config.proto, server.devices, server.cache)
-        self.current = "HELLO"
+        self.cmd = int(Cmd.HELLO)
+        # Handlers by plain int: building an IntEnum per frame costs more than the handler.
+        self._handlers = {int(cmd): handler for cmd, handler in SIMPLE_HANDLERS.items()}
+        self._waits = frozenset(int(cmd) for cmd in WAITS_FOR_GRAPH)
+
+    @property
+    def current(self) -> str:
+        return _native.command_name(self.server.config.proto, self.cmd)
 
     async def run(self) -> None:
         try:
@@ -53,31 +61,41 @@ class Connection:
             log.debug("%s: released %d bytes", self.peer, released)
 
     async def _serve(self) -> None:
-        proto = self.server.config.proto
+        config = self.server.config
+        proto, max_data, max_graph = config.proto, config.max_data, config.max_graph
+        stream, session = self.stream, self.session
+        check_header = _native.check_header
         cmd, size = await self._header()
         if cmd != Cmd.HELLO:
             raise ProtocolViolation(f"first command must be HELLO, got {_native.command_name(proto, cmd)}")
-        _native.check_header(proto, cmd, size, self.server.config.max_data, self.server.config.max_graph)
-        self._respond(self.session.hello(await self.stream.readexactly(size)))
+        check_header(proto, cmd, size, max_data, max_graph)
+        self._respond(session.hello(await stream.readexactly(size)))
+        handlers, waits = self._handlers, self._waits
         while True:
-            if await self.stream.at_eof():
+            if await stream.at_eof():
                 return
             cmd, size = await self._header()
-            self.current = _native.command_name(proto, cmd)
-            _native.check_header(proto, cmd, size, self.server.config.max_data, self.server.config.max_graph)
-            if cmd == Cmd.HELLO:
+            self.cmd = cmd
+            check_header(proto, cmd, size, max_data, max_graph)
+            if cmd == HELLO:
                 raise ProtocolViolation("HELLO is only allowed as the first command")
-            if cmd in WAITS_FOR_GRAPH:
+            if cmd in waits:
                 await self._wait_graphs()
-            if cmd == Cmd.SET_TENSOR:
+            if cmd == SET_TENSOR:
                 await self._set_tensor(size)
-            elif cmd == Cmd.SET_TENSOR_HASH:
-                payload = await self.stream.readexactly(size)
-                self._respond(await asyncio.to_thread(self.session.set_tensor_hash, payload))
+            elif cmd == SET_TENSOR_HASH:
+                payload = await stream.readexactly(size)
+                writer = self.server.cache_writer
+                if writer is not None and writer.pending:  # the entry may still be on its way
+                    await asyncio.wrap_future(writer.barrier())
+                self._respond(await asyncio.to_thread(session.set_tensor_hash, payload))
             else:
-                payload = await self.stream.readexactly(size)
-                self._respond(SIMPLE_HANDLERS[Cmd(cmd)](self.session, payload))
-                await self.stream.drain()
+                payload = await stream.readexactly(size)
+                self._respond(handlers[cmd](session, payload))
+            # Responses may reference device memory (GET_TENSOR): with a zero write high-water
+            # mark, drain() returns only once every byte is with the kernel, so later commands
+            # can never change bytes still queued for sending.
+            await stream.drain()
 
     async def _header(self) -> tuple[int, int]:
         return _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
@@ -85,22 +103,22 @@ class Connection:
     def _respond(self, payload: object) -> None:
         if payload is None:
             return
-        # Copy device memory out: the transport may hold on to the object after write() returns,
-        # and a later graph could overwrite those bytes before they are sent.
-        data = payload if isinstance(payload, bytes) else bytes(payload)  # type: ignore[call-overload]
-        header = _SIZE.pack(len(data))
-        if len(data) < LARGE_WRITE:
-            self.stream.write(header + data)
+        view = memoryview(payload)  # type: ignore[arg-type]
+        header = _SIZE.pack(view.nbytes)
+        if view.nbytes < LARGE_WRITE:
+            self.stream.write(header + view.tobytes() if not isinstance(payload, bytes) else header + payload)
         else:
             self.stream.write(header)
-            self.stream.write(data)
+            self.stream.write(view)  # zero-copy; see the drain() comment in _serve
 
     async def _set_tensor(self, size: int) -> None:
         prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)
         target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
         await self.stream.readinto(target.view)  # straight into device memory
-        if target.cache:
-            await asyncio.to_thread(self.session.cache_store, target.view)
+        if target.cache and self.server.cache_writer is not None:
+            backlog = self.server.cache_writer.submit(target.view)
+            if backlog is not None:  # too much unwritten cache data: let the disk catch up
+                await asyncio.wrap_future(backlog)
 
     async def _wait_graphs(self) -> None:
         for fut in self.session.take_pending():

@@ -150,26 +150,18 @@ class Session:
         use_cache = head.cache and self.cache is not None
         return SetTensorTarget(buf.region(start, data_len), use_cache)
 
-    def cache_store(self, data: Any) -> None:
-        """Hash the bytes just written and keep them (runs on a worker thread: hashing is slow)."""
-        assert self.cache is not None
-        try:
-            self.cache.store(_native.fnv1a64(data), data)
-        except OSError as exc:
-            log.warning("cache write failed (%s); serving continues without storing", exc)
-
     def set_tensor_hash(self, payload: bytes) -> bytes:
         req = msg.parse_set_tensor_hash(payload)
         if self.cache is None:
             return msg.u8(0)
-        data = self.cache.load(req.hash)
-        if data is None:
-            return msg.u8(0)
-        buf, rel = self.tensor_with_buffer(req.tensor)
-        _native.check_region(buf.base, buf.size, req.tensor.data, req.offset, len(data), req.tensor.nbytes())
-        start = rel + req.offset
-        buf.region(start, len(data))[:] = memoryview(data)
-        return msg.u8(1)
+
+        def target(size: int) -> Any:
+            # Only reached when the entry exists: a miss answers 0 without validating (spec §7.11).
+            buf, rel = self.tensor_with_buffer(req.tensor)
+            _native.check_region(buf.base, buf.size, req.tensor.data, req.offset, size, req.tensor.nbytes())
+            return buf.region(rel + req.offset, size)
+
+        return msg.u8(1 if self.cache.load_into(req.hash, target) else 0)
 
     def get_tensor(self, payload: bytes) -> Any:
         req = msg.parse_tensor_range(payload)

@@ -38,6 +38,8 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment] - uvloop's is not an asyncio.Transport
+        # Pause as soon as anything is buffered: drain() then means "fully handed to the kernel".
+        transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is not None:
