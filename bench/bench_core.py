@@ -137,24 +137,41 @@ def main() -> int:
                 rows.append((f"SET_TENSOR {size // MiB} MiB (GB/s)", r_set, o_set, "higher"))
                 rows.append((f"GET_TENSOR {size // MiB} MiB (GB/s)", r_get, o_get, "higher"))
             n = 500 if args.quick else 3000
-            rows.append(("round trip GET_ALIGNMENT (µs, median)", round_trip_us(ref_port, n), round_trip_us(our_port, n), "lower"))
+            rows.append(
+                (
+                    "round trip GET_ALIGNMENT (µs, median)",
+                    round_trip_us(ref_port, n),
+                    round_trip_us(our_port, n),
+                    "lower",
+                )
+            )
 
             from support.tinymodel import write_tiny_llama
 
-            model = write_tiny_llama(tmp / "big.gguf", n_vocab=16384, n_embd=512, n_layer=2, n_head=8,
-                                     n_head_kv=8, n_ff=1024, dtype="f32")
+            model = write_tiny_llama(
+                tmp / "big.gguf",
+                n_vocab=16384,
+                n_embd=512,
+                n_layer=2,
+                n_head=8,
+                n_head_kv=8,
+                n_ff=1024,
+                dtype="f32",
+            )
             for label, warm in (("cold cache", False), ("warm cache", True)):
                 if not warm:
                     shutil.rmtree(tmp / "ref-cache", ignore_errors=True)
                     shutil.rmtree(tmp / "our-cache", ignore_errors=True)
                     (tmp / "ref-cache").mkdir()
                     (tmp / "our-cache").mkdir()
-                rows.append((
-                    f"real client model load, {label} (s)",
-                    model_load(model, f"127.0.0.1:{ref_port}"),
-                    model_load(model, f"127.0.0.1:{our_port}"),
-                    "lower",
-                ))
+                rows.append(
+                    (
+                        f"real client model load, {label} (s)",
+                        model_load(model, f"127.0.0.1:{ref_port}"),
+                        model_load(model, f"127.0.0.1:{our_port}"),
+                        "lower",
+                    )
+                )
         finally:
             refenv.stop_process(ref)
             ours.terminate()

@@ -6,11 +6,21 @@ import struct
 import time
 
 import pytest
-
 from rpcnet import _native
 from support.raw import HELLO, RawConn, frame
 
-ALLOC, GET_ALIGN, GET_BASE, FREE, SET, GET, GRAPH, HELLO_CMD, COUNT, RECOMPUTE = 0, 1, 3, 4, 6, 8, 10, 14, 15, 16
+ALLOC, GET_ALIGN, GET_BASE, FREE, SET, GET, GRAPH, HELLO_CMD, COUNT, RECOMPUTE = (
+    0,
+    1,
+    3,
+    4,
+    6,
+    8,
+    10,
+    14,
+    15,
+    16,
+)
 
 
 def tensor(**kw) -> bytes:
@@ -29,7 +39,9 @@ def get_request(t: bytes, offset: int, size: int) -> bytes:
 
 
 def graph(nodes: list[int], tensors: list[bytes], device: int = 0, uid: int = 0) -> bytes:
-    body = struct.pack("<IQI", device, uid, len(nodes)) + b"".join(struct.pack("<Q", n) for n in nodes)
+    body = struct.pack("<IQI", device, uid, len(nodes)) + b"".join(
+        struct.pack("<Q", n) for n in nodes
+    )
     return frame(GRAPH, body + struct.pack("<I", len(tensors)) + b"".join(tensors))
 
 
@@ -47,28 +59,43 @@ CASES = {
     "device out of range": lambda h, b: frame(GET_ALIGN, struct.pack("<I", 7)),
     "forged handle": lambda h, b: frame(GET_BASE, struct.pack("<Q", 0xDEADBEEF)),
     "free forged handle": lambda h, b: frame(FREE, struct.pack("<Q", h ^ 1)),
-    "invalid type": lambda h, b: get_request(tensor(type=43, buffer=h, data=b, nb=(4, 4, 4, 4)), 0, 4),
-    "removed type": lambda h, b: get_request(tensor(type=4, buffer=h, data=b, nb=(1, 1, 1, 1)), 0, 4),
-    "tensor outside buffer": lambda h, b: get_request(tensor(buffer=h, data=b + 4096, ne=(4, 1, 1, 1)), 0, 4),
-    "tensor before buffer": lambda h, b: get_request(tensor(buffer=h, data=b - 16, ne=(4, 1, 1, 1)), 0, 4),
+    "invalid type": lambda h, b: get_request(
+        tensor(type=43, buffer=h, data=b, nb=(4, 4, 4, 4)), 0, 4
+    ),
+    "removed type": lambda h, b: get_request(
+        tensor(type=4, buffer=h, data=b, nb=(1, 1, 1, 1)), 0, 4
+    ),
+    "tensor outside buffer": lambda h, b: get_request(
+        tensor(buffer=h, data=b + 4096, ne=(4, 1, 1, 1)), 0, 4
+    ),
+    "tensor before buffer": lambda h, b: get_request(
+        tensor(buffer=h, data=b - 16, ne=(4, 1, 1, 1)), 0, 4
+    ),
     "read past tensor": lambda h, b: get_request(tensor(buffer=h, data=b, ne=(4, 1, 1, 1)), 8, 16),
     "no buffer": lambda h, b: get_request(tensor(buffer=0, data=b, ne=(4, 1, 1, 1)), 0, 4),
     "overflowing ne": lambda h, b: get_request(
         tensor(buffer=h, data=b, ne=(2**32 - 1, 2**32 - 1, 1, 1), nb=(4, 2**32 - 4, 1, 1)), 0, 4
     ),
     "set past buffer": lambda h, b: frame(
-        SET, tensor(buffer=h, data=b, ne=(1024, 1, 1, 1)) + b"\0" + struct.pack("<Q", 4096) + b"x" * 8
+        SET,
+        tensor(buffer=h, data=b, ne=(1024, 1, 1, 1)) + b"\0" + struct.pack("<Q", 4096) + b"x" * 8,
     ),
     "graph missing tensor": lambda h, b: graph([5], [tensor(id=6, buffer=h, data=b)]),
-    "graph cycle": lambda h, b: graph([5], [tensor(id=5, buffer=h, data=b, op=2, src=(5, 5), flags=16)]),
+    "graph cycle": lambda h, b: graph(
+        [5], [tensor(id=5, buffer=h, data=b, op=2, src=(5, 5), flags=16)]
+    ),
     "graph truncated": lambda h, b: frame(GRAPH, struct.pack("<IQI", 0, 0, 1000)),
     "graph bad device": lambda h, b: graph([], [], device=3),
-    "graph data without buffer": lambda h, b: graph([5], [tensor(id=5, buffer=0, data=b, op=2, flags=16)]),
+    "graph data without buffer": lambda h, b: graph(
+        [5], [tensor(id=5, buffer=0, data=b, op=2, flags=16)]
+    ),
     "recompute unknown uid": lambda h, b: frame(RECOMPUTE, struct.pack("<IQ", 0, 77)),
     "set 2d zero copies": lambda h, b: frame(
         18, tensor(buffer=h, data=b, ne=(16, 1, 1, 1)) + struct.pack("<QQQQ", 0, 4, 0, 4)
     ),
-    "allreduce without peer": lambda h, b: frame(21, struct.pack("<I", 0) + tensor(buffer=h, data=b)),
+    "allreduce without peer": lambda h, b: frame(
+        21, struct.pack("<I", 0) + tensor(buffer=h, data=b)
+    ),
 }
 
 
@@ -78,7 +105,9 @@ def wait_for_baseline(srv, held: int = 0, timeout: float = 5.0) -> None:
         if srv.memory_held() == held and srv.connection_count() == 0:
             return
         time.sleep(0.02)
-    raise AssertionError(f"memory held {srv.memory_held()} (want {held}), connections {srv.connection_count()}")
+    raise AssertionError(
+        f"memory held {srv.memory_held()} (want {held}), connections {srv.connection_count()}"
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -98,7 +127,9 @@ def test_bad_frame_closes_only_its_connection(server, case):
     wait_for_baseline(server)
 
 
-@pytest.mark.parametrize("first", [frame(COUNT), frame(HELLO_CMD, bytes(23)), frame(HELLO_CMD, bytes(25)), b"\x0e"])
+@pytest.mark.parametrize(
+    "first", [frame(COUNT), frame(HELLO_CMD, bytes(23)), frame(HELLO_CMD, bytes(25)), b"\x0e"]
+)
 def test_handshake_violations(server, first):
     conn = RawConn(server.port, hello=False)
     conn.send(first)

@@ -6,7 +6,6 @@ import argparse
 import json
 
 import pytest
-
 from rpcnet import __version__
 from rpcnet.caps import decode_caps, describe_caps, negotiated_transport
 from rpcnet.cli import main, parse_size
@@ -55,7 +54,13 @@ def test_parse_size():
 
 def test_caps_decoding():
     assert decode_caps(bytes(24)) is None
-    caps = (0x1234).to_bytes(4, "little") + (0x1234).to_bytes(4, "little") + bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 2])
+    caps = (
+        (0x1234).to_bytes(4, "little")
+        + (0x1234).to_bytes(4, "little")
+        + bytes(10)
+        + b"\xff\xff"
+        + bytes([10, 0, 0, 2])
+    )
     rdma = decode_caps(caps)
     assert rdma is not None and rdma.qpn == 0x1234 and "10.0.0.2" in rdma.gid_text
     assert describe_caps(caps).startswith("RDMA qpn=0x1234")

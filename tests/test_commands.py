@@ -6,7 +6,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from rpcnet import _native
 from rpcnet.client import RpcClient, ServerClosed
 from rpcnet.protocol.commands import Cmd
@@ -54,7 +53,10 @@ async def test_alloc_set_get_roundtrip(server):
         assert np.array_equal(got, values)
         assert await c.get_tensor(t, 8, 8) == values[2:4].tobytes()
         await c.memset_tensor(t, 4, 8, 0xFF)
-        assert await c.get_tensor(t, 0, 16) == values[:1].tobytes() + b"\xff" * 8 + values[3:4].tobytes()
+        assert (
+            await c.get_tensor(t, 0, 16)
+            == values[:1].tobytes() + b"\xff" * 8 + values[3:4].tobytes()
+        )
         dst = f32_tensor(handle, base + 1024, ne=(16, 1, 1, 1), tid=2)
         assert await c.copy_tensor(t, dst)
         assert await c.get_tensor(dst, 0, 64) == await c.get_tensor(t, 0, 64)
@@ -181,7 +183,9 @@ async def test_v7_recompute_uses_last_graph(server_v7):
         await c.graph_compute([out.id], [a, b, out])
         await c.set_tensor(b, 0, np.float32(5).tobytes())
         await c.graph_recompute()
-        assert np.array_equal(np.frombuffer(await c.get_tensor(out, 0, 16), np.float32), np.full(4, 6.0))
+        assert np.array_equal(
+            np.frombuffer(await c.get_tensor(out, 0, 16), np.float32), np.full(4, 6.0)
+        )
 
 
 async def test_recompute_after_free_closes(server):
@@ -201,7 +205,9 @@ async def test_unsupported_op_closes_only_that_connection(server):
         handle, _ = await c.alloc_buffer(4096)
         base = await c.buffer_base(handle)
         a = f32_tensor(handle, base, ne=(4, 1, 1, 1), tid=1)
-        out = f32_tensor(handle, base + 64, ne=(4, 1, 1, 1), tid=2, op=95, src=(1,), flags=16)  # CUSTOM
+        out = f32_tensor(
+            handle, base + 64, ne=(4, 1, 1, 1), tid=2, op=95, src=(1,), flags=16
+        )  # CUSTOM
         await c.graph_compute([2], [a, out])
         with pytest.raises(ServerClosed):
             await c.device_count()

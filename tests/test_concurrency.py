@@ -6,7 +6,6 @@ import asyncio
 import struct
 
 import pytest
-
 from rpcnet import _native
 from rpcnet.client import RpcClient, ServerClosed
 

@@ -12,15 +12,27 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-
 from rpcnet import _native
 from support import refenv
 from support.raw import RawConn, frame
 
-pytestmark = pytest.mark.skipif(not refenv.available(), reason="reference env missing: run tools/refenv.sh")
+pytestmark = pytest.mark.skipif(
+    not refenv.available(), reason="reference env missing: run tools/refenv.sh"
+)
 
 ALLOC, ALIGN, MAXSZ, BASE, FREE, CLEAR, SET, HASH, GET, COPY, GRAPH = range(11)
-MEM, INIT, ALLOC_SIZE, HELLO, COUNT, RECOMPUTE, MEMSET, SET2D, GET2D, COMM_INIT = 11, 12, 13, 14, 15, 16, 17, 18, 19, 20
+MEM, INIT, ALLOC_SIZE, HELLO, COUNT, RECOMPUTE, MEMSET, SET2D, GET2D, COMM_INIT = (
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+)
 
 
 class Approx:
@@ -30,7 +42,9 @@ class Approx:
         self.values = np.frombuffer(raw, np.float32)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Approx) and np.allclose(self.values, other.values, rtol=1e-5, atol=1e-5)
+        return isinstance(other, Approx) and np.allclose(
+            self.values, other.values, rtol=1e-5, atol=1e-5
+        )
 
     def __repr__(self) -> str:
         return f"Approx({self.values.tolist()})"
@@ -91,8 +105,20 @@ def sc_queries(d: Driver) -> None:
     d.record("max", d.call(MAXSZ, struct.pack("<I", 0), 8))
     free, total = struct.unpack("<QQ", d.call(MEM, struct.pack("<I", 0), 16))
     d.record("mem", total > 0 and 0 < free <= total)
-    for ty, ne in [(0, (4, 1, 1, 1)), (8, (64, 3, 1, 1)), (12, (256, 2, 1, 1)), (1, (7, 5, 3, 2)), (30, (9, 1, 1, 1))]:
-        d.record("alloc_size", ty, d.call(ALLOC_SIZE, struct.pack("<I", 0) + t(type=ty, ne=ne).to_bytes() + bytes(2960), 8))
+    for ty, ne in [
+        (0, (4, 1, 1, 1)),
+        (8, (64, 3, 1, 1)),
+        (12, (256, 2, 1, 1)),
+        (1, (7, 5, 3, 2)),
+        (30, (9, 1, 1, 1)),
+    ]:
+        d.record(
+            "alloc_size",
+            ty,
+            d.call(
+                ALLOC_SIZE, struct.pack("<I", 0) + t(type=ty, ne=ne).to_bytes() + bytes(2960), 8
+            ),
+        )
 
 
 def sc_data(d: Driver) -> None:
@@ -116,7 +142,9 @@ def sc_data(d: Driver) -> None:
         rows = bytes(range(48))
         d.post(SET2D, x.to_bytes() + struct.pack("<QQQQ", 8, 16, 3, 64) + rows)
         d.record("get2d", d.call(GET2D, x.to_bytes() + struct.pack("<QQQQ", 0, 32, 3, 64), 96))
-        d.record("get2d stride0", d.call(GET2D, x.to_bytes() + struct.pack("<QQQQ", 8, 16, 2, 0), 32))
+        d.record(
+            "get2d stride0", d.call(GET2D, x.to_bytes() + struct.pack("<QQQQ", 8, 16, 2, 0), 32)
+        )
         d.record("comm bad world", d.call(COMM_INIT, struct.pack("<IIII64s", 0, 0, 3, 1, b""), 1))
     d.post(FREE, struct.pack("<Q", h0))
     d.sync()
@@ -125,7 +153,9 @@ def sc_data(d: Driver) -> None:
     d.sync()
 
 
-def graph_payload(proto: int, uid: int, nodes: list[int], tensors: list[_native.RpcTensor]) -> bytes:
+def graph_payload(
+    proto: int, uid: int, nodes: list[int], tensors: list[_native.RpcTensor]
+) -> bytes:
     head = struct.pack("<I", 0) + (b"" if proto == 7 else struct.pack("<Q", uid))
     body = struct.pack("<I", len(nodes)) + b"".join(struct.pack("<Q", n) for n in nodes)
     return head + body + struct.pack("<I", len(tensors)) + b"".join(x.to_bytes() for x in tensors)
@@ -141,8 +171,14 @@ def sc_graph(d: Driver) -> None:
     out = t(type=0, buffer=h, data=b + 12288, ne=(8, 4, 1, 1), id=5, op=2, src=(4, 3), flags=16)
     skipped = t(type=0, buffer=h, data=b + 16384, ne=(8, 4, 1, 1), id=6, op=2, src=(4, 3), flags=0)
     d.post(CLEAR, struct.pack("<QB", h, 0))
-    for tensor, arr in [(w, rng.standard_normal((8, 32))), (x, rng.standard_normal((4, 32))), (bias, rng.standard_normal(8))]:
-        d.post(SET, tensor.to_bytes() + b"\0" + struct.pack("<Q", 0) + arr.astype(np.float32).tobytes())
+    for tensor, arr in [
+        (w, rng.standard_normal((8, 32))),
+        (x, rng.standard_normal((4, 32))),
+        (bias, rng.standard_normal(8)),
+    ]:
+        d.post(
+            SET, tensor.to_bytes() + b"\0" + struct.pack("<Q", 0) + arr.astype(np.float32).tobytes()
+        )
     d.post(GRAPH, graph_payload(d.proto, 7, [4, 5, 6], [w, x, mm, bias, out, skipped]))
     d.record("graph out", Approx(d.call(GET, out.to_bytes() + struct.pack("<QQ", 0, 128), 128)))
     d.record("skipped untouched", d.call(GET, skipped.to_bytes() + struct.pack("<QQ", 0, 128), 128))
@@ -151,7 +187,8 @@ def sc_graph(d: Driver) -> None:
     d.record("recomputed", Approx(d.call(GET, out.to_bytes() + struct.pack("<QQ", 0, 128), 128)))
     d.post(FREE, struct.pack("<Q", h))
     d.expect_close(
-        "recompute after free", frame(RECOMPUTE, struct.pack("<I", 0) if d.proto == 7 else struct.pack("<IQ", 0, 7))
+        "recompute after free",
+        frame(RECOMPUTE, struct.pack("<I", 0) if d.proto == 7 else struct.pack("<IQ", 0, 7)),
     )
 
 
@@ -162,20 +199,35 @@ def sc_closes(d: Driver) -> None:
     d.expect_close("device out of range", frame(ALIGN, struct.pack("<I", 1)))
     d.expect_close("second hello", frame(HELLO, bytes(24)))
     d.expect_close("forged base", frame(BASE, struct.pack("<Q", 0x1234)))
-    d.expect_close("truncated graph", frame(GRAPH, graph_payload(d.proto, 0, [1, 2, 3], [])[:-4] + struct.pack("<I", 1)))
-    h, b = d.alloc(4096)
-    d.expect_close("type 43", frame(GET, t(type=43, buffer=h, data=b, nb=(4, 4, 4, 4)).to_bytes() + struct.pack("<QQ", 0, 4)))
-    h, b = d.alloc(4096)
     d.expect_close(
-        "past buffer", frame(GET, t(buffer=h, data=b + 4092, ne=(1, 1, 1, 1)).to_bytes() + struct.pack("<QQ", 4, 4))
+        "truncated graph",
+        frame(GRAPH, graph_payload(d.proto, 0, [1, 2, 3], [])[:-4] + struct.pack("<I", 1)),
     )
     h, b = d.alloc(4096)
-    d.expect_close("no buffer", frame(GET, t(buffer=0, data=0).to_bytes() + struct.pack("<QQ", 0, 4)))
+    d.expect_close(
+        "type 43",
+        frame(
+            GET, t(type=43, buffer=h, data=b, nb=(4, 4, 4, 4)).to_bytes() + struct.pack("<QQ", 0, 4)
+        ),
+    )
+    h, b = d.alloc(4096)
+    d.expect_close(
+        "past buffer",
+        frame(
+            GET, t(buffer=h, data=b + 4092, ne=(1, 1, 1, 1)).to_bytes() + struct.pack("<QQ", 4, 4)
+        ),
+    )
+    h, b = d.alloc(4096)
+    d.expect_close(
+        "no buffer", frame(GET, t(buffer=0, data=0).to_bytes() + struct.pack("<QQ", 0, 4))
+    )
     if d.proto == 8:
         d.expect_close("NONE marker", frame(23))
         h, b = d.alloc(4096)
         x = t(buffer=h, data=b, ne=(16, 1, 1, 1)).to_bytes()
-        d.expect_close("2d bad sizes", frame(SET2D, x + struct.pack("<QQQQ", 0, 4, 3, 8) + bytes(11)))
+        d.expect_close(
+            "2d bad sizes", frame(SET2D, x + struct.pack("<QQQQ", 0, 4, 3, 8) + bytes(11))
+        )
         d.expect_close("recompute unknown", frame(RECOMPUTE, struct.pack("<IQ", 0, 99)))
     else:
         d.expect_close("v7 NONE marker", frame(18))
@@ -193,7 +245,10 @@ def sc_hash(d: Driver) -> None:
     d.post(CLEAR, struct.pack("<QB", h, 0))
     d.record("hash hit", d.call(HASH, x.to_bytes() + struct.pack("<QQ", 0, digest), 1))
     d.record("restored", d.call(GET, x.to_bytes() + struct.pack("<QQ", 0, 64), 64))
-    d.expect_close("hash hit out of range", frame(HASH, x.to_bytes() + struct.pack("<QQ", (1 << 16) + 4, digest)))
+    d.expect_close(
+        "hash hit out of range",
+        frame(HASH, x.to_bytes() + struct.pack("<QQ", (1 << 16) + 4, digest)),
+    )
 
 
 SCENARIOS: dict[str, Callable[[Driver], None]] = {
@@ -238,4 +293,6 @@ def test_same_responses_as_reference(servers, name):
     got = transcript(ours.port, proto, SCENARIOS[name])
     assert got == expected
     if name == "hash":
-        assert sorted(p.name for p in ref_cache.iterdir()) == sorted(p.name for p in our_cache.iterdir())
+        assert sorted(p.name for p in ref_cache.iterdir()) == sorted(
+            p.name for p in our_cache.iterdir()
+        )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from support.opgraph import OpGraph, as_f32
 
 ADD, MUL, MUL_MAT = 2, 7, 29
@@ -25,4 +24,6 @@ def test_add_broadcast_and_permuted_matmul(reference_v8, rpcnet_v8):
     mm = g.op(MUL_MAT, 0, (5, 4, 6, 1), (w, perm))
     (ref_add, ref_mm), (our_add, our_mm) = run_both(g, [add, mm], reference_v8, rpcnet_v8)
     assert np.array_equal(as_f32(ref_add, (8, 6, 4, 1)), as_f32(our_add, (8, 6, 4, 1)))
-    np.testing.assert_allclose(as_f32(our_mm, (5, 4, 6)), as_f32(ref_mm, (5, 4, 6)), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        as_f32(our_mm, (5, 4, 6)), as_f32(ref_mm, (5, 4, 6)), rtol=2e-3, atol=2e-3
+    )

@@ -8,11 +8,12 @@ import sys
 import time
 
 import pytest
-
 from support import refenv
 from support.inproc import ServerThread
 
-pytestmark = pytest.mark.skipif(not refenv.available(), reason="reference env missing: run tools/refenv.sh")
+pytestmark = pytest.mark.skipif(
+    not refenv.available(), reason="reference env missing: run tools/refenv.sh"
+)
 
 MEM = 3 << 30
 
@@ -60,7 +61,18 @@ def test_cli_serve_and_caps_subprocess():
     """`rpcnet serve` as a real process, probed by `rpcnet caps` and the real client."""
     port = refenv.free_port()
     serve = subprocess.Popen(
-        [sys.executable, "-m", "rpcnet.cli", "serve", "--port", str(port), "--mem", "2G", "--proto", "7"],
+        [
+            sys.executable,
+            "-m",
+            "rpcnet.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--mem",
+            "2G",
+            "--proto",
+            "7",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -70,7 +82,16 @@ def test_cli_serve_and_caps_subprocess():
         out = None
         while time.monotonic() < deadline:
             res = subprocess.run(
-                [sys.executable, "-m", "rpcnet.cli", "caps", f"127.0.0.1:{port}", "--proto", "7", "--json"],
+                [
+                    sys.executable,
+                    "-m",
+                    "rpcnet.cli",
+                    "caps",
+                    f"127.0.0.1:{port}",
+                    "--proto",
+                    "7",
+                    "--json",
+                ],
                 capture_output=True,
                 text=True,
                 timeout=30,

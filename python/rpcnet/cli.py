@@ -32,24 +32,41 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rpcnet", description="Remote ggml device server for llama.cpp")
+    parser = argparse.ArgumentParser(
+        prog="rpcnet", description="Remote ggml device server for llama.cpp"
+    )
     parser.add_argument(
-        "--version", action="version", version=f"rpcnet {__version__} (ggml RPC protocol {DEFAULT_PROTOCOL}.0.0 default, 7.0.0 with --proto 7)"
+        "--version",
+        action="version",
+        version=(
+            f"rpcnet {__version__} "
+            f"(ggml RPC protocol {DEFAULT_PROTOCOL}.0.0 default, 7.0.0 with --proto 7)"
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve devices to llama.cpp RPC clients")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=50052)
-    serve.add_argument("--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL, help="protocol major version")
+    serve.add_argument(
+        "--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL, help="protocol major version"
+    )
     serve.add_argument("--device", default="cpu", help="device to serve (cpu)")
-    serve.add_argument("--mem", type=parse_size, help="memory to report and enforce (default: physical RAM)")
+    serve.add_argument(
+        "--mem", type=parse_size, help="memory to report and enforce (default: physical RAM)"
+    )
     serve.add_argument("--threads", type=int, help="compute threads")
     serve.add_argument(
-        "--cache", nargs="?", const="", default=None, metavar="DIR",
-        help="enable the weight hash cache (default dir: $LLAMA_CACHE/rpc or ~/.cache/llama.cpp/rpc)",
+        "--cache",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="enable the weight hash cache (default: $LLAMA_CACHE/rpc or ~/.cache/llama.cpp/rpc)",
     )
-    serve.add_argument("--cache-max", type=parse_size, help="bound the cache directory (LRU eviction)")
+    serve.add_argument(
+        "--cache-max", type=parse_size, help="bound the cache directory (LRU eviction)"
+    )
     serve.add_argument("-v", "--verbose", action="count", default=0)
 
     caps = sub.add_parser("caps", help="connect, HELLO, and show what was negotiated")
@@ -66,15 +83,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rpcnet.server.cache import default_cache_dir
 
     level = logging.WARNING - 10 * min(args.verbose, 2) + (10 if args.verbose == 0 else 0)
-    logging.basicConfig(level=min(level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=min(level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.verbose >= 2:
         logging.getLogger().setLevel(logging.DEBUG)
     cache_dir = None
     if args.cache is not None:
         cache_dir = Path(args.cache) if args.cache else default_cache_dir()
     config = ServerConfig(
-        host=args.host, port=args.port, proto=args.proto, device=args.device, mem=args.mem,
-        threads=args.threads, cache_dir=cache_dir, cache_max=args.cache_max,
+        host=args.host,
+        port=args.port,
+        proto=args.proto,
+        device=args.device,
+        mem=args.mem,
+        threads=args.threads,
+        cache_dir=cache_dir,
+        cache_max=args.cache_max,
     )
     try:
         run(config)
@@ -97,10 +122,15 @@ async def probe_caps(host: str, port: int, proto: int) -> dict:
         devices = []
         for index in range(await client.device_count()):
             free, total = await client.device_memory(index)
-            devices.append({
-                "index": index, "free": free, "total": total,
-                "alignment": await client.alignment(index), "max_size": await client.max_size(index),
-            })
+            devices.append(
+                {
+                    "index": index,
+                    "free": free,
+                    "total": total,
+                    "alignment": await client.alignment(index),
+                    "max_size": await client.max_size(index),
+                }
+            )
     finally:
         await client.close()
     rdma = decode_caps(hello.server_caps)
@@ -111,7 +141,9 @@ async def probe_caps(host: str, port: int, proto: int) -> dict:
         "client_caps_decoded": describe_caps(hello.client_caps),
         "server_caps": hello.server_caps.hex(),
         "server_caps_decoded": describe_caps(hello.server_caps),
-        "server_rdma": None if rdma is None else {"qpn": rdma.qpn, "psn": rdma.psn, "gid": rdma.gid_text},
+        "server_rdma": None
+        if rdma is None
+        else {"qpn": rdma.qpn, "psn": rdma.psn, "gid": rdma.gid_text},
         "transport": negotiated_transport(hello.client_caps, hello.server_caps),
         "devices": devices,
     }

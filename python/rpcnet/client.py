@@ -26,14 +26,21 @@ class Hello:
 
 
 class RpcClient:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, proto: int = 8) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, proto: int = 8
+    ) -> None:
         self.reader = reader
         self.writer = writer
         self.proto = proto
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, proto: int = 8, hello: bool = True, caps: bytes = bytes(HELLO_CAPS_SIZE)
+        cls,
+        host: str,
+        port: int,
+        proto: int = 8,
+        hello: bool = True,
+        caps: bytes = bytes(HELLO_CAPS_SIZE),
     ) -> RpcClient:
         reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
         sock = writer.get_extra_info("socket")
@@ -113,7 +120,9 @@ class RpcClient:
     async def buffer_clear(self, handle: int, value: int) -> None:
         await self.post(Cmd.BUFFER_CLEAR, msg.u64(handle) + msg.u8(value))
 
-    async def set_tensor(self, tensor: _native.RpcTensor, offset: int, data: bytes, cache: bool = False) -> None:
+    async def set_tensor(
+        self, tensor: _native.RpcTensor, offset: int, data: bytes, cache: bool = False
+    ) -> None:
         await self.post(Cmd.SET_TENSOR, msg.set_tensor_payload(tensor, offset, data, cache))
 
     async def set_tensor_hash(self, tensor: _native.RpcTensor, offset: int, digest: int) -> bool:
@@ -123,7 +132,9 @@ class RpcClient:
     async def get_tensor(self, tensor: _native.RpcTensor, offset: int, size: int) -> bytes:
         return await self.call(Cmd.GET_TENSOR, msg.tensor_range(tensor, offset, size), size)
 
-    async def memset_tensor(self, tensor: _native.RpcTensor, offset: int, size: int, value: int) -> None:
+    async def memset_tensor(
+        self, tensor: _native.RpcTensor, offset: int, size: int, value: int
+    ) -> None:
         await self.post(Cmd.MEMSET_TENSOR, msg.memset_payload(tensor, offset, size, value))
 
     async def copy_tensor(self, src: _native.RpcTensor, dst: _native.RpcTensor) -> bool:
@@ -132,25 +143,50 @@ class RpcClient:
     async def init_tensor(self, tensor: _native.RpcTensor) -> None:
         await self.post(Cmd.INIT_TENSOR, tensor.to_bytes())
 
-    async def alloc_size(self, tensor: _native.RpcTensor, srcs: list[_native.RpcTensor] | None = None, device: int = 0) -> int:
+    async def alloc_size(
+        self,
+        tensor: _native.RpcTensor,
+        srcs: list[_native.RpcTensor] | None = None,
+        device: int = 0,
+    ) -> int:
         src_bytes = b"".join(s.to_bytes() for s in (srcs or []))
         src_bytes += bytes(_native.RPC_TENSOR_SIZE * (10 - len(srcs or [])))
-        return msg.parse_u64(await self.call(Cmd.GET_ALLOC_SIZE, msg.u32(device) + tensor.to_bytes() + src_bytes, 8))
+        return msg.parse_u64(
+            await self.call(Cmd.GET_ALLOC_SIZE, msg.u32(device) + tensor.to_bytes() + src_bytes, 8)
+        )
 
-    async def graph_compute(self, nodes: list[int], tensors: list[_native.RpcTensor], uid: int = 0, device: int = 0) -> None:
-        await self.post(Cmd.GRAPH_COMPUTE, msg.graph_payload(self.proto, device, uid, nodes, tensors))
+    async def graph_compute(
+        self, nodes: list[int], tensors: list[_native.RpcTensor], uid: int = 0, device: int = 0
+    ) -> None:
+        await self.post(
+            Cmd.GRAPH_COMPUTE, msg.graph_payload(self.proto, device, uid, nodes, tensors)
+        )
 
     async def graph_recompute(self, uid: int = 0, device: int = 0) -> None:
         payload = msg.u32(device) if self.proto == 7 else struct.pack("<IQ", device, uid)
         await self.post(Cmd.GRAPH_RECOMPUTE, payload)
 
-    async def set_tensor_2d(self, tensor: _native.RpcTensor, offset: int, size: int, stride: int, rows: bytes) -> None:
+    async def set_tensor_2d(
+        self, tensor: _native.RpcTensor, offset: int, size: int, stride: int, rows: bytes
+    ) -> None:
         n_copies = len(rows) // size if size else 0
-        await self.post(Cmd.SET_TENSOR_2D, msg.transfer_2d(tensor, offset, size, n_copies, stride) + rows)
+        await self.post(
+            Cmd.SET_TENSOR_2D, msg.transfer_2d(tensor, offset, size, n_copies, stride) + rows
+        )
 
-    async def get_tensor_2d(self, tensor: _native.RpcTensor, offset: int, size: int, n_copies: int, stride: int) -> bytes:
-        return await self.call(Cmd.GET_TENSOR_2D, msg.transfer_2d(tensor, offset, size, n_copies, stride), size * n_copies)
+    async def get_tensor_2d(
+        self, tensor: _native.RpcTensor, offset: int, size: int, n_copies: int, stride: int
+    ) -> bytes:
+        return await self.call(
+            Cmd.GET_TENSOR_2D,
+            msg.transfer_2d(tensor, offset, size, n_copies, stride),
+            size * n_copies,
+        )
 
-    async def comm_init(self, device: int, rank: int, world: int, port: int, host: str = "") -> bool:
-        rsp = await self.call(Cmd.COMM_INIT, msg.comm_init_payload(device, rank, world, port, host), 1)
+    async def comm_init(
+        self, device: int, rank: int, world: int, port: int, host: str = ""
+    ) -> bool:
+        rsp = await self.call(
+            Cmd.COMM_INIT, msg.comm_init_payload(device, rank, world, port, host), 1
+        )
         return rsp != b"\0"

@@ -129,9 +129,7 @@ _SPECS = [
     ModelSpec("llama-mha-f16", dtype="f16", n_embd=128, n_head=4, n_head_kv=4, n_ff=256, seed=2),
     ModelSpec("llama-gqa-bf16", dtype="bf16", seed=3),
     ModelSpec("qwen3-f32", arch="qwen3", n_embd=128, n_head=4, n_head_kv=2, head_dim=48, seed=4),
-    ModelSpec(
-        "qwen3-f16", arch="qwen3", dtype="f16", n_embd=64, n_head=4, n_head_kv=2, seed=5
-    ),
+    ModelSpec("qwen3-f16", arch="qwen3", dtype="f16", n_embd=64, n_head=4, n_head_kv=2, seed=5),
     ModelSpec(
         "qwen3moe-f32",
         arch="qwen3moe",

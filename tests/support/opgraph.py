@@ -10,8 +10,8 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from rpcnet import _native
+
 from support.raw import RawConn, frame
 
 ALIGN = 64
@@ -82,13 +82,30 @@ class OpGraph:
         ne = tuple(ne) + (1,) * (4 - len(ne))
         return self._add(
             Node(
-                self._new_id(), root.type if type_id is None else type_id, ne, tuple(nb),
-                root.offset + offs, op=OP_VIEW, srcs=(src,), view_src=src, view_offs=offs,
+                self._new_id(),
+                root.type if type_id is None else type_id,
+                ne,
+                tuple(nb),
+                root.offset + offs,
+                op=OP_VIEW,
+                srcs=(src,),
+                view_src=src,
+                view_offs=offs,
             )
         )
 
-    def op(self, op: int, type_id: int, ne, srcs, params: bytes = b"", nb=None, inplace_of: int | None = None,
-           offs: int = 0, compute: bool = True) -> int:
+    def op(
+        self,
+        op: int,
+        type_id: int,
+        ne,
+        srcs,
+        params: bytes = b"",
+        nb=None,
+        inplace_of: int | None = None,
+        offs: int = 0,
+        compute: bool = True,
+    ) -> int:
         """A compute node; `inplace_of` makes its output a view of that tensor (SET_ROWS, CPY)."""
         ne = tuple(ne) + (1,) * (4 - len(ne))
         nb = tuple(nb) if nb is not None else contiguous_nb(type_id, ne)
@@ -99,8 +116,16 @@ class OpGraph:
             offset = self._place(_native.tensor_nbytes(type_id, ne, nb))
             view_src = 0
         node = Node(
-            self._new_id(), type_id, ne, nb, offset, op=op, params=params,
-            srcs=tuple(srcs), view_src=view_src, view_offs=offs if view_src else 0,
+            self._new_id(),
+            type_id,
+            ne,
+            nb,
+            offset,
+            op=op,
+            params=params,
+            srcs=tuple(srcs),
+            view_src=view_src,
+            view_offs=offs if view_src else 0,
             flags=FLAG_COMPUTE if compute else 0,
         )
         self.order.append(node.id)
@@ -112,8 +137,18 @@ class OpGraph:
     def wire(self, handle: int, base: int) -> list[_native.RpcTensor]:
         return [
             _native.RpcTensor(
-                id=n.id, type=n.type, buffer=handle, ne=n.ne, nb=n.nb, op=n.op, op_params=n.params,
-                flags=n.flags, src=n.srcs, view_src=n.view_src, view_offs=n.view_offs, data=base + n.offset,
+                id=n.id,
+                type=n.type,
+                buffer=handle,
+                ne=n.ne,
+                nb=n.nb,
+                op=n.op,
+                op_params=n.params,
+                flags=n.flags,
+                src=n.srcs,
+                view_src=n.view_src,
+                view_offs=n.view_offs,
+                data=base + n.offset,
             )
             for n in self.nodes
         ]
@@ -122,18 +157,31 @@ class OpGraph:
         """Upload inputs, compute, and read back the outputs' bytes (one connection)."""
         conn = RawConn(port)
         try:
-            handle, _ = struct.unpack("<QQ", conn.call(0, struct.pack("<IQ", 0, self.size + 4096), 16))
+            handle, _ = struct.unpack(
+                "<QQ", conn.call(0, struct.pack("<IQ", 0, self.size + 4096), 16)
+            )
             assert handle, "allocation failed"
             base = struct.unpack("<Q", conn.call(3, struct.pack("<Q", handle), 8))[0]
-            conn.send(frame(5, struct.pack("<QB", handle, 0)))  # BUFFER_CLEAR: deterministic garbage
+            conn.send(
+                frame(5, struct.pack("<QB", handle, 0))
+            )  # BUFFER_CLEAR: deterministic garbage
             tensors = self.wire(handle, base)
             by_id = {t.id: t for t in tensors}
             for n in self.nodes:
                 if n.raw is not None and n.raw:
-                    conn.send(frame(6, by_id[n.id].to_bytes() + b"\0" + struct.pack("<Q", 0) + n.raw))
+                    conn.send(
+                        frame(6, by_id[n.id].to_bytes() + b"\0" + struct.pack("<Q", 0) + n.raw)
+                    )
             head = struct.pack("<I", 0) + (b"" if proto == 7 else struct.pack("<Q", 0))
-            body = struct.pack("<I", len(self.order)) + b"".join(struct.pack("<Q", i) for i in self.order)
-            payload = head + body + struct.pack("<I", len(tensors)) + b"".join(t.to_bytes() for t in tensors)
+            body = struct.pack("<I", len(self.order)) + b"".join(
+                struct.pack("<Q", i) for i in self.order
+            )
+            payload = (
+                head
+                + body
+                + struct.pack("<I", len(tensors))
+                + b"".join(t.to_bytes() for t in tensors)
+            )
             conn.send(frame(10, payload))
             results = []
             for out in outputs:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rpcnet import _native
-from rpcnet.compute.errors import ComputeError
 from rpcnet.compute import kernels  # noqa: F401 - registers the kernels
+from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels import registry
 from rpcnet.compute.ops import VIEW_OPS
 from rpcnet.compute.tensor import Tensor

@@ -1,4 +1,4 @@
-"""A graph tensor resolved against session buffers: where its bytes live and how they are laid out."""
+"""A graph tensor resolved against session buffers: where its bytes live and their layout."""
 
 from __future__ import annotations
 

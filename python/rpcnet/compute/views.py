@@ -14,7 +14,16 @@ from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.tensor import Tensor
 
-GGML_F32, GGML_F16, GGML_I8, GGML_I16, GGML_I32, GGML_I64, GGML_F64, GGML_BF16 = 0, 1, 24, 25, 26, 27, 28, 30
+GGML_F32, GGML_F16, GGML_I8, GGML_I16, GGML_I32, GGML_I64, GGML_F64, GGML_BF16 = (
+    0,
+    1,
+    24,
+    25,
+    26,
+    27,
+    28,
+    30,
+)
 
 # Types NumPy can view directly. bf16 is viewed as its raw uint16 bits.
 PLAIN_DTYPES: dict[int, np.dtype] = {

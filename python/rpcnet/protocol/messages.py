@@ -205,7 +205,9 @@ def tensor_range(tensor: _native.RpcTensor, offset: int, size: int) -> bytes:
     return tensor.to_bytes() + _OFF_SIZE.pack(offset, size)
 
 
-def set_tensor_payload(tensor: _native.RpcTensor, offset: int, data: bytes, cache: bool = False) -> bytes:
+def set_tensor_payload(
+    tensor: _native.RpcTensor, offset: int, data: bytes, cache: bool = False
+) -> bytes:
     return tensor.to_bytes() + _U8.pack(1 if cache else 0) + _U64.pack(offset) + data
 
 
@@ -213,11 +215,15 @@ def memset_payload(tensor: _native.RpcTensor, offset: int, size: int, value: int
     return tensor.to_bytes() + _OFF_SIZE_VAL.pack(offset, size, value)
 
 
-def transfer_2d(tensor: _native.RpcTensor, offset: int, size: int, n_copies: int, stride: int) -> bytes:
+def transfer_2d(
+    tensor: _native.RpcTensor, offset: int, size: int, n_copies: int, stride: int
+) -> bytes:
     return tensor.to_bytes() + _2D.pack(offset, size, n_copies, stride)
 
 
-def graph_payload(proto: int, device: int, uid: int, nodes: list[int], tensors: list[_native.RpcTensor]) -> bytes:
+def graph_payload(
+    proto: int, device: int, uid: int, nodes: list[int], tensors: list[_native.RpcTensor]
+) -> bytes:
     head = _U32.pack(device) + (b"" if proto == 7 else _U64.pack(uid))
     body = _U32.pack(len(nodes)) + b"".join(_U64.pack(n) for n in nodes)
     return head + body + _U32.pack(len(tensors)) + b"".join(t.to_bytes() for t in tensors)

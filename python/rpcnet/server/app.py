@@ -68,7 +68,11 @@ class Server:
             )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._protocol_factory, self.config.host, self.config.port, reuse_address=True, backlog=128
+            self._protocol_factory,
+            self.config.host,
+            self.config.port,
+            reuse_address=True,
+            backlog=128,
         )
 
     def _protocol_factory(self) -> StreamProtocol:

@@ -1,4 +1,4 @@
-"""Per-connection buffer table: opaque handles, synthetic base addresses, address -> (buffer, offset)."""
+"""Per-connection buffer table: opaque handles and synthetic, never-reused base addresses."""
 
 from __future__ import annotations
 

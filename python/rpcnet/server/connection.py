@@ -53,7 +53,9 @@ class Connection:
         except CLIENT_ERRORS as exc:
             log.warning("%s: closing connection: %s: %s", self.peer, self.current, exc)
         except Exception:  # a bug of ours must still cost only this connection
-            log.exception("%s: closing connection after internal error in %s", self.peer, self.current)
+            log.exception(
+                "%s: closing connection after internal error in %s", self.peer, self.current
+            )
         finally:
             self.stream.close()
             await self._finish_graphs()
@@ -67,13 +69,20 @@ class Connection:
         check_header = _native.check_header
         cmd, size = await self._header()
         if cmd != Cmd.HELLO:
-            raise ProtocolViolation(f"first command must be HELLO, got {_native.command_name(proto, cmd)}")
+            raise ProtocolViolation(
+                f"first command must be HELLO, got {_native.command_name(proto, cmd)}"
+            )
         check_header(proto, cmd, size, max_data, max_graph)
         self._respond(session.hello(await stream.readexactly(size)))
         handlers, waits = self._handlers, self._waits
+        stream.fast_path = self._fast_path
         while True:
             if await stream.at_eof():
                 return
+            # Responses may reference device memory (GET_TENSOR): with a zero write high-water
+            # mark, drain() returns only once every byte is with the kernel, so no later command
+            # can change bytes still queued for sending.
+            await stream.drain()
             cmd, size = await self._header()
             self.cmd = cmd
             check_header(proto, cmd, size, max_data, max_graph)
@@ -92,10 +101,29 @@ class Connection:
             else:
                 payload = await stream.readexactly(size)
                 self._respond(handlers[cmd](session, payload))
-            # Responses may reference device memory (GET_TENSOR): with a zero write high-water
-            # mark, drain() returns only once every byte is with the kernel, so later commands
-            # can never change bytes still queued for sending.
-            await stream.drain()
+
+    def _fast_path(self) -> None:
+        """Handle complete, simple frames already staged, from the protocol callback.
+
+        Same semantics as the coroutine loop; anything that must wait (payload not all here,
+        SET_TENSOR's direct receive, cache I/O, an unfinished graph, a full socket) is left for it.
+        """
+        config, stream, session = self.server.config, self.stream, self.session
+        while stream.write_ready:
+            data = stream.staged()
+            if len(data) < HEADER_SIZE:
+                return
+            cmd, size = _HEADER.unpack_from(data)
+            handler = self._handlers.get(cmd)
+            if handler is None or len(data) - HEADER_SIZE < size:
+                return
+            if cmd in self._waits and session.has_pending():
+                return
+            self.cmd = cmd
+            _native.check_header(config.proto, cmd, size, config.max_data, config.max_graph)
+            payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
+            stream.consume(HEADER_SIZE + size)
+            self._respond(handler(session, payload))
 
     async def _header(self) -> tuple[int, int]:
         return _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
@@ -106,10 +134,12 @@ class Connection:
         view = memoryview(payload)  # type: ignore[arg-type]
         header = _SIZE.pack(view.nbytes)
         if view.nbytes < LARGE_WRITE:
-            self.stream.write(header + view.tobytes() if not isinstance(payload, bytes) else header + payload)
+            self.stream.write(
+                header + view.tobytes() if not isinstance(payload, bytes) else header + payload
+            )
         else:
             self.stream.write(header)
-            self.stream.write(view)  # zero-copy; see the drain() comment in _serve
+            self.stream.write(view)  # zero-copy; see the drain() in _serve
 
     async def _set_tensor(self, size: int) -> None:
         prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)

@@ -115,7 +115,11 @@ class Session:
         req = msg.parse_alloc(payload)
         buf = self.buffers.allocate(self.device(req.device), req.size)
         if buf is None:
-            log.info("allocation of %d bytes on device %d refused: not enough memory", req.size, req.device)
+            log.info(
+                "allocation of %d bytes on device %d refused: not enough memory",
+                req.size,
+                req.device,
+            )
             return msg.u64_pair(0, 0)
         return msg.u64_pair(buf.handle, buf.size)
 
@@ -145,7 +149,9 @@ class Session:
     def begin_set_tensor(self, prefix: bytes, data_len: int) -> SetTensorTarget:
         head = msg.parse_set_tensor_header(prefix)
         buf, rel = self.tensor_with_buffer(head.tensor)
-        _native.check_region(buf.base, buf.size, head.tensor.data, head.offset, data_len, head.tensor.nbytes())
+        _native.check_region(
+            buf.base, buf.size, head.tensor.data, head.offset, data_len, head.tensor.nbytes()
+        )
         start = rel + head.offset
         use_cache = head.cache and self.cache is not None
         return SetTensorTarget(buf.region(start, data_len), use_cache)
@@ -158,7 +164,9 @@ class Session:
         def target(size: int) -> Any:
             # Only reached when the entry exists: a miss answers 0 without validating (spec §7.11).
             buf, rel = self.tensor_with_buffer(req.tensor)
-            _native.check_region(buf.base, buf.size, req.tensor.data, req.offset, size, req.tensor.nbytes())
+            _native.check_region(
+                buf.base, buf.size, req.tensor.data, req.offset, size, req.tensor.nbytes()
+            )
             return buf.region(rel + req.offset, size)
 
         return msg.u8(1 if self.cache.load_into(req.hash, target) else 0)
@@ -166,14 +174,18 @@ class Session:
     def get_tensor(self, payload: bytes) -> Any:
         req = msg.parse_tensor_range(payload)
         buf, rel = self.tensor_with_buffer(req.tensor)
-        _native.check_region(buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes())
+        _native.check_region(
+            buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes()
+        )
         start = rel + req.offset
         return memoryview(buf.region(start, req.size))
 
     def memset_tensor(self, payload: bytes) -> None:
         req = msg.parse_memset(payload)
         buf, rel = self.tensor_with_buffer(req.tensor)
-        _native.check_memset(buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes())
+        _native.check_memset(
+            buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes()
+        )
         buf.region(rel + req.offset, req.size).fill(req.value)
 
     def copy_tensor(self, payload: bytes) -> bytes:
@@ -192,7 +204,15 @@ class Session:
         data_len = len(payload) - msg.TRANSFER_2D_HEADER
         buf, rel = self.tensor_with_buffer(req.tensor)
         _native.check_region_2d(
-            buf.base, buf.size, req.tensor.data, req.tensor.nbytes(), req.offset, req.size, req.n_copies, req.stride, data_len
+            buf.base,
+            buf.size,
+            req.tensor.data,
+            req.tensor.nbytes(),
+            req.offset,
+            req.size,
+            req.n_copies,
+            req.stride,
+            data_len,
         )
         rows = memoryview(payload)[msg.TRANSFER_2D_HEADER :]
         base = rel + req.offset
@@ -204,11 +224,20 @@ class Session:
         req = msg.parse_transfer_2d(payload)
         buf, rel = self.tensor_with_buffer(req.tensor)
         _native.check_region_2d(
-            buf.base, buf.size, req.tensor.data, req.tensor.nbytes(), req.offset, req.size, req.n_copies, req.stride, None
+            buf.base,
+            buf.size,
+            req.tensor.data,
+            req.tensor.nbytes(),
+            req.offset,
+            req.size,
+            req.n_copies,
+            req.stride,
+            None,
         )
         base = rel + req.offset
         return b"".join(
-            buf.array[base + i * req.stride : base + i * req.stride + req.size].tobytes() for i in range(req.n_copies)
+            buf.array[base + i * req.stride : base + i * req.stride + req.size].tobytes()
+            for i in range(req.n_copies)
         )
 
     # ---------------------------------------------------------------- graphs
@@ -238,12 +267,17 @@ class Session:
         else:
             plan = self._graphs[req.device].get(req.uid) if req.uid else None
         if plan is None:
-            raise ProtocolViolation(f"GRAPH_RECOMPUTE of unknown graph uid {req.uid} on device {req.device}")
+            raise ProtocolViolation(
+                f"GRAPH_RECOMPUTE of unknown graph uid {req.uid} on device {req.device}"
+            )
         self._launch(device, plan)
 
     def _launch(self, device: Device, plan: Plan) -> None:
         self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
         self._pending.append(device.submit(plan.run))
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
 
     def take_pending(self) -> list[Future[None]]:
         """Graph work this connection launched and has not waited for yet."""
@@ -254,7 +288,9 @@ class Session:
         for cache in self._graphs:
             for uid in [uid for uid, plan in cache.items() if handle in plan.buffers]:
                 del cache[uid]
-        self._last_graph = [p if p is None or handle not in p.buffers else None for p in self._last_graph]
+        self._last_graph = [
+            p if p is None or handle not in p.buffers else None for p in self._last_graph
+        ]
 
     # ---------------------------------------------------------------- multi-host (not yet)
 

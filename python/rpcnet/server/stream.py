@@ -8,10 +8,12 @@ to a small staging area, and reading pauses once it is full.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
+from rpcnet._native import MAX_CHUNK, chunk_plan
+
 STAGING = 256 * 1024
-WRITE_HIGH_WATER = 4 * 1024 * 1024
 
 
 class ConnectionClosed(Exception):
@@ -33,6 +35,11 @@ class StreamProtocol(asyncio.BufferedProtocol):
         self._paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
+        # Optional callback run while the reader waits at a frame boundary: it may consume
+        # complete frames straight from the staging area (no task switch per small command).
+        self.fast_path: Callable[[], None] | None = None
+        self._at_boundary = False
+        self._fast_error: Exception | None = None
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -43,7 +50,8 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is not None:
-            return self._target[self._filled :]
+            # No single recv larger than 1 GiB, like the reference transport.
+            return self._target[self._filled : self._filled + MAX_CHUNK]
         if self._start == self._end:
             self._start = self._end = 0
         elif self._end == STAGING:  # compact so the free space is contiguous
@@ -63,7 +71,13 @@ class StreamProtocol(asyncio.BufferedProtocol):
         if self._end == STAGING and self._start == 0 and not self._paused:
             self._paused = True
             self.transport.pause_reading()  # type: ignore[union-attr]
-        self._wake()
+        if self._at_boundary and self.fast_path is not None:
+            try:
+                self.fast_path()
+            except Exception as exc:  # handed to the waiting coroutine, which closes
+                self._fast_error = exc
+        if self._start != self._end or self._fast_error is not None:
+            self._wake()
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -93,7 +107,9 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     async def _wait(self) -> None:
         if self._eof:
-            raise ConnectionClosed("peer closed the connection" if self._error is None else str(self._error))
+            raise ConnectionClosed(
+                "peer closed the connection" if self._error is None else str(self._error)
+            )
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             await self._waiter
@@ -136,17 +152,42 @@ class StreamProtocol(asyncio.BufferedProtocol):
         return bytes(out)
 
     async def at_eof(self) -> bool:
-        """Wait until at least one byte is available; True if the peer closed cleanly instead."""
-        while self._start == self._end:
-            if self._eof:
-                return True
-            await self._wait()
+        """Wait until at least one byte is available; True if the peer closed cleanly instead.
+
+        Raises what the fast path raised, if it failed on a frame.
+        """
+        self._at_boundary = True
+        try:
+            while self._start == self._end and self._fast_error is None:
+                if self._eof:
+                    return True
+                await self._wait()
+        finally:
+            self._at_boundary = False
+        if self._fast_error is not None:
+            raise self._fast_error
         return False
+
+    def staged(self) -> memoryview:
+        """The unread staged bytes (valid until the next consume or read)."""
+        return self._staged[self._start : self._end]
+
+    def consume(self, n: int) -> None:
+        self._consume(n)
+
+    @property
+    def write_ready(self) -> bool:
+        return not self._write_paused
 
     # ------------------------------------------------------------ writing
 
     def write(self, data: Any) -> None:
-        self.transport.write(data)  # type: ignore[union-attr]
+        view = memoryview(data).cast("B")
+        if view.nbytes <= MAX_CHUNK:
+            self.transport.write(view)  # type: ignore[union-attr]
+            return
+        for offset, length in chunk_plan(view.nbytes, MAX_CHUNK):
+            self.transport.write(view[offset : offset + length])  # type: ignore[union-attr]
 
     async def drain(self) -> None:
         if self._eof and self._error is not None:

@@ -6,16 +6,24 @@ Runs under the reference env::
               "--tokens", "1,5,9,300", "--out", out_dir)
 
 ``--endpoint local`` runs the same evaluation on the local CPU backend (the baseline to compare
-against). The model is loaded with ``n_gpu_layers`` (default 999: all layers and the output head)
-on the RPC device; the KV cache follows (``offload_kqv``). Tokens are evaluated teacher-forced,
-logits requested for every position: the first ``--prefill`` tokens (default: all) as one
-``llama_decode`` batch, the remaining ones one token per ``llama_decode`` (the decode path, which
-reuses graphs: GRAPH_RECOMPUTE). ``--n-ubatch`` splits batches into micro-batches.
+against). ``--endpoint A,B`` uses several RPC servers at once (one device each, layers split
+between them by their free memory, or by ``--tensor-split 1,1``). The model is loaded with
+``n_gpu_layers`` (default 999: all layers and the output head) on the RPC device(s); the KV
+cache follows (``offload_kqv``). Tokens are evaluated teacher-forced, logits requested for every
+position: the first ``--prefill`` tokens (default: all) as one ``llama_decode`` batch, the
+remaining ones one token per ``llama_decode`` (the decode path, which reuses graphs:
+GRAPH_RECOMPUTE). ``--n-ubatch`` splits batches into micro-batches.
 
 Writes ``<out>/logits.npy`` (float32, shape ``[n_tokens, n_vocab]``) and prints one JSON line::
 
     {"logits_path", "n_tokens", "n_vocab", "argmax": [...], "client_protocol", "endpoint",
      "device", "load_s", "eval_s"}
+
+``--pooling mean|cls|last|none`` runs the model as an embedding model instead (context
+``embeddings = true``, that pooling type; all tokens must fit in one micro-batch): the file then
+holds the pooled sequence embedding, float32 ``[1, n_embd]`` (``none``: the per-token
+embeddings, ``[n_tokens, n_embd]``), ``"kind": "embeddings"`` and ``"n_embd"`` are added to the
+JSON and ``argmax`` is the argmax of each row.
 
 The llama C API is called through the wheel's cffi binding (``llama_model_load_from_file``,
 ``llama_init_from_model``, ``llama_batch_init``, ``llama_decode``, ``llama_get_logits``).
@@ -32,12 +40,15 @@ import time
 import numpy as np
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="teacher-forced logits via llama.cpp")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--endpoint", default="local", help='HOST:PORT or "local"')
+    parser.add_argument(
+        "--endpoint", default="local", help='HOST:PORT, several comma-separated, or "local"'
+    )
     parser.add_argument("--tokens", required=True, help="comma-separated token ids")
     parser.add_argument("--out", required=True, help="directory for logits.npy")
     parser.add_argument("--n-gpu-layers", type=int, default=999)
@@ -50,6 +61,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--type-k", choices=sorted(GGML_TYPES), default=None)
     parser.add_argument("--type-v", choices=sorted(GGML_TYPES), default=None)
     parser.add_argument("--no-offload-kqv", action="store_true")
+    parser.add_argument("--tensor-split", default=None, help="per-device proportions, e.g. 1,1")
+    parser.add_argument(
+        "--pooling", choices=sorted(POOLING), default=None, help="embeddings instead of logits"
+    )
     parser.add_argument("--verbose", action="store_true", help="keep llama.cpp's log output")
     return parser.parse_args(argv)
 
@@ -81,10 +96,16 @@ def main(argv: list[str]) -> int:
     if args.endpoint != "local":
         from llama_cpp_py_sync.rpc import rpc_devices
 
-        devices = rpc_devices([args.endpoint], include_local=False)
+        endpoints = [e.strip() for e in args.endpoint.split(",") if e.strip()]
+        devices = rpc_devices(endpoints, include_local=False)
         keep.append(ffi.new("ggml_backend_dev_t[]", [*devices, ffi.NULL]))
         model_params.devices = keep[-1]
         device_name = f"RPC x{len(devices)}"
+    if args.tensor_split:
+        split = [float(x) for x in args.tensor_split.split(",")]
+        n_max = max(int(lib.llama_max_devices()), len(split))
+        keep.append(ffi.new("float[]", split + [0.0] * (n_max - len(split))))
+        model_params.tensor_split = keep[-1]
 
     t0 = time.perf_counter()
     model = lib.llama_model_load_from_file(args.model.encode(), model_params)
@@ -100,7 +121,9 @@ def main(argv: list[str]) -> int:
     ctx_params.n_threads = args.threads
     ctx_params.n_threads_batch = args.threads
     ctx_params.flash_attn_type = args.flash_attn
-    ctx_params.embeddings = False
+    ctx_params.embeddings = args.pooling is not None
+    if args.pooling is not None:
+        ctx_params.pooling_type = POOLING[args.pooling]
     ctx_params.no_perf = True
     ctx_params.offload_kqv = not args.no_offload_kqv
     if args.type_k:
@@ -113,6 +136,7 @@ def main(argv: list[str]) -> int:
     load_s = time.perf_counter() - t0
 
     n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+    n_embd = lib.llama_model_n_embd(model)
     prefill = len(tokens) if args.prefill < 0 else min(args.prefill, len(tokens))
     chunks = [tokens[:prefill]] if prefill else []
     chunks += [[t] for t in tokens[prefill:]]
@@ -132,9 +156,19 @@ def main(argv: list[str]) -> int:
             rc = lib.llama_decode(ctx, batch)
             if rc != 0:
                 raise RuntimeError(f"llama_decode returned {rc}")
-            ptr = lib.llama_get_logits(ctx)
-            data = np.frombuffer(ffi.buffer(ptr, 4 * len(chunk) * n_vocab), dtype=np.float32)
-            rows.append(data.reshape(len(chunk), n_vocab).copy())
+            if args.pooling is None:
+                ptr = lib.llama_get_logits(ctx)
+                shape = (len(chunk), n_vocab)
+            elif args.pooling == "none":
+                ptr = lib.llama_get_embeddings(ctx)
+                shape = (len(chunk), n_embd)
+            else:
+                ptr = lib.llama_get_embeddings_seq(ctx, 0)
+                shape = (1, n_embd)
+            if ptr == ffi.NULL:
+                raise RuntimeError("llama.cpp returned no output")
+            data = np.frombuffer(ffi.buffer(ptr, 4 * shape[0] * shape[1]), dtype=np.float32)
+            rows.append(data.reshape(shape).copy())
         finally:
             lib.llama_batch_free(batch)
         pos += len(chunk)
@@ -159,6 +193,8 @@ def main(argv: list[str]) -> int:
         "load_s": round(load_s, 4),
         "eval_s": round(eval_s, 4),
     }
+    if args.pooling is not None:
+        result.update(kind="embeddings", n_embd=int(n_embd), pooling=args.pooling)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -28,7 +28,9 @@ def main(model_path: str, endpoint: str) -> int:
     lib.llama_backend_init()
     params = lib.llama_model_default_params()
     params.n_gpu_layers = 999
-    devices = ffi.new("ggml_backend_dev_t[]", [*rpc_devices([endpoint], include_local=False), ffi.NULL])
+    devices = ffi.new(
+        "ggml_backend_dev_t[]", [*rpc_devices([endpoint], include_local=False), ffi.NULL]
+    )
     params.devices = devices
     t0 = time.perf_counter()
     model = lib.llama_model_load_from_file(model_path.encode(), params)

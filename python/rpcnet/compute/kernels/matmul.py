@@ -1,4 +1,4 @@
-"""MUL_MAT: out[M, N, ne2, ne3] = src1[K, N] · src0[K, M]ᵀ, src0 broadcast over dims 2-3 by repetition."""
+"""MUL_MAT: out[M, N, ne2, ne3] = src1[K, N] · src0[K, M]ᵀ; src0 repeats over dims 2-3."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ does only the arithmetic, so GRAPH_RECOMPUTE re-runs closures without any decodi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from rpcnet.compute.errors import UnsupportedOp
 from rpcnet.compute.ops import op_name
@@ -32,7 +32,9 @@ class Kernel:
 _KERNELS: dict[tuple[int, str], list[Kernel]] = {}
 
 
-def kernel(op: int, types: str, supports: Predicate, device: str = "cpu") -> Callable[[Builder], Builder]:
+def kernel(
+    op: int, types: str, supports: Predicate, device: str = "cpu"
+) -> Callable[[Builder], Builder]:
     """Register a builder; later registrations take precedence (device fast paths)."""
 
     def register(build: Builder) -> Builder:

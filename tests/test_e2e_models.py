@@ -1,0 +1,394 @@
+"""End to end: REAL llama.cpp clients run the model zoo with every layer on rpcnet.
+
+For each case the ``generate`` probe runs twice with the same options: once on the client's own
+CPU backend (the baseline, shared between cases through a session cache) and once with the layers
+on in-process rpcnet servers. Teacher-forced logits (or pooled embeddings) must match:
+
+* ``rel = max|rpcnet - local| / max|local|`` over the whole ``[n_tokens, n_vocab]`` matrix is at
+  most 2e-3 for f32 models, 2e-2 for f16/bf16, 5e-2 for quantized weights (and a quantized KV
+  cache);
+* the argmax of every position is equal; a differing argmax is accepted only as a *near tie*:
+  the reference logit of rpcnet's choice is within ``2 * max|diff|`` of that row's maximum (then
+  both picks are within the numerical noise; recorded in the summary).
+
+Needs the reference env (``tools/refenv.sh``) and ``gguf``; skipped otherwise (fails with
+``RPCNET_REQUIRE_REFENV=1``). Models are written once per session (``RPCNET_E2E_CACHE=DIR``
+keeps them across sessions). With ``RPCNET_E2E_REPORT=FILE`` the observed errors are written to
+FILE as JSON; the summary is also printed at the end of the module (``pytest -s``). See
+docs/e2e.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import refenv
+from support.inproc import ServerThread
+
+pytest.importorskip("gguf")
+from support.models import ZOO, ensure_model  # noqa: E402
+
+TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "quant": 5e-2}
+TOKENS = "1,40,41,300,77,250,12,101"  # 8 positions, every id < 320 (all vocabularies)
+PREFILL = "4"  # decode cases: 4 tokens in one batch, then 4 single-token llama_decode calls
+SERVER_MEM = 2 << 30
+PROBE_TIMEOUT = 180.0
+
+ZOO_NAMES = list(ZOO)
+V7_NAMES = ["llama-gqa-f32", "qwen3-f16", "qwen3moe-f32", "bert-f32", "llama256-Q4_K_M"]
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _require_refenv() -> None:
+    if not refenv.available():
+        message = f"reference env missing in {refenv.refenv_dir()}: run tools/refenv.sh"
+        if os.environ.get("RPCNET_REQUIRE_REFENV") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = os.environ.get("RPCNET_E2E_CACHE")
+    return Path(cache) if cache else tmp_path_factory.mktemp("zoo")
+
+
+class _LogCapture(logging.Handler):
+    """Warnings and errors of the in-process servers (unsupported ops, closed connections)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" [{type(record.exc_info[1]).__name__}: {record.exc_info[1]}]"
+        with self._lock:
+            self.lines.append(f"{record.levelname} {record.name}: {text}")
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.lines)
+
+    def since(self, mark: int) -> list[str]:
+        with self._lock:
+            return self.lines[mark:]
+
+
+@pytest.fixture(scope="module")
+def server_logs() -> Iterator[_LogCapture]:
+    handler = _LogCapture()
+    logger = logging.getLogger("rpcnet")
+    old_level = logger.level
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+@pytest.fixture(scope="module")
+def servers(server_logs: _LogCapture) -> Iterator[dict]:
+    """Lazily started in-process rpcnet servers: ``servers_get(key)`` -> endpoint."""
+    started: dict[str, ServerThread] = {}
+    lock = threading.Lock()
+
+    def get(key: str) -> str:
+        with lock:
+            if key not in started:
+                proto = 7 if key.startswith("v7") else 8
+                started[key] = ServerThread(proto=proto, mem=SERVER_MEM).start()
+            return started[key].endpoint
+
+    yield {"get": get, "started": started}
+    for srv in started.values():
+        srv.stop()
+
+
+@dataclass
+class Summary:
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, **row) -> None:
+        self.rows.append(row)
+
+    def render(self) -> str:
+        lines = ["", "e2e rpcnet vs local (rel = max|diff| / max|ref|):"]
+        for r in self.rows:
+            lines.append(
+                f"  {r['case']:44s} {r['class']:5s} rel {r['rel']:.2e} (tol {r['tol']:.0e})"
+                f" near-ties {r['near_ties']}"
+            )
+        worst: dict[str, float] = {}
+        for r in self.rows:
+            worst[r["class"]] = max(worst.get(r["class"], 0.0), r["rel"])
+        lines.append("  worst per class: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+        return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def summary() -> Iterator[Summary]:
+    result = Summary()
+    yield result
+    if not result.rows:
+        return
+    print(result.render())
+    report = os.environ.get("RPCNET_E2E_REPORT")
+    if report:
+        Path(report).write_text(json.dumps(result.rows, indent=1))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    version: str = "v8"
+    servers: tuple[str, ...] = ("v8",)  # keys of the ``servers`` fixture
+    opts: tuple[str, ...] = ()  # generate.py options shared by baseline and rpcnet run
+    rpc_opts: tuple[str, ...] = ()  # options for the rpcnet run only (placement)
+    kv_quant: bool = False
+
+    @property
+    def spec(self):
+        return ZOO[self.model]
+
+    @property
+    def tolerance_class(self) -> str:
+        return "quant" if self.kv_quant else self.spec.dtype_class
+
+    def args(self) -> list[str]:
+        extra = ["--pooling", "mean"] if self.spec.embedding else []
+        return ["--tokens", TOKENS, "--threads", "1", *extra, *self.opts]
+
+
+class E2E:
+    """Runs cases; baselines are cached per (version, model, options) for the whole module."""
+
+    def __init__(self, zoo_dir: Path, work: Path, servers: dict, logs: _LogCapture, summary):
+        self.zoo_dir = zoo_dir
+        self.work = work
+        self.servers = servers
+        self.logs = logs
+        self.summary = summary
+        self._baselines: dict[tuple, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def model_path(self, name: str) -> Path:
+        with self._lock:
+            return ensure_model(ZOO[name], self.zoo_dir)
+
+    def _out(self, tag: str) -> Path:
+        with self._lock:
+            self._count += 1
+            return self.work / f"{self._count:03d}-{tag}"
+
+    def baseline(self, case: Case) -> np.ndarray:
+        key = (case.version, case.model, tuple(case.args()))
+        with self._lock:
+            if key in self._baselines:
+                return self._baselines[key]
+        result = refenv.run_probe(
+            case.version,
+            "generate",
+            "--model",
+            self.model_path(case.model),
+            "--endpoint",
+            "local",
+            "--out",
+            self._out(f"local-{case.model}"),
+            *case.args(),
+            timeout=PROBE_TIMEOUT,
+        )
+        logits = np.load(result["logits_path"])
+        with self._lock:
+            self._baselines[key] = logits
+        return logits
+
+    def remote(self, case: Case) -> tuple[np.ndarray, dict]:
+        endpoints = ",".join(self.servers["get"](key) for key in case.servers)
+        mark = self.logs.mark()
+        try:
+            result = refenv.run_probe(
+                case.version,
+                "generate",
+                "--model",
+                self.model_path(case.model),
+                "--endpoint",
+                endpoints,
+                "--out",
+                self._out(f"rpc-{case.model}"),
+                *case.args(),
+                *case.rpc_opts,
+                timeout=PROBE_TIMEOUT,
+            )
+        except refenv.ProbeError as exc:
+            lines = self.logs.since(mark)
+            pytest.fail(
+                f"client failed against rpcnet ({case}):\n"
+                + ("--- rpcnet log ---\n" + "\n".join(lines[-10:]) + "\n" if lines else "")
+                + str(exc),
+                pytrace=False,
+            )
+        assert result["device"].startswith("RPC"), result
+        return np.load(result["logits_path"]), result
+
+    def check(self, name: str, case: Case) -> dict:
+        ref = self.baseline(case)
+        got, _ = self.remote(case)
+        return self.compare(name, case, ref, got)
+
+    def compare(self, name: str, case: Case, ref: np.ndarray, got: np.ndarray) -> dict:
+        tol = TOLERANCE[case.tolerance_class]
+        assert got.shape == ref.shape, (got.shape, ref.shape)
+        assert np.isfinite(ref).all(), "baseline not finite"
+        assert np.isfinite(got).all(), f"rpcnet output not finite: {np.argwhere(~np.isfinite(got))}"
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        rel = float(diff.max() / max(float(np.abs(ref).max()), 1e-30))
+        near_ties, bad = [], []
+        if not case.spec.embedding:
+            for i, (a, b) in enumerate(zip(ref.argmax(axis=1), got.argmax(axis=1), strict=True)):
+                if a == b:
+                    continue
+                if ref[i, b] >= ref[i, a] - 2 * diff[i].max():
+                    near_ties.append(i)
+                else:
+                    bad.append((i, int(a), int(b)))
+        row = {
+            "case": name,
+            "class": case.tolerance_class,
+            "rel": rel,
+            "tol": tol,
+            "max_abs": float(diff.max()),
+            "near_ties": near_ties,
+        }
+        if case.spec.embedding:
+            cos = float((ref * got).sum() / (np.linalg.norm(ref) * np.linalg.norm(got)))
+            row["cosine"] = cos
+        self.summary.add(**row)
+        assert rel <= tol, f"{name}: rel error {rel:.3e} > {tol:.0e} (max abs {diff.max():.3e})"
+        assert not bad, f"{name}: argmax differs at (position, local, rpcnet) {bad}"
+        return row
+
+
+@pytest.fixture(scope="module")
+def e2e(zoo_dir, servers, server_logs, summary, tmp_path_factory) -> E2E:
+    return E2E(zoo_dir, tmp_path_factory.mktemp("e2e"), servers, server_logs, summary)
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+@pytest.mark.parametrize("model", ZOO_NAMES)
+def test_zoo_v8(e2e: E2E, model: str) -> None:
+    """Every model, every position in one batch: v8 client, rpcnet --proto 8."""
+    e2e.check(f"zoo-v8/{model}", Case(model))
+
+
+@pytest.mark.parametrize("model", V7_NAMES)
+def test_zoo_v7(e2e: E2E, model: str) -> None:
+    """A subset with the v7 client (b11413) against rpcnet --proto 7."""
+    e2e.check(f"zoo-v7/{model}", Case(model, version="v7", servers=("v7",)))
+
+
+@pytest.mark.parametrize("model", ["llama-gqa-f32", "qwen3-f32", "llama-mha-f16", "qwen3moe-f32"])
+def test_flash_attention(e2e: E2E, model: str) -> None:
+    """FLASH_ATTN_EXT (f16 KV cache) instead of MUL_MAT + SOFT_MAX."""
+    e2e.check(f"flash-attn/{model}", Case(model, opts=("--flash-attn", "1")))
+
+
+@pytest.mark.parametrize(
+    ("model", "opts"),
+    [
+        ("llama-gqa-f32", ("--flash-attn", "1", "--type-k", "q8_0", "--type-v", "q8_0")),
+        ("qwen3-f32", ("--flash-attn", "1", "--type-k", "q8_0", "--type-v", "q8_0")),
+        ("llama-gqa-f32", ("--flash-attn", "0", "--type-k", "q8_0")),  # V must stay f16
+    ],
+    ids=["llama-fa", "qwen3-fa", "llama-k-only"],
+)
+def test_kv_cache_q8_0(e2e: E2E, model: str, opts: tuple[str, ...]) -> None:
+    """Quantized KV cache: SET_ROWS into q8_0, attention reading q8_0 K (and V with FA)."""
+    e2e.check(f"kv-q8_0/{model}{''.join(opts)}", Case(model, opts=opts, kv_quant=True))
+
+
+@pytest.mark.parametrize("model", ["llama-gqa-f32", "qwen3moe-f32"])
+def test_small_ubatch(e2e: E2E, model: str) -> None:
+    """n_ubatch 4: the 8 tokens are two graphs, the second attending to cached K/V."""
+    e2e.check(f"ubatch4/{model}", Case(model, opts=("--n-ubatch", "4")))
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "fa"),
+    [
+        ("llama-gqa-f32", "v8", "0"),
+        ("llama-gqa-f32", "v8", "1"),
+        ("qwen3-f32", "v8", "0"),
+        ("qwen3moe-f32", "v8", "0"),
+        ("llama256-Q4_K_M", "v8", "0"),
+        ("llama-gqa-f32", "v7", "0"),
+    ],
+)
+def test_prefill_then_decode(e2e: E2E, model: str, version: str, fa: str) -> None:
+    """4 tokens in one batch, then one token per llama_decode (graph reuse: GRAPH_RECOMPUTE)."""
+    case = Case(
+        model,
+        version=version,
+        servers=(version,),
+        opts=("--prefill", PREFILL, "--flash-attn", fa),
+    )
+    e2e.check(f"decode-{version}-fa{fa}/{model}", case)
+
+
+@pytest.mark.parametrize("n_gpu_layers", [1, 2])
+def test_partial_offload(e2e: E2E, n_gpu_layers: int) -> None:
+    """Only the output head (1) or the last block + head (2) on rpcnet, the rest on the client."""
+    case = Case(
+        "llama-gqa-f32",
+        opts=("--prefill", PREFILL),
+        rpc_opts=("--n-gpu-layers", str(n_gpu_layers)),
+    )
+    e2e.check(f"partial-ngl{n_gpu_layers}/llama-gqa-f32", case)
+
+
+@pytest.mark.parametrize("model", ["llama-gqa-f32", "qwen3moe-f32"])
+def test_layer_split_two_servers(e2e: E2E, model: str) -> None:
+    """Two rpcnet servers, one block each (tensor split 1,1); activations cross via the client."""
+    case = Case(
+        model,
+        servers=("v8", "v8-second"),
+        opts=("--prefill", PREFILL),
+        rpc_opts=("--tensor-split", "1,1"),
+    )
+    e2e.check(f"split2/{model}", case)
+
+
+def test_two_clients_decode_at_once(e2e: E2E) -> None:
+    """Two client processes decode on one server at the same time; each matches its baseline."""
+    cases = [
+        Case("llama-gqa-f32", opts=("--prefill", "2")),
+        Case("qwen3-f16", opts=("--prefill", "2")),
+    ]
+    refs = [e2e.baseline(c) for c in cases]
+    for c in cases:
+        e2e.model_path(c.model)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        outputs = list(pool.map(e2e.remote, cases))
+    for case, ref, (got, _) in zip(cases, refs, outputs, strict=True):
+        e2e.compare(f"concurrent/{case.model}", case, ref, got)
