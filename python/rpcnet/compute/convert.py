@@ -47,6 +47,13 @@ def load_f32(t: Tensor) -> Any:
     raise UnsupportedOp(f"cannot read {type_name(t.type)} tensors")
 
 
+def load_weight_f32(t: Tensor) -> Any:
+    """Like load_f32, but keeps the float32 copy of quantized/f16/bf16 weights between runs."""
+    if t.type == GGML_F32 or not t.stable or t.buffer is None:
+        return load_f32(t)
+    return t.buffer.device.derived.get(t, "f32", lambda: load_f32(t))
+
+
 def store(t: Tensor, values: Any) -> None:
     """Write float32 (or integer) values, broadcastable to the tensor's shape, into its storage."""
     if t.type == GGML_BF16:

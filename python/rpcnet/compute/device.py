@@ -62,9 +62,15 @@ class Device:
     threads: int = 1
     _worker: ThreadPoolExecutor = field(init=False, repr=False)
 
+    derived_limit: int | None = None  # bytes for dequantized weight copies; default capacity / 4
+
     def __post_init__(self) -> None:
+        from rpcnet.compute.derived import DerivedCache
+
         # One worker per device: plans of all clients run in FIFO order, never concurrently.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rpcnet-{self.name}")
+        limit = self.derived_limit if self.derived_limit is not None else self.memory.capacity // 4
+        self.derived = DerivedCache(self.memory, limit)
 
     def allocate(self, nbytes: int) -> Any | None:
         """Raw device memory, or None when the device cannot hold it."""

@@ -70,8 +70,11 @@ class Plan:
     steps: list[Callable[[], None]]
     buffers: frozenset[int] = field(default_factory=frozenset)  # handles it touches
     n_nodes: int = 0
+    written: tuple[Any, ...] = ()  # buffers its nodes write into
 
     def run(self) -> None:
+        for buf in self.written:
+            buf.touched()  # derived caches of these buffers are stale from here on
         for step in self.steps:
             step()
 
@@ -81,16 +84,20 @@ def needs_compute(node: Tensor) -> bool:
 
 
 def compile_plan(nodes: list[Tensor], device: str = "cpu") -> Plan:
+    computed = [n for n in nodes if needs_compute(n)]
+    written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
     steps = []
     handles: set[int] = set()
     for node in nodes:
         for t in (node, *node.src):
             if t is not None and t.buffer is not None:
                 handles.add(t.buffer.handle)
+                # Only data no node of this plan writes may be cached in derived form.
+                t.stable = id(t.buffer) not in written
         if not needs_compute(node):
             continue
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
         kernel = registry.select(node, device)
         steps.append(kernel.build(node))
-    return Plan(steps, frozenset(handles), len(nodes))
+    return Plan(steps, frozenset(handles), len(nodes), tuple(written.values()))

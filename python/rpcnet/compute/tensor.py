@@ -25,6 +25,7 @@ class Tensor:
     offset: int  # byte offset of element 0 inside buffer.array
     src: tuple[Tensor | None, ...] = field(default=())
     view_src: Tensor | None = None
+    stable: bool = False  # no node of the plan writes its buffer: derived copies may be cached
 
     @classmethod
     def from_wire(cls, t: _native.RpcTensor, buffer: Any | None, offset: int) -> Tensor:

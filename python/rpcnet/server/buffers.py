@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnet.compute.device import Device
@@ -26,6 +26,11 @@ class DeviceBuffer:
     base: int
     size: int
     array: Any  # uint8 device array of `size` bytes
+    generation: int = 0  # rises on every write; derived caches compare against it
+    derived_keys: set = field(default_factory=set)
+
+    def touched(self) -> None:
+        self.generation += 1
 
     def region(self, offset: int, length: int) -> Any:
         return self.array[offset : offset + length]
@@ -73,6 +78,7 @@ class BufferTable:
     def free(self, handle: int) -> DeviceBuffer | None:
         buf = self._buffers.pop(handle, None)
         if buf is not None:
+            buf.device.derived.drop_buffer(buf)
             buf.device.release(buf.size)
             buf.array = None
         return buf

@@ -135,6 +135,7 @@ class Session:
     def buffer_clear(self, payload: bytes) -> None:
         req = msg.parse_clear(payload)
         buf = self.buffer(req.handle)
+        buf.touched()
         if buf.size:
             buf.array.fill(req.value)
 
@@ -153,6 +154,7 @@ class Session:
             buf.base, buf.size, head.tensor.data, head.offset, data_len, head.tensor.nbytes()
         )
         start = rel + head.offset
+        buf.touched()
         use_cache = head.cache and self.cache is not None
         return SetTensorTarget(buf.region(start, data_len), use_cache)
 
@@ -167,6 +169,7 @@ class Session:
             _native.check_region(
                 buf.base, buf.size, req.tensor.data, req.offset, size, req.tensor.nbytes()
             )
+            buf.touched()
             return buf.region(rel + req.offset, size)
 
         return msg.u8(1 if self.cache.load_into(req.hash, target) else 0)
@@ -186,6 +189,7 @@ class Session:
         _native.check_memset(
             buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes()
         )
+        buf.touched()
         buf.region(rel + req.offset, req.size).fill(req.value)
 
     def copy_tensor(self, payload: bytes) -> bytes:
@@ -195,6 +199,7 @@ class Session:
         n = req.src.nbytes()
         if req.dst.data + n > dst_buf.base + dst_buf.size:
             raise ProtocolViolation("COPY_TENSOR destination range exceeds its buffer")
+        dst_buf.touched()
         if n:
             dst_buf.region(dst_rel, n)[:] = src_buf.region(src_rel, n)
         return msg.u8(1)
@@ -214,6 +219,7 @@ class Session:
             req.stride,
             data_len,
         )
+        buf.touched()
         rows = memoryview(payload)[msg.TRANSFER_2D_HEADER :]
         base = rel + req.offset
         for i in range(req.n_copies):

@@ -50,7 +50,7 @@ def mul_mat(node: Tensor) -> Step:
     out = plain_view(node)
 
     def run() -> None:
-        a = broadcast_weights(convert.load_f32(a_t), node.ne[2], node.ne[3])
+        a = broadcast_weights(convert.load_weight_f32(a_t), node.ne[2], node.ne[3])
         b = convert.load_f32(b_t)
         np.matmul(b, a.swapaxes(-1, -2), out=out)
 

@@ -1,0 +1,82 @@
+"""Dequantized weight copies are reused between runs and dropped on any write to their bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+from rpcnet import _native
+from rpcnet.client import RpcClient
+from rpcnet.compute import quant
+from rpcnet.compute.derived import DerivedCache
+from rpcnet.compute.device import MemoryPool
+from support.opgraph import contiguous_nb
+
+Q8_0, F32, MUL_MAT = 8, 0, 29
+
+
+async def test_weight_cache_hits_and_invalidation(server):
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 64), dtype=np.float32)
+    x = rng.standard_normal((2, 64), dtype=np.float32)
+    wq = quant.quantize(Q8_0, w).tobytes()
+    async with await RpcClient.connect("127.0.0.1", server.port) as c:
+        wh, _ = await c.alloc_buffer(4096)
+        wb = await c.buffer_base(wh)
+        ah, _ = await c.alloc_buffer(4096)
+        ab = await c.buffer_base(ah)
+        tw = _native.RpcTensor(id=1, type=Q8_0, buffer=wh, data=wb, ne=(64, 4, 1, 1))
+        tx = _native.RpcTensor(id=2, type=F32, buffer=ah, data=ab, ne=(64, 2, 1, 1))
+        to = _native.RpcTensor(
+            id=3,
+            type=F32,
+            buffer=ah,
+            data=ab + 1024,
+            ne=(4, 2, 1, 1),
+            op=MUL_MAT,
+            src=(1, 2),
+            flags=16,
+        )
+        await c.set_tensor(tw, 0, wq)
+        await c.set_tensor(tx, 0, x.tobytes())
+        await c.graph_compute([3], [tw, tx, to], uid=1)
+        first = np.frombuffer(await c.get_tensor(to, 0, 32), np.float32).reshape(2, 4)
+        deq = quant.dequantize(Q8_0, np.frombuffer(wq, np.uint8), 4, 64)
+        np.testing.assert_allclose(first, x @ deq.T, rtol=1e-5)
+        held = server.call(lambda: server.server.devices[0].derived.held)
+        assert held == 4 * 64 * 4  # the f32 copy is kept, and counted
+        free, total = await c.device_memory()
+        assert total - free == 8192 + held
+
+        # Rewrite the weights: the next run must see the new bytes, not the cached copy.
+        w2 = -w
+        await c.set_tensor(tw, 0, quant.quantize(Q8_0, w2).tobytes())
+        await c.graph_recompute(uid=1)
+        second = np.frombuffer(await c.get_tensor(to, 0, 32), np.float32).reshape(2, 4)
+        np.testing.assert_allclose(second, -first, rtol=1e-5)
+
+        await c.free_buffer(wh)
+        await c.device_count()
+        assert server.call(lambda: server.server.devices[0].derived.held) == 0
+
+
+def test_cache_is_bounded_and_respects_the_pool():
+    class Buf:
+        generation = 0
+        derived_keys: set = set()
+
+    class T:
+        def __init__(self, off):
+            self.buffer, self.offset, self.type, self.ne, self.nb = (
+                Buf,
+                off,
+                8,
+                (32, 1, 1, 1),
+                contiguous_nb(8, (32, 1, 1, 1)),
+            )
+
+    pool = MemoryPool(1000)
+    cache = DerivedCache(pool, limit=300)
+    for off in range(5):
+        cache.get(T(off), "f32", lambda: np.zeros(25, np.float32))  # 100 bytes each
+    assert cache.held == 300 and pool.held == 300
+    cache.clear()
+    assert pool.held == 0
