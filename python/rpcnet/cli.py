@@ -24,6 +24,15 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_allow_arg(text: str):
+    from rpcnet.server.access import parse_allow
+
+    try:
+        return parse_allow(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -67,6 +76,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cache-max", type=parse_size, help="bound the cache directory (LRU eviction)"
     )
+    limits = serve.add_argument_group("limits and access")
+    limits.add_argument(
+        "--allow",
+        type=parse_allow_arg,
+        metavar="CIDR[,CIDR]",
+        help="client networks allowed (default: loopback only when bound to loopback)",
+    )
+    limits.add_argument(
+        "--client-mem", type=parse_size, help="buffer memory one connection may hold"
+    )
+    limits.add_argument("--max-clients", type=int, default=256, help="concurrent connections")
+    limits.add_argument(
+        "--hello-timeout", type=float, default=10.0, help="seconds a connection has to send HELLO"
+    )
+    limits.add_argument(
+        "--max-payload", type=parse_size, default=1 << 40, help="largest SET_TENSOR payload"
+    )
+    limits.add_argument(
+        "--max-graph", type=parse_size, default=256 << 20, help="largest GRAPH_COMPUTE payload"
+    )
+    limits.add_argument(
+        "--max-graph-nodes", type=int, default=1 << 16, help="nodes and tensors per graph"
+    )
     serve.add_argument("-v", "--verbose", action="count", default=0)
 
     caps = sub.add_parser("caps", help="connect, HELLO, and show what was negotiated")
@@ -100,6 +132,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         cache_dir=cache_dir,
         cache_max=args.cache_max,
+        allow=args.allow,
+        client_mem=args.client_mem,
+        max_clients=args.max_clients,
+        hello_timeout=args.hello_timeout,
+        max_data=args.max_payload,
+        max_graph=args.max_graph,
+        max_graph_nodes=args.max_graph_nodes,
     )
     try:
         run(config)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
+import os
 import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from rpcnet.compute.device import Device, cpu_device
 from rpcnet.protocol.commands import DEFAULT_PROTOCOL
+from rpcnet.server.access import Network, allowed, default_allow, is_loopback
 from rpcnet.server.cache import BackgroundWriter, HashCache
 from rpcnet.server.connection import Connection
 from rpcnet.server.stream import StreamProtocol
@@ -29,14 +31,13 @@ class ServerConfig:
     cache_dir: Path | None = None
     cache_max: int | None = None
     max_data: int = 1 << 40  # SET_TENSOR payloads are also bounded by their buffer
-    max_graph: int = 256 << 20
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+    max_graph: int = 256 << 20  # GRAPH_COMPUTE payload bytes
+    max_graph_nodes: int = 1 << 16  # nodes and tensors per graph
+    client_mem: int | None = None  # per-connection buffer quota; default: the device capacity
+    max_clients: int = 256
+    hello_timeout: float = 10.0  # seconds a new connection may take to send HELLO
+    allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
+    drain_timeout: float = 30.0
 
 
 def make_devices(config: ServerConfig) -> list[Device]:
@@ -49,9 +50,11 @@ class Server:
     def __init__(self, config: ServerConfig, devices: list[Device] | None = None) -> None:
         self.config = config
         self.devices = devices if devices is not None else make_devices(config)
-        self.cache = HashCache(config.cache_dir, config.cache_max) if config.cache_dir else None
+        self.cache = open_cache(config)
         self.cache_writer = BackgroundWriter(self.cache) if self.cache is not None else None
-        self.connections: set[asyncio.Task[None]] = set()
+        self.allow = default_allow(config.host, config.allow)
+        self.connections: dict[asyncio.Task[None], Connection] = {}
+        self.draining = False
         self._server: asyncio.AbstractServer | None = None
 
     @property
@@ -63,7 +66,7 @@ class Server:
         if not is_loopback(self.config.host):
             log.warning(
                 "binding %s: the ggml RPC protocol has no authentication or encryption; "
-                "anyone who can reach this port can read and write its memory",
+                "anyone allowed to reach this port can read and write its memory",
                 self.config.host,
             )
         loop = asyncio.get_running_loop()
@@ -84,41 +87,75 @@ class Server:
         assert transport is not None
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            import socket
-
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         name = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if peer is None or not allowed(peer[0], self.allow):
+            log.warning("%s: refused: address not in the allowlist", name)
+            transport.abort()
+            return
+        if self.draining or len(self.connections) >= self.config.max_clients:
+            why = "shutting down" if self.draining else f"{self.config.max_clients} clients"
+            log.warning("%s: refused: %s", name, why)
+            transport.abort()
+            return
         log.debug("%s: connected", name)
-        task = asyncio.get_running_loop().create_task(Connection(self, stream, name).run())
-        self.connections.add(task)
-        task.add_done_callback(self.connections.discard)
+        conn = Connection(self, stream, name)
+        task = asyncio.get_running_loop().create_task(conn.run())
+        self.connections[task] = conn
+        task.add_done_callback(lambda t: self.connections.pop(t, None))
 
     async def serve_forever(self) -> None:
         assert self._server is not None
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():  # a second SIGINT/SIGTERM: leave now
+                log.warning("second %s: exiting immediately", sig.name)
+                os._exit(130)
+            log.info("%s: draining (send it again to exit immediately)", sig.name)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal, sig)
             except (NotImplementedError, RuntimeError):
                 pass
         await stop.wait()
-        log.info("shutting down")
         await self.close()
 
     async def close(self) -> None:
+        """Stop accepting, let every connection finish its current command, free everything."""
+        self.draining = True
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
-        for task in list(self.connections):
-            task.cancel()
+        for conn in list(self.connections.values()):
+            conn.stop_after_command()
         if self.connections:
-            await asyncio.gather(*self.connections, return_exceptions=True)
+            _, late = await asyncio.wait(list(self.connections), timeout=self.config.drain_timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        if self._server is not None:
+            await self._server.wait_closed()
         for device in self.devices:
             device.shutdown()
         if self.cache_writer is not None:
             self.cache_writer.shutdown()
+
+
+def open_cache(config: ServerConfig) -> HashCache | None:
+    if config.cache_dir is None:
+        return None
+    try:
+        return HashCache(config.cache_dir, config.cache_max)
+    except OSError as exc:
+        log.warning(
+            "cache directory %s unusable (%s): serving without a cache", config.cache_dir, exc
+        )
+        return None
 
 
 class _AcceptingStream(StreamProtocol):

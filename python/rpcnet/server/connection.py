@@ -15,7 +15,7 @@ from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HEADER_SIZE, WAITS_FOR_GRAPH, Cmd
-from rpcnet.server.session import SIMPLE_HANDLERS, ProtocolViolation, Session
+from rpcnet.server.session import SIMPLE_HANDLERS, ProtocolViolation, Session, SessionLimits
 from rpcnet.server.stream import ConnectionClosed, StreamProtocol
 
 if TYPE_CHECKING:
@@ -35,8 +35,13 @@ class Connection:
         self.server = server
         self.stream = stream
         self.peer = peer
-        self.session = Session(server.config.proto, server.devices, server.cache)
+        config = server.config
+        limits = SessionLimits(graph_nodes=config.max_graph_nodes, client_mem=config.client_mem)
+        self.session = Session(config.proto, server.devices, server.cache, limits)
         self.cmd = int(Cmd.HELLO)
+        self._task: asyncio.Task[None] | None = None
+        self._idle = False  # waiting for the next frame: safe to cancel
+        self._stopping = False
         # Handlers by plain int: building an IntEnum per frame costs more than the handler.
         self._handlers = {int(cmd): handler for cmd, handler in SIMPLE_HANDLERS.items()}
         self._waits = frozenset(int(cmd) for cmd in WAITS_FOR_GRAPH)
@@ -45,11 +50,24 @@ class Connection:
     def current(self) -> str:
         return _native.command_name(self.server.config.proto, self.cmd)
 
+    def stop_after_command(self) -> None:
+        """Server drain: finish the command in progress (if any), then close."""
+        self._stopping = True
+        if self._idle and self._task is not None:
+            self._task.cancel()
+
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         try:
             await self._serve()
         except ConnectionClosed:
             log.debug("%s: disconnected", self.peer)
+        except asyncio.TimeoutError:
+            log.warning(
+                "%s: closing connection: no HELLO within %.0f s",
+                self.peer,
+                self.server.config.hello_timeout,
+            )
         except CLIENT_ERRORS as exc:
             log.warning("%s: closing connection: %s: %s", self.peer, self.current, exc)
         except Exception:  # a bug of ours must still cost only this connection
@@ -67,18 +85,17 @@ class Connection:
         proto, max_data, max_graph = config.proto, config.max_data, config.max_graph
         stream, session = self.stream, self.session
         check_header = _native.check_header
-        cmd, size = await self._header()
-        if cmd != Cmd.HELLO:
-            raise ProtocolViolation(
-                f"first command must be HELLO, got {_native.command_name(proto, cmd)}"
-            )
-        check_header(proto, cmd, size, max_data, max_graph)
-        self._respond(session.hello(await stream.readexactly(size)))
+        hello = await asyncio.wait_for(self._read_hello(), config.hello_timeout)
+        self._respond(session.hello(hello))
         handlers, waits = self._handlers, self._waits
         stream.fast_path = self._fast_path
         while True:
-            if await stream.at_eof():
-                return
+            self._idle = True
+            try:
+                if self._stopping or await stream.at_eof():
+                    return
+            finally:
+                self._idle = False
             # Responses may reference device memory (GET_TENSOR): with a zero write high-water
             # mark, drain() returns only once every byte is with the kernel, so no later command
             # can change bytes still queued for sending.
@@ -101,6 +118,15 @@ class Connection:
             else:
                 payload = await stream.readexactly(size)
                 self._respond(handlers[cmd](session, payload))
+
+    async def _read_hello(self) -> bytes:
+        config = self.server.config
+        cmd, size = await self._header()
+        if cmd != Cmd.HELLO:
+            name = _native.command_name(config.proto, cmd)
+            raise ProtocolViolation(f"first command must be HELLO, got {name}")
+        _native.check_header(config.proto, cmd, size, config.max_data, config.max_graph)
+        return await self.stream.readexactly(size)
 
     def _fast_path(self) -> None:
         """Handle complete, simple frames already staged, from the protocol callback.

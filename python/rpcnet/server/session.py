@@ -40,9 +40,22 @@ class SetTensorTarget:
     cache: bool
 
 
+@dataclass(frozen=True)
+class SessionLimits:
+    graph_nodes: int = 1 << 16  # nodes and tensors per GRAPH_COMPUTE
+    client_mem: int | None = None  # bytes of buffers one connection may hold
+
+
 class Session:
-    def __init__(self, proto: int, devices: list[Device], cache: HashCache | None = None) -> None:
+    def __init__(
+        self,
+        proto: int,
+        devices: list[Device],
+        cache: HashCache | None = None,
+        limits: SessionLimits = SessionLimits(),
+    ) -> None:
         self.proto = proto
+        self.limits = limits
         self.devices = devices
         self.cache = cache
         self.buffers = BufferTable()
@@ -113,6 +126,14 @@ class Session:
 
     def alloc_buffer(self, payload: bytes) -> bytes:
         req = msg.parse_alloc(payload)
+        quota = self.limits.client_mem
+        if quota is not None and req.size > quota - self.buffers.bytes_held:
+            log.warning(
+                "allocation of %d bytes refused: connection quota of %d bytes (--client-mem)",
+                req.size,
+                quota,
+            )
+            return msg.u64_pair(0, 0)
         buf = self.buffers.allocate(self.device(req.device), req.size)
         if buf is None:
             log.info(
@@ -251,6 +272,12 @@ class Session:
     def graph_compute(self, payload: bytes) -> None:
         graph = _native.decode_graph(self.proto, payload)
         device = self.device(graph.device)
+        limit = self.limits.graph_nodes
+        if len(graph.nodes) > limit or len(graph.tensors) > limit:
+            raise ProtocolViolation(
+                f"graph of {len(graph.nodes)} nodes / {len(graph.tensors)} tensors exceeds "
+                f"the limit of {limit}"
+            )
         try:
             nodes = build_nodes(graph, self.locate)
             plan = compile_plan(nodes)

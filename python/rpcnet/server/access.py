@@ -1,0 +1,58 @@
+"""Who may connect: an allowlist of networks (loopback only by default on a loopback bind)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+log = logging.getLogger("rpcnet.server")
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK: tuple[Network, ...] = (
+    ipaddress.ip_network("127.0.0.0/8"),
+    ipaddress.ip_network("::1/128"),
+)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def parse_allow(text: str) -> tuple[Network, ...]:
+    """'10.0.0.0/8,192.168.1.7' -> networks; ValueError names the bad entry."""
+    nets = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except ValueError as exc:
+            raise ValueError(f"--allow: {item!r} is not an address or CIDR network") from exc
+    return tuple(nets)
+
+
+def default_allow(host: str, allow: tuple[Network, ...] | None) -> tuple[Network, ...] | None:
+    """The effective allowlist; None means everyone (only on an explicit non-loopback bind)."""
+    if allow is not None:
+        return allow
+    if is_loopback(host):
+        return LOOPBACK
+    log.warning(
+        "binding %s without --allow: every host that can reach this port may use it; "
+        "the ggml RPC protocol has no authentication or encryption",
+        host,
+    )
+    return None
+
+
+def allowed(peer_ip: str, allow: tuple[Network, ...] | None) -> bool:
+    if allow is None:
+        return True
+    try:
+        addr = ipaddress.ip_address(peer_ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr in net for net in allow)
