@@ -102,7 +102,7 @@ def wait_until(pred, timeout: float = 5.0) -> None:
     raise AssertionError("condition not reached")
 
 
-def start_serve(*extra: str) -> tuple[subprocess.Popen, int]:
+def start_serve(*extra: str, preexec=None) -> tuple[subprocess.Popen, int]:
     from support.refenv import free_port
 
     port = free_port()
@@ -111,6 +111,7 @@ def start_serve(*extra: str) -> tuple[subprocess.Popen, int]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=preexec,
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

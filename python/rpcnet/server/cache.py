@@ -155,20 +155,26 @@ class BackgroundWriter:
         self.cache = cache
         self.max_pending = max_pending
         self._pending = 0
+        self.disabled = False
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpcnet-cache")
 
     def _write(self, data: bytes) -> None:
         try:
-            self.cache.store(_native.fnv1a64(data), data)
+            if not self.disabled:
+                self.cache.store(_native.fnv1a64(data), data)
         except OSError as exc:
-            log.warning("cache write failed (%s); serving continues without storing", exc)
+            # Disk full or unwritable: stop writing (hits are still served), keep serving.
+            self.disabled = True
+            log.warning("cache write failed (%s): cache writes disabled, serving continues", exc)
         finally:
             with self._lock:
                 self._pending -= len(data)
 
     def submit(self, view: Any):
         """Queue a copy of `view`; returns the Future when the caller should wait for it."""
+        if self.disabled:
+            return None
         data = bytes(view)
         with self._lock:
             self._pending += len(data)
