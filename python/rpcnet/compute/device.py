@@ -92,9 +92,19 @@ class Device:
         self._worker.shutdown(wait=True, cancel_futures=True)
 
 
+def limit_blas_threads(n_threads: int) -> None:
+    """BLAS (matmul) threads are process-wide; `--threads` sets them like rpc-server's -t."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=n_threads)
+
+
 def cpu_device(index: int = 0, capacity: int | None = None, threads: int | None = None) -> Device:
     total = capacity if capacity is not None else physical_memory()
-    n_threads = threads or max(1, (os.cpu_count() or 2) // 2)
+    n_threads = threads or max(1, os.cpu_count() or 1)
+    limit_blas_threads(n_threads)
     return Device(
         index=index,
         name="CPU",
