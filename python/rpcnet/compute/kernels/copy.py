@@ -1,0 +1,112 @@
+"""CPY, DUP, CONT: element copies in the source's logical row-major order, converting types.
+
+ggml copies element i of src0 (counting ne0 fastest, then ne1, ...) to element i of the
+destination, whatever either layout is; the shapes only need the same element count. Same-type
+copies move whole blocks (so quantized tensors copy bit-exactly); other pairs go through float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rpcnet import _native
+from rpcnet.compute import convert
+from rpcnet.compute.kernels.common import shape
+from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.ops import Op
+from rpcnet.compute.tensor import Tensor
+from rpcnet.compute.views import GGML_BF16, GGML_F32, PLAIN_DTYPES, f32_to_bf16, plain_view, storage
+
+
+def block_traits(type_id: int) -> tuple[int, int]:
+    """(elements per block, bytes per block)."""
+    _, block, size, _ = _native.type_info(type_id)
+    return block, size
+
+
+def block_view(t: Tensor) -> Any:
+    """Raw blocks of any tensor as uint8 (ne3, ne2, ne1, ne0 / block, block bytes), strided."""
+    block, size = block_traits(t.type)
+    shp = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // block, size)
+    strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0], 1)
+    return np.ndarray(shp, dtype=np.uint8, buffer=storage(t), offset=t.offset, strides=strides)
+
+
+def encode(type_id: int, values: Any) -> Any:
+    """float32 values (..., ne0) in the storage form of `type_id`: a plain dtype array, or uint8
+    rows (..., row bytes) of quantized blocks (bit-exact with ggml's reference quantizers)."""
+    if type_id == GGML_F32:
+        return values
+    if type_id == GGML_BF16:
+        return f32_to_bf16(values).reshape(values.shape)
+    dtype = PLAIN_DTYPES.get(type_id)
+    if dtype is not None:
+        return values.astype(dtype)
+    from rpcnet.compute import quant
+
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1, values.shape[-1])
+    packed = quant.quantize(type_id, flat)
+    return packed.reshape(values.shape[:-1] + (packed.shape[-1],))
+
+
+def blocks_ok(t: Tensor) -> bool:
+    """ne0 holds whole blocks and blocks are adjacent (what row/block views need)."""
+    block, size = block_traits(t.type)
+    return block > 0 and t.ne[0] % block == 0 and (block == 1 or t.nb[0] == size)
+
+
+def _supported(node: Tensor) -> bool:
+    src = node.src[0]
+    if src is None or src.nelements != node.nelements:
+        return False
+    if src.type == node.type:
+        return blocks_ok(src) and blocks_ok(node)
+    return (
+        convert.can_load(src.type)
+        and convert.can_store(node.type)
+        and blocks_ok(src)
+        and blocks_ok(node)
+    )
+
+
+def _build(node: Tensor) -> Step:
+    src = node.src[0]
+    assert src is not None
+    dst_shape = shape(node)
+    types = (src.type, node.type)
+
+    if src.type == node.type:
+        s, d = block_view(src), block_view(node)
+        same = s.shape == d.shape
+
+        def run_same() -> None:
+            d[...] = s if same else s.reshape(d.shape)
+
+        return run_same
+
+    if src.type in PLAIN_DTYPES and node.type in PLAIN_DTYPES and GGML_BF16 not in types:
+        sv, dv = plain_view(src), plain_view(node)
+        same = sv.shape == dv.shape
+
+        def run_plain() -> None:
+            # NumPy's casts match ggml's: f32->f16 rounds to nearest even, f32->i32 truncates.
+            with np.errstate(invalid="ignore", over="ignore"):
+                dv[...] = sv if same else sv.reshape(dv.shape)
+
+        return run_plain
+
+    def run_convert() -> None:
+        values = convert.load_f32(src)
+        if values.shape != dst_shape:
+            values = values.reshape(dst_shape)
+        convert.store(node, values)
+
+    return run_convert
+
+
+for _op in (Op.CPY, Op.DUP, Op.CONT):
+    kernel(_op, "f32/f16/bf16/i32/quantized -> f32/f16/bf16/i32/q8_0/q4_x/q5_x/iq4_nl", _supported)(
+        _build
+    )

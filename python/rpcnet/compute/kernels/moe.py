@@ -1,0 +1,129 @@
+"""MUL_MAT_ID: per-token expert matmuls, out[:, e, t] = experts[ids[e, t]] · b[:, e % b.ne1, t].
+
+src0 experts [K, M, n_expert] (any loadable type), src1 b [K, n_used or 1, n_tok] (f32/f16),
+src2 ids I32 [n_used, n_tok]; out F32 [M, n_used, n_tok]. Rows are grouped by expert so each
+selected expert is decoded once per run and multiplied against all its rows at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from rpcnet.compute import convert
+from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.ops import Op
+from rpcnet.compute.tensor import Tensor
+from rpcnet.compute.views import (
+    GGML_BF16,
+    GGML_F16,
+    GGML_F32,
+    GGML_I32,
+    bf16_to_f32,
+    f32_to_bf16,
+    plain_view,
+)
+
+f32 = np.float32
+Q8_0 = 8
+# Weight types whose dot products take the activation quantized to q8_0 / q8_1 (same values)...
+Q8_0_PARTNERS = frozenset({2, 3, 6, 7, 8, 9, 20, 39, 40, 41, 42})
+# ... and to q8_K (256-element blocks, float32 scale): k-quants, i-quants, ternary.
+Q8_K_PARTNERS = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29, 34, 35})
+
+
+def _q8_k_values(x: Any) -> Any:
+    """Values of x after ggml's quantize_row_q8_K_ref (scale -127/max, codes clamped to 127)."""
+    blocks = x.reshape(-1, 256)
+    pick = np.abs(blocks).argmax(axis=1)
+    peak = blocks[np.arange(blocks.shape[0]), pick]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = (f32(-127.0) / peak).astype(f32)
+        codes = np.minimum(f32(127), np.rint((iscale[:, None] * blocks).astype(f32)))
+        d = (f32(1) / iscale).astype(f32)
+        vals = np.where(peak[:, None] == 0, f32(0), d[:, None] * codes).astype(f32)
+    return vals.reshape(x.shape)
+
+
+def vec_dot_operand(values: Any, weight_type: int) -> Any:
+    """float32 activations as ggml's CPU dot products see them against `weight_type` weights:
+    rounded to the weight type's vec_dot type (f16, bf16, q8_0/q8_1 or q8_K)."""
+    if weight_type == GGML_F16:
+        return values.astype(np.float16).astype(f32)
+    if weight_type == GGML_BF16:
+        return bf16_to_f32(f32_to_bf16(values)).reshape(values.shape)
+    k = values.shape[-1]
+    if weight_type in Q8_0_PARTNERS and k % 32 == 0:
+        from rpcnet.compute import quant
+
+        rows = np.ascontiguousarray(values, dtype=f32).reshape(-1, k)
+        packed = quant.quantize(Q8_0, rows)
+        return quant.dequantize(Q8_0, packed, rows.shape[0], k).reshape(values.shape)
+    if weight_type in Q8_K_PARTNERS and k % 256 == 0:
+        return _q8_k_values(np.ascontiguousarray(values, dtype=f32))
+    return values
+
+
+def _supported(node: Tensor) -> bool:
+    a, b, ids = node.src[0], node.src[1], node.src[2] if len(node.src) > 2 else None
+    if a is None or b is None or ids is None or ids.type != GGML_I32 or node.type != GGML_F32:
+        return False
+    k, m, n_exp = a.ne[0], a.ne[1], a.ne[2]
+    n_used, n_tok = ids.ne[0], ids.ne[1]
+    return (
+        a.ne[3] == 1
+        and b.ne[0] == k
+        and b.ne[3] == 1
+        and b.ne[1] > 0
+        and n_used % b.ne[1] == 0
+        and b.ne[2] == n_tok
+        and ids.ne[2] == 1
+        and ids.ne[3] == 1
+        and n_exp > 0
+        and tuple(node.ne) == (m, n_used, n_tok, 1)
+        and convert.can_load(a.type)
+        and convert.can_load(b.type)
+    )
+
+
+@kernel(Op.MUL_MAT_ID, "f32|f16|bf16|quantized experts x f32|f16 -> f32", _supported)
+def mul_mat_id(node: Tensor) -> Step:
+    a_t, b_t, ids_t = node.src[0], node.src[1], node.src[2]
+    assert a_t is not None and b_t is not None and ids_t is not None
+    n_exp = a_t.ne[2]
+    experts: dict[int, Tensor] = {}  # (K, M) descriptors, made when a token first selects one
+
+    def expert(e: int) -> Tensor:
+        t = experts.get(e)
+        if t is None:
+            ne = (a_t.ne[0], a_t.ne[1], 1, 1)
+            t = dataclasses.replace(a_t, ne=ne, offset=a_t.offset + e * a_t.nb[2], src=())
+            experts[e] = t
+        return t
+
+    ids_v = plain_view(ids_t)[0, 0]  # (n_tok, n_used)
+    out = plain_view(node)[0]  # (n_tok, n_used, M)
+    b_ne1 = b_t.ne[1]
+
+    def run() -> None:
+        ids = np.asarray(ids_v)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_exp):
+            raise ComputeError(f"MUL_MAT_ID: expert id out of range [0, {n_exp})")
+        b = vec_dot_operand(convert.load_f32(b_t)[0], a_t.type)  # (n_tok, b.ne1, K)
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        sorted_ids = flat[order]
+        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+        ends = np.r_[starts[1:], sorted_ids.size]
+        n_used = ids.shape[1]
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            sel = order[s:e]
+            tok, slot = sel // n_used, sel % n_used
+            w = convert.load_f32(expert(int(sorted_ids[s])))[0, 0]  # (M, K)
+            rows = b[tok, slot % b_ne1]  # (n, K)
+            out[tok, slot] = rows @ w.T
+
+    return run

@@ -1,0 +1,92 @@
+"""SOFT_MAX along ne0 with scale, optional mask (ALiBi-sloped when max_bias > 0) and sinks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rpcnet.compute import convert
+from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.ops import Op
+from rpcnet.compute.tensor import Tensor
+from rpcnet.compute.views import GGML_F16, GGML_F32, plain_view
+
+f32 = np.float32
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> Any:
+    """Per-head ALiBi slopes as ggml computes them (all 1 when max_bias <= 0), float32 (n_head,)."""
+    if max_bias <= 0.0:
+        return np.ones(n_head, dtype=f32)
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = f32(2.0 ** float(f32(-f32(max_bias) / f32(n_head_log2))))
+    m1 = f32(2.0 ** float(f32(-f32(f32(max_bias) / f32(2.0)) / f32(n_head_log2))))
+    out = np.empty(n_head, dtype=f32)
+    for h in range(n_head):
+        if h < n_head_log2:
+            out[h] = f32(float(m0) ** (h + 1))
+        else:
+            out[h] = f32(float(m1) ** (2 * (h - n_head_log2) + 1))
+    return out
+
+
+def tile_heads(values: Any, n3: int, n2: int) -> Any:
+    """Index dims 0, 1 (ggml dims 3, 2) modulo their size: ggml's mask broadcast."""
+    m3, m2 = values.shape[0], values.shape[1]
+    if m3 not in (1, n3):
+        values = values[np.arange(n3) % m3]
+    if m2 not in (1, n2):
+        values = values[:, np.arange(n2) % m2]
+    return values
+
+
+def _supported(node: Tensor) -> bool:
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    sinks = node.src[2] if len(node.src) > 2 else None
+    if a is None or a.type != GGML_F32 or node.type != GGML_F32 or tuple(node.ne) != tuple(a.ne):
+        return False
+    if mask is not None:
+        if mask.type not in (GGML_F16, GGML_F32) or mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
+            return False
+        if mask.ne[2] <= 0 or mask.ne[3] <= 0 or a.ne[2] % mask.ne[2] or a.ne[3] % mask.ne[3]:
+            return False
+    elif node.f32(1) > 0.0:
+        return False
+    if sinks is not None and (sinks.type != GGML_F32 or sinks.nelements < a.ne[2]):
+        return False
+    return True
+
+
+@kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", _supported)
+def soft_max(node: Tensor) -> Step:
+    a_t = node.src[0]
+    mask_t = node.src[1] if len(node.src) > 1 else None
+    sinks_t = node.src[2] if len(node.src) > 2 else None
+    assert a_t is not None
+    scale = f32(node.f32(0))
+    max_bias = node.f32(1)
+    n3, n2, n1 = a_t.ne[3], a_t.ne[2], a_t.ne[1]
+    slopes = alibi_slopes(n2, max_bias).reshape(1, n2, 1, 1)
+    use_slopes = max_bias > 0.0
+    av, out = plain_view(a_t), plain_view(node)
+
+    def run() -> None:
+        w = av * scale
+        if mask_t is not None:
+            m = tile_heads(convert.load_f32(mask_t)[:, :, :n1, :], n3, n2)
+            w += slopes * m if use_slopes else m
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            mx = w.max(axis=-1, keepdims=True)
+            if sinks_t is not None:
+                sk = convert.load_f32(sinks_t).reshape(-1)[:n2].reshape(1, n2, 1, 1)
+                mx = np.maximum(mx, sk)
+            e = np.exp(w - mx)
+            total = e.sum(axis=-1, keepdims=True, dtype=np.float64)
+            if sinks_t is not None:
+                total += np.exp(sk - mx).astype(np.float64)
+            np.multiply(e, (1.0 / total).astype(f32), out=out)
+
+    return run
