@@ -8,6 +8,7 @@ from rpcnet.client import RpcClient
 from rpcnet.compute import quant
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.device import MemoryPool
+from rpcnet.compute.kernels.operands import vec_dot_operand
 from support.opgraph import contiguous_nb
 
 Q8_0, F32, MUL_MAT = 8, 0, 29
@@ -40,7 +41,8 @@ async def test_weight_cache_hits_and_invalidation(server):
         await c.graph_compute([3], [tw, tx, to], uid=1)
         first = np.frombuffer(await c.get_tensor(to, 0, 32), np.float32).reshape(2, 4)
         deq = quant.dequantize(Q8_0, np.frombuffer(wq, np.uint8), 4, 64)
-        np.testing.assert_allclose(first, x @ deq.T, rtol=1e-5)
+        xq = vec_dot_operand(x, Q8_0)  # ggml rounds activations to q8_0 against q8_0 weights
+        np.testing.assert_allclose(first, xq @ deq.T, rtol=1e-5)
         held = server.call(lambda: server.server.devices[0].derived.held)
         assert held == 4 * 64 * 4  # the f32 copy is kept, and counted
         free, total = await c.device_memory()

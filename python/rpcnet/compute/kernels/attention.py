@@ -21,7 +21,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import convert
-from rpcnet.compute.kernels.moe import Q8_0_PARTNERS, vec_dot_operand
+from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads
 from rpcnet.compute.ops import Op

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute import convert
+from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -51,7 +52,7 @@ def mul_mat(node: Tensor) -> Step:
 
     def run() -> None:
         a = broadcast_weights(convert.load_weight_f32(a_t), node.ne[2], node.ne[3])
-        b = convert.load_f32(b_t)
+        b = vec_dot_operand(convert.load_f32(b_t), a_t.type)
         np.matmul(b, a.swapaxes(-1, -2), out=out)
 
     return run

@@ -8,63 +8,22 @@ selected expert is decoded once per run and multiplied against all its rows at o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
 from rpcnet.compute import convert
 from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import (
-    GGML_BF16,
-    GGML_F16,
     GGML_F32,
     GGML_I32,
-    bf16_to_f32,
-    f32_to_bf16,
     plain_view,
 )
 
 f32 = np.float32
-Q8_0 = 8
-# Weight types whose dot products take the activation quantized to q8_0 / q8_1 (same values)...
-Q8_0_PARTNERS = frozenset({2, 3, 6, 7, 8, 9, 20, 39, 40, 41, 42})
-# ... and to q8_K (256-element blocks, float32 scale): k-quants, i-quants, ternary.
-Q8_K_PARTNERS = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29, 34, 35})
-
-
-def _q8_k_values(x: Any) -> Any:
-    """Values of x after ggml's quantize_row_q8_K_ref (scale -127/max, codes clamped to 127)."""
-    blocks = x.reshape(-1, 256)
-    pick = np.abs(blocks).argmax(axis=1)
-    peak = blocks[np.arange(blocks.shape[0]), pick]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = (f32(-127.0) / peak).astype(f32)
-        codes = np.minimum(f32(127), np.rint((iscale[:, None] * blocks).astype(f32)))
-        d = (f32(1) / iscale).astype(f32)
-        vals = np.where(peak[:, None] == 0, f32(0), d[:, None] * codes).astype(f32)
-    return vals.reshape(x.shape)
-
-
-def vec_dot_operand(values: Any, weight_type: int) -> Any:
-    """float32 activations as ggml's CPU dot products see them against `weight_type` weights:
-    rounded to the weight type's vec_dot type (f16, bf16, q8_0/q8_1 or q8_K)."""
-    if weight_type == GGML_F16:
-        return values.astype(np.float16).astype(f32)
-    if weight_type == GGML_BF16:
-        return bf16_to_f32(f32_to_bf16(values)).reshape(values.shape)
-    k = values.shape[-1]
-    if weight_type in Q8_0_PARTNERS and k % 32 == 0:
-        from rpcnet.compute import quant
-
-        rows = np.ascontiguousarray(values, dtype=f32).reshape(-1, k)
-        packed = quant.quantize(Q8_0, rows)
-        return quant.dequantize(Q8_0, packed, rows.shape[0], k).reshape(values.shape)
-    if weight_type in Q8_K_PARTNERS and k % 256 == 0:
-        return _q8_k_values(np.ascontiguousarray(values, dtype=f32))
-    return values
 
 
 def _supported(node: Tensor) -> bool:
