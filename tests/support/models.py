@@ -1,6 +1,6 @@
 """A zoo of tiny random GGUF models for end-to-end tests (runs under the HOST python + ``gguf``).
 
-Every model is small (n_embd 64-256, 2 layers, vocab 320-384) and deterministic (fixed seeds),
+Every model is small (n_embd 64-256, 2 layers, vocab 384) and deterministic (fixed seeds),
 yet it runs the real llama.cpp graph of its architecture:
 
 =====================  ========  =====================================================
@@ -125,10 +125,10 @@ _QWEN3MOE_256 = ModelSpec(
 )
 
 _SPECS = [
-    ModelSpec("llama-gqa-f32", seed=1),
+    ModelSpec("llama-gqa-f32", n_embd=128, n_head=4, n_head_kv=2, n_ff=256, seed=1),
     ModelSpec("llama-mha-f16", dtype="f16", n_embd=128, n_head=4, n_head_kv=4, n_ff=256, seed=2),
     ModelSpec("llama-gqa-bf16", dtype="bf16", seed=3),
-    ModelSpec("qwen3-f32", arch="qwen3", n_embd=128, n_head=4, n_head_kv=2, head_dim=48, seed=4),
+    ModelSpec("qwen3-f32", arch="qwen3", n_embd=128, n_head=4, n_head_kv=2, head_dim=64, seed=4),
     ModelSpec("qwen3-f16", arch="qwen3", dtype="f16", n_embd=64, n_head=4, n_head_kv=2, seed=5),
     ModelSpec(
         "qwen3moe-f32",

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnet import _native
-from rpcnet.compute import kernels  # noqa: F401 - registers the kernels
+from rpcnet.compute import (
+    kernels,  # noqa: F401 - registers the kernels
+    profile,
+)
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels import registry
-from rpcnet.compute.ops import VIEW_OPS
+from rpcnet.compute.ops import VIEW_OPS, op_name
 from rpcnet.compute.tensor import Tensor
 
 # (wire tensor) -> (buffer or None, byte offset in it); raises ComputeError for invalid tensors.
@@ -99,5 +102,8 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu") -> Plan:
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
         kernel = registry.select(node, device)
-        steps.append(kernel.build(node))
+        step = kernel.build(node)
+        if profile.enabled():
+            step = profile.timed(f"{op_name(node.op)} {'/'.join(registry.types_of(node))}", step)
+        steps.append(step)
     return Plan(steps, frozenset(handles), len(nodes), tuple(written.values()))

@@ -1,0 +1,54 @@
+"""Optional per-kernel timing (`RPCNET_PROFILE=FILE`): where graph time goes, by op and types.
+
+Enabled at plan time only, so an unprofiled server pays nothing per step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+_PATH = os.environ.get("RPCNET_PROFILE")
+_totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return bool(_PATH)
+
+
+def timed(label: str, step: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        t0 = time.perf_counter()
+        step()
+        elapsed = time.perf_counter() - t0
+        with _lock:
+            entry = _totals[label]
+            entry[0] += elapsed
+            entry[1] += 1
+
+    return run
+
+
+def report() -> str:
+    with _lock:
+        rows = sorted(_totals.items(), key=lambda kv: -kv[1][0])
+    total = sum(v[0] for _, v in rows) or 1.0
+    lines = [f"{'kernel':<56} {'calls':>8} {'seconds':>9} {'share':>6}"]
+    for label, (seconds, calls) in rows:
+        lines.append(f"{label:<56} {calls:>8} {seconds:>9.3f} {seconds / total:>6.1%}")
+    return "\n".join(lines)
+
+
+def _write() -> None:
+    if _PATH and _totals:
+        with open(_PATH, "w") as fh:
+            fh.write(report() + "\n")
+
+
+if _PATH:
+    atexit.register(_write)
