@@ -17,8 +17,8 @@ fi
 ROOT="$(dirname "$(dirname "$(find "$SRC" -type d -path '*/tools/server' | head -n 1)")")"
 cmake -S "$ROOT" -B "$OUT/cmake" -DGGML_RPC=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON
-cmake --build "$OUT/cmake" -j "$(nproc)" --target llama-server llama-cli llama-bench rpc-server
+cmake --build "$OUT/cmake" -j "$(nproc)" --target llama-server llama-cli llama-bench ggml-rpc-server
 mkdir -p "$OUT/bin"
 cp "$OUT"/cmake/bin/llama-server "$OUT"/cmake/bin/llama-cli "$OUT"/cmake/bin/llama-bench "$OUT/bin/"
-cp "$OUT"/cmake/bin/rpc-server "$OUT/bin/" 2>/dev/null || true
+cp "$OUT"/cmake/bin/ggml-rpc-server "$OUT/bin/rpc-server"
 echo "built: $OUT/bin"
