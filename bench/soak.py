@@ -1,0 +1,49 @@
+"""Soak for the record: 4 real clients load and decode for 10 minutes with random kills.
+
+Usage: PYTHONPATH=python:tests python bench/soak.py [--minutes 10] [--out docs/soak.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from support.models import ZOO, ensure_model  # noqa: E402
+from support.soak import soak  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rpcnet-soak-"))
+    model = ensure_model(ZOO["llama-gqa-f32"], tmp / "zoo")
+    r = soak(model, duration=args.minutes * 60, clients=args.clients, workdir=tmp)
+    free, total = r.free_total
+    state = "baseline" if free == total else "LEAK"
+    rss = f"{r.baseline_rss >> 20} / {r.peak_rss >> 20} / {r.final_rss >> 20}"
+    text = "\n".join(
+        [
+            f"| duration | {args.minutes} min, {args.clients} clients |",
+            "|---|---|",
+            f"| client runs | {r.runs} ({r.completed} completed, {r.killed} killed at random) |",
+            f"| failed runs | {len(r.failed)} |",
+            f"| server restarts | {0 if r.server_alive else 'server died'} |",
+            f"| reported free memory after | {free} of {total} ({state}) |",
+            f"| RSS baseline / peak / final | {rss} MiB |",
+        ]
+    )
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0 if r.server_alive and not r.failed and free == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
