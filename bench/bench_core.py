@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import statistics
 import struct
 import subprocess
@@ -24,26 +23,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from rpcnet import _native  # noqa: E402
-from support import refenv  # noqa: E402
+from support import (
+    refenv,  # noqa: E402
+    serve,  # noqa: E402
+)
 from support.raw import RawConn, frame  # noqa: E402
 
 MiB = 1 << 20
 
 
 def start_rpcnet(port: int, cache: Path | None) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "rpcnet.cli", "serve", "--port", str(port), "--mem", "8G"]
-    if cache is not None:
-        argv += ["--cache", str(cache)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("rpcnet did not start")
+    return serve.start_rpcnet(port, "--mem", "8G", *(["--cache", str(cache)] if cache else []))
 
 
 def start_reference(port: int, cache: Path | None) -> subprocess.Popen:

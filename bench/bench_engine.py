@@ -14,23 +14,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from support import refenv  # noqa: E402
+from support import refenv, serve  # noqa: E402
 from support.models import ModelSpec, ensure_model  # noqa: E402
 
 BASE = ModelSpec(
     "bench-llama-f16",
     dtype="f16",
-    n_vocab=32000,
+    n_vocab=16384,
     n_embd=1024,
     n_layer=16,
     n_head=16,
@@ -57,21 +55,8 @@ def spec_for(base: ModelSpec, kind: str) -> ModelSpec:
     return dataclasses.replace(base, name=f"{base.name}-{kind}", quant=kind, base=base)
 
 
-def start_rpcnet(port: int, threads: int, profile: Path | None) -> subprocess.Popen:
-    argv = [sys.executable]
-    if profile is not None:
-        argv += ["-m", "cProfile", "-o", str(profile)]
-    argv += ["-m", "rpcnet.cli", "serve", "--port", str(port), "--threads", str(threads)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("rpcnet did not start")
+def start_rpcnet(port: int, threads: int) -> subprocess.Popen:
+    return serve.start_rpcnet(port, "--threads", str(threads))
 
 
 def measure(model: Path, endpoint: str, pp: str, tg: int) -> dict:
@@ -105,7 +90,7 @@ def main() -> int:
         model = ensure_model(spec_for(base, kind), args.models)
         ref_port, our_port = refenv.free_port(), refenv.free_port()
         ref = refenv.start_reference_server("v8", port=ref_port, threads=args.threads)
-        ours = start_rpcnet(our_port, args.threads, None)
+        ours = start_rpcnet(our_port, args.threads)
         results: dict[str, dict[str, list[float]]] = {"ref": {}, "ours": {}}
         try:
             for _ in range(args.rounds):

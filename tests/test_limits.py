@@ -6,13 +6,14 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 
 import pytest
 from rpcnet import _native
 from rpcnet.server.access import allowed, parse_allow
 from support.raw import HELLO, RawConn, frame
+from support.refenv import free_port
+from support.serve import start_rpcnet
 from test_bad_input import wait_for_baseline
 
 COUNT, ALLOC, GRAPH = 15, 0, 10
@@ -103,25 +104,8 @@ def wait_until(pred, timeout: float = 5.0) -> None:
 
 
 def start_serve(*extra: str, preexec=None) -> tuple[subprocess.Popen, int]:
-    from support.refenv import free_port
-
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rpcnet.cli", "serve", "--port", str(port), "--mem", "1G", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=preexec,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(proc.stdout.read() if proc.stdout else "no output")
+    return start_rpcnet(port, "--mem", "1G", *extra, capture=True, preexec=preexec), port
 
 
 def test_sigterm_drains_in_flight_command_then_exits():

@@ -6,10 +6,8 @@ must return to their baseline, and the server process must never have restarted.
 from __future__ import annotations
 
 import random
-import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from pathlib import Path
 
 from support import refenv
 from support.raw import RawConn
+from support.serve import start_rpcnet
 
 
 def rss_bytes(pid: int) -> int:
@@ -45,24 +44,6 @@ class SoakResult:
     peak_rss: int = 0
     free_total: tuple[int, int] = (0, 0)
     server_alive: bool = True
-
-
-def start_server(port: int, mem: str = "4G") -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rpcnet.cli", "serve", "--port", str(port), "--mem", mem],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("rpcnet did not start")
 
 
 def client_argv(model: Path, endpoint: str, out: Path, tokens: str) -> tuple[list[str], dict]:
@@ -95,7 +76,7 @@ def soak(
     rng = random.Random(seed)
     workdir = workdir or Path("/tmp")
     port = refenv.free_port()
-    server = start_server(port)
+    server = start_rpcnet(port, "--mem", "4G")
     result = SoakResult()
     lock = threading.Lock()
     try:
