@@ -6,6 +6,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# pyverbs (installed by tools/refenv.sh from Debian) for the RDMA transport tests.
+_PYVERBS = Path(__file__).resolve().parent.parent / ".refenv" / "pyverbs-path"
+if _PYVERBS.is_dir():
+    sys.path.append(str(_PYVERBS))
 
 from support.inproc import ServerThread  # noqa: E402
 

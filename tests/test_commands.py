@@ -216,7 +216,8 @@ async def test_unsupported_op_closes_only_that_connection(server):
 
 async def test_comm_init_declines(server):
     async with await connect(server) as c:
-        assert not await c.comm_init(0, 0, 2, 51052)
+        assert not await c.comm_init(0, 0, 3, 51052)  # world must be 2
+        assert not await c.comm_init(0, 2, 2, 51052)  # rank must be below world
         assert not await c.comm_init(3, 0, 2, 51052)  # bad device also answers ok = 0
         assert await c.device_count() == 1
 

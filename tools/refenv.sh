@@ -232,4 +232,19 @@ install_wheel v8 "$V8_VERSION"
 install_wheel v7 "$V7_VERSION"
 echo "$PY_REAL" >"$REFENV/python"
 
+# pyverbs (rdma-core's Python binding, Debian's python3-pyverbs) for the RDMA transport tests that
+# build real verbs objects without a device. Only the pyverbs package is exposed to the tests
+# (through $REFENV/pyverbs-path), not the rest of Debian's dist-packages.
+if [ ! -e "$REFENV/pyverbs-path/pyverbs" ]; then
+    if ! dpkg -s python3-pyverbs >/dev/null 2>&1; then
+        log "installing python3-pyverbs (Debian)"
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            python3-pyverbs >/dev/null || log "python3-pyverbs unavailable: RDMA object tests will skip"
+    fi
+    if [ -d /usr/lib/python3/dist-packages/pyverbs ]; then
+        mkdir -p "$REFENV/pyverbs-path"
+        ln -sfn /usr/lib/python3/dist-packages/pyverbs "$REFENV/pyverbs-path/pyverbs"
+    fi
+fi
+
 log "done in $((SECONDS - START))s: $REFENV"

@@ -7,6 +7,7 @@ read-only ones included.
 """
 
 import sys
+from collections.abc import Mapping
 from typing import Final
 
 if sys.version_info >= (3, 12):
@@ -223,3 +224,134 @@ def chunk_plan(total: int, chunk: int = ...) -> list[tuple[int, int]]:
 
     ValueError if chunk == 0.
     """
+
+# --- RDMA: HELLO conn_caps codec and RoCE GID selection (spec §2, §12) ------------------------
+
+RDMA_CAPS_SIZE: Final[int]  # 24
+RDMA_SYSFS_ROOT: Final[str]  # "/sys/class/infiniband"
+
+class RdmaError(NativeError):
+    """No usable RDMA (the reason says why), unreadable GID tables, or bad caps / environment."""
+
+    reason: str
+
+class RdmaGid:
+    """One non-empty GID table entry. kind: "RoCE v2", "RoCE v1", "IB" or "unknown"."""
+
+    def __init__(
+        self, index: int, gid: Buffer | str, kind: str = "unknown", ndev: str | None = None
+    ) -> None:
+        """gid: 16 bytes, sysfs text or IPv6 text; kind also accepts "IB/RoCE v1" (ValueError
+        for anything else)."""
+    @property
+    def index(self) -> int: ...
+    @property
+    def gid(self) -> bytes: ...
+    @property
+    def gid_text(self) -> str:
+        """sysfs spelling: eight groups of four hex digits."""
+    @property
+    def address(self) -> str:
+        """The address the GID carries ("10.0.0.1" for ::ffff:10.0.0.1, IPv6 text otherwise)."""
+    @property
+    def kind(self) -> str: ...
+    @property
+    def ndev(self) -> str | None: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class RdmaPort:
+    """One port of one RDMA device with its non-empty GIDs."""
+
+    def __init__(
+        self,
+        device: str,
+        port: int,
+        gids: list[RdmaGid] = ...,
+        state: str | None = None,
+        link_layer: str | None = None,
+    ) -> None: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def state(self) -> str | None:
+        """sysfs text, e.g. "4: ACTIVE"."""
+    @property
+    def active(self) -> bool | None:
+        """False only when the state is known and is not ACTIVE (such ports are skipped)."""
+    @property
+    def link_layer(self) -> str | None:
+        """Link layer: "Ethernet" (RoCE) or "InfiniBand"."""
+    @property
+    def gids(self) -> list[RdmaGid]: ...
+
+class RdmaEnv:
+    """The RDMA environment variables found (RPCNET_* before GGML_* names)."""
+
+    @property
+    def disabled_by(self) -> str | None:
+        """GGML_RPC_NO_RDMA / RPCNET_NO_RDMA when set (any value)."""
+    @property
+    def device(self) -> str | None: ...
+    @property
+    def device_var(self) -> str | None: ...
+    @property
+    def gid_index(self) -> int | None: ...
+    @property
+    def gid_var(self) -> str | None: ...
+
+class RdmaSelection:
+    """The device, port and GID index a connection would use."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def gid_index(self) -> int: ...
+    @property
+    def gid(self) -> bytes: ...
+    @property
+    def gid_text(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def ndev(self) -> str | None: ...
+    @property
+    def target(self) -> bytes:
+        """The local address the selection was made for, in GID form."""
+    @property
+    def how(self) -> str:
+        """How it was chosen, e.g. "GID matching local address 10.0.0.1 (RoCE v2)"."""
+
+def rdma_scan(root: str | None = None) -> list[RdmaPort]:
+    """Every device port and its non-empty GIDs under root (default RDMA_SYSFS_ROOT), devices in
+    name order. RdmaError when root is missing or unreadable."""
+
+def rdma_env(environ: Mapping[str, str] | None = None) -> RdmaEnv:
+    """Parse GGML_RPC_NO_RDMA, GGML_RDMA_DEV, GGML_RDMA_GID and their RPCNET_* forms from environ
+    (default os.environ). RdmaError for a non-numeric GID index."""
+
+def rdma_resolve(
+    ports: list[RdmaPort], local_addr: str, env: RdmaEnv | None = None
+) -> RdmaSelection:
+    """Choose device/port/GID for a TCP connection whose local address is local_addr (spec §12:
+    the GID equal to the address, IPv4 as ::ffff:a.b.c.d, RoCE v2 before v1, first device in name
+    order; explicit index / device filter / disable from env, default rdma_env()). RdmaError with
+    the reason when there is none; ValueError when local_addr is not an IP address."""
+
+def rdma_target_gid(addr: str) -> bytes:
+    """A local address in GID form (16 bytes)."""
+
+def rdma_format_gid(gid: Buffer | str) -> str:
+    """sysfs spelling of a GID."""
+
+def rdma_parse_gid(text: str) -> bytes:
+    """sysfs or IPv6 text to 16 bytes; ValueError otherwise."""
+
+def rdma_encode_caps(qpn: int, gid: Buffer | str, psn: int | None = None) -> bytes:
+    """24-byte conn_caps: qpn u32, psn u32 (default qpn & 0xFFFFFF), gid[16]."""
+
+def rdma_decode_caps(caps: bytes) -> tuple[int, int, bytes] | None:
+    """(qpn, psn, gid), or None for all-zero caps; RdmaError unless exactly 24 bytes."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import re
@@ -91,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--hello-timeout", type=float, default=10.0, help="seconds a connection has to send HELLO"
     )
     limits.add_argument(
+        "--comm-timeout",
+        type=float,
+        default=30.0,
+        help="seconds COMM_INIT rank 0 waits for its peer server (then answers ok = 0)",
+    )
+    limits.add_argument(
         "--max-payload", type=parse_size, default=1 << 40, help="largest SET_TENSOR payload"
     )
     limits.add_argument(
@@ -101,10 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("-v", "--verbose", action="count", default=0)
 
-    caps = sub.add_parser("caps", help="connect, HELLO, and show what was negotiated")
-    caps.add_argument("endpoint", type=parse_endpoint, metavar="HOST:PORT")
+    caps = sub.add_parser(
+        "caps",
+        help="connect, HELLO, and show what was negotiated (or --local: this host's RDMA GIDs)",
+    )
+    caps.add_argument("endpoint", type=parse_endpoint, metavar="HOST:PORT", nargs="?")
     caps.add_argument("--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL)
     caps.add_argument("--json", action="store_true")
+    caps.add_argument("--no-rdma", action="store_true", help="advertise zero caps (TCP only)")
+    caps.add_argument(
+        "--local", action="store_true", help="list local RDMA devices, ports and GIDs instead"
+    )
+    caps.add_argument(
+        "--to", metavar="ADDR", help="with --local: the GID a connection to ADDR would use"
+    )
+    caps.add_argument("--sysfs", metavar="DIR", help=argparse.SUPPRESS)  # fake trees in tests
 
     sub.add_parser("ops", help="list the supported (op, types) kernels")
     return parser
@@ -136,6 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         client_mem=args.client_mem,
         max_clients=args.max_clients,
         hello_timeout=args.hello_timeout,
+        comm_timeout=args.comm_timeout,
         max_data=args.max_payload,
         max_graph=args.max_graph,
         max_graph_nodes=args.max_graph_nodes,
@@ -151,64 +168,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def probe_caps(host: str, port: int, proto: int) -> dict:
-    from rpcnet.caps import decode_caps, describe_caps, negotiated_transport
-    from rpcnet.client import RpcClient
-
-    client = await RpcClient.connect(host, port, proto, hello=False)
-    try:
-        hello = await client.hello()
-        devices = []
-        for index in range(await client.device_count()):
-            free, total = await client.device_memory(index)
-            devices.append(
-                {
-                    "index": index,
-                    "free": free,
-                    "total": total,
-                    "alignment": await client.alignment(index),
-                    "max_size": await client.max_size(index),
-                }
-            )
-    finally:
-        await client.close()
-    rdma = decode_caps(hello.server_caps)
-    return {
-        "endpoint": f"{host}:{port}",
-        "version": ".".join(map(str, hello.version)),
-        "client_caps": hello.client_caps.hex(),
-        "client_caps_decoded": describe_caps(hello.client_caps),
-        "server_caps": hello.server_caps.hex(),
-        "server_caps_decoded": describe_caps(hello.server_caps),
-        "server_rdma": None
-        if rdma is None
-        else {"qpn": rdma.qpn, "psn": rdma.psn, "gid": rdma.gid_text},
-        "transport": negotiated_transport(hello.client_caps, hello.server_caps),
-        "devices": devices,
-    }
-
-
 def cmd_caps(args: argparse.Namespace) -> int:
+    from rpcnet import caps
+
+    if args.local:
+        info = caps.local_report(args.to, root=args.sysfs)
+        print(json.dumps(info, indent=2) if args.json else caps.render_local(info))
+        return 0
+    if args.endpoint is None:
+        print("rpcnet caps: give HOST:PORT, or --local", file=sys.stderr)
+        return 2
     host, port = args.endpoint
+    provider = None
+    if not args.no_rdma:
+        from rpcnet.transport.rdma import PyverbsProvider
+
+        provider = PyverbsProvider(sysfs_root=args.sysfs)
     try:
-        info = asyncio.run(asyncio.wait_for(probe_caps(host, port, args.proto), 10))
-    except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - report any failure plainly
+        info = caps.probe(host, port, args.proto, provider=provider, timeout=10.0)
+    except Exception as exc:  # noqa: BLE001 - report any failure plainly
         print(f"rpcnet caps: {host}:{port}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    print(f"endpoint        {info['endpoint']}")
-    print(f"protocol        {info['version']}")
-    print(f"client caps     {info['client_caps']}  ({info['client_caps_decoded']})")
-    print(f"server caps     {info['server_caps']}  ({info['server_caps_decoded']})")
-    print(f"transport       {info['transport']}")
-    print(f"devices         {len(info['devices'])}")
-    for d in info["devices"]:
-        print(
-            f"  [{d['index']}] memory {d['free'] >> 20} MiB free / {d['total'] >> 20} MiB total, "
-            f"alignment {d['alignment']}, max size {d['max_size']:#x}"
-        )
+    print(json.dumps(info, indent=2) if args.json else caps.render(info))
     return 0
 
 

@@ -9,6 +9,7 @@
 //! * [`region`] — overflow-checked buffer / tensor bounds checks
 //! * [`hash`] — FNV-1a 64
 //! * [`chunk`] — transfer chunking
+//! * [`rdma`] — HELLO conn_caps codec and RoCE GID selection from sysfs
 //! * [`errors`] — the error values above return
 
 pub mod chunk;
@@ -16,6 +17,7 @@ pub mod errors;
 pub mod framing;
 pub mod graph;
 pub mod hash;
+pub mod rdma;
 pub mod region;
 pub mod tensor;
 pub mod types;

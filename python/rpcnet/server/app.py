@@ -14,8 +14,10 @@ from rpcnet.compute.device import Device, cpu_device
 from rpcnet.protocol.commands import DEFAULT_PROTOCOL
 from rpcnet.server.access import Network, allowed, default_allow, is_loopback
 from rpcnet.server.cache import BackgroundWriter, HashCache
+from rpcnet.server.comm import CommHub
 from rpcnet.server.connection import Connection
 from rpcnet.server.stream import StreamProtocol
+from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
 
@@ -38,6 +40,7 @@ class ServerConfig:
     hello_timeout: float = 10.0  # seconds a new connection may take to send HELLO
     allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
     drain_timeout: float = 30.0
+    comm_timeout: float = 30.0  # COMM_INIT: rank 0's wait for its peer, each handshake
 
 
 def make_devices(config: ServerConfig) -> list[Device]:
@@ -53,6 +56,9 @@ class Server:
         self.cache = open_cache(config)
         self.cache_writer = BackgroundWriter(self.cache) if self.cache is not None else None
         self.allow = default_allow(config.host, config.allow)
+        self.negotiation = ServerNegotiation.from_env()  # HELLO caps: RDMA via pyverbs, or TCP
+        # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers.
+        self.comm = CommHub(config.host, config.comm_timeout, self.allow)
         self.connections: dict[asyncio.Task[None], Connection] = {}
         self.draining = False
         self._server: asyncio.AbstractServer | None = None

@@ -28,6 +28,7 @@ _SIZE = struct.Struct("<Q")
 CLIENT_ERRORS = (ProtocolViolation, ComputeError, _native.NativeError)
 LARGE_WRITE = 64 * 1024
 HELLO, SET_TENSOR, SET_TENSOR_HASH = int(Cmd.HELLO), int(Cmd.SET_TENSOR), int(Cmd.SET_TENSOR_HASH)
+COMM_INIT, COMM_ALLREDUCE = int(Cmd.COMM_INIT), int(Cmd.COMM_ALLREDUCE)
 
 
 class Connection:
@@ -37,7 +38,10 @@ class Connection:
         self.peer = peer
         config = server.config
         limits = SessionLimits(graph_nodes=config.max_graph_nodes, client_mem=config.client_mem)
-        self.session = Session(config.proto, server.devices, server.cache, limits)
+        self.negotiation = server.negotiation.connection(stream, peer)  # HELLO caps, spec §12
+        self.session = Session(
+            config.proto, server.devices, server.cache, limits, caps=self.negotiation
+        )
         self.cmd = int(Cmd.HELLO)
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
@@ -87,6 +91,7 @@ class Connection:
         check_header = _native.check_header
         hello = await asyncio.wait_for(self._read_hello(), config.hello_timeout)
         self._respond(session.hello(hello))
+        stream = self.stream = await self.negotiation.after_hello(stream)  # RDMA or unchanged
         handlers, waits = self._handlers, self._waits
         stream.fast_path = self._fast_path
         while True:
@@ -115,6 +120,11 @@ class Connection:
                 if writer is not None and writer.pending:  # the entry may still be on its way
                     await asyncio.wrap_future(writer.barrier())
                 self._respond(await asyncio.to_thread(session.set_tensor_hash, payload))
+            elif cmd == COMM_INIT:  # may wait for the peer server; other clients carry on
+                payload = await stream.readexactly(size)
+                self._respond(await session.comm_init(payload, self.server.comm))
+            elif cmd == COMM_ALLREDUCE:  # this connection's graphs are done (WAITS_FOR_GRAPH)
+                await session.comm_allreduce(await stream.readexactly(size))
             else:
                 payload = await stream.readexactly(size)
                 self._respond(handlers[cmd](session, payload))

@@ -19,6 +19,7 @@ from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.graph import Plan, build_nodes, compile_plan
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HELLO_CAPS_SIZE, Cmd, version_triple
+from rpcnet.server import comm
 from rpcnet.server.buffers import BufferTable, DeviceBuffer
 from rpcnet.server.cache import HashCache
 
@@ -53,8 +54,10 @@ class Session:
         devices: list[Device],
         cache: HashCache | None = None,
         limits: SessionLimits = SessionLimits(),
+        caps: Any = None,
     ) -> None:
         self.proto = proto
+        self.caps = caps  # answers HELLO caps (rpcnet.transport.negotiate); None: TCP only
         self.limits = limits
         self.devices = devices
         self.cache = cache
@@ -62,6 +65,7 @@ class Session:
         self._graphs: list[OrderedDict[int, Plan]] = [OrderedDict() for _ in devices]
         self._last_graph: list[Plan | None] = [None for _ in devices]  # v7 keeps one per device
         self._pending: list[Future[None]] = []
+        self._comm: dict[int, comm.PeerLink] = {}  # peer links by device (spec §11)
         self.hello_done = False
 
     # ---------------------------------------------------------------- helpers
@@ -100,7 +104,8 @@ class Session:
             raise ProtocolViolation("second HELLO")
         self.hello_done = True
         # A TCP-only server answers zero caps and ignores the client's (spec §2).
-        return msg.hello_response(*version_triple(self.proto), NO_CAPS)
+        caps = NO_CAPS if self.caps is None else self.caps.answer(payload)
+        return msg.hello_response(*version_triple(self.proto), caps)
 
     def device_count(self, payload: bytes) -> bytes:
         return msg.u32(len(self.devices))
@@ -325,22 +330,56 @@ class Session:
             p if p is None or handle not in p.buffers else None for p in self._last_graph
         ]
 
-    # ---------------------------------------------------------------- multi-host (not yet)
+    # ---------------------------------------------------------------- multi-host (spec §11)
 
-    def comm_init(self, payload: bytes) -> bytes:
+    async def comm_init(self, payload: bytes, hub: comm.CommHub) -> bytes:
+        """COMM_INIT: pair this connection's device with a peer server (waits; see comm.py)."""
         req = msg.parse_comm_init(payload)
         if req.device >= len(self.devices) or req.world != 2 or req.rank >= req.world:
             return msg.u8(0)
-        # ok = 0 makes the client fall back to its own reduction.
-        log.info("COMM_INIT rank %d refused: server-to-server allreduce is not enabled", req.rank)
-        return msg.u8(0)
+        if req.device in self._comm:  # already linked: ok, other parameters ignored
+            return msg.u8(1)
+        link = await hub.open(req.device, req.rank, req.port, req.host)
+        if link is None:
+            return msg.u8(0)  # the client falls back to its own reduction
+        self._comm[req.device] = link
+        return msg.u8(1)
 
-    def comm_allreduce(self, payload: bytes) -> None:
-        self.device(msg.parse_u32(payload))
-        raise ProtocolViolation("COMM_ALLREDUCE without a peer link")
+    async def comm_allreduce(self, payload: bytes) -> None:
+        """COMM_ALLREDUCE: tensor += the peer's tensor (the caller has waited for graphs)."""
+        device = msg.parse_u32(payload)
+        self.device(device)
+        link = self._comm.get(device)
+        if link is None:
+            raise ProtocolViolation("COMM_ALLREDUCE without a peer link")
+        t = _native.decode_tensor(payload, 4)
+        buf, rel = self.tensor_with_buffer(t)
+        nbytes = t.nbytes()
+        if nbytes == 0:
+            return
+        size = comm.ELEMENT_SIZE.get(t.type)
+        ne = t.nelements()
+        if size is None or nbytes != ne * size:  # no gaps: the add is elementwise
+            raise ProtocolViolation(
+                f"COMM_ALLREDUCE needs a contiguous F32, F16 or BF16 tensor, got "
+                f"{_native.type_info(t.type)[0]} ne={t.ne} nb={t.nb}"
+            )
+        buf.touched()
+        try:
+            await link.allreduce(buf.region(rel, nbytes), t.type, ne)
+        except comm.CommError as exc:
+            self._comm.pop(device, None)
+            link.close()
+            raise ProtocolViolation(f"pairwise allreduce failed: {exc}") from exc
+        finally:
+            buf.touched()
 
     def comm_free(self, payload: bytes) -> None:
-        self.device(msg.parse_u32(payload))
+        device = msg.parse_u32(payload)
+        self.device(device)
+        link = self._comm.pop(device, None)
+        if link is not None:
+            link.close()
 
     # ---------------------------------------------------------------- teardown
 
@@ -349,6 +388,9 @@ class Session:
         for cache in self._graphs:
             cache.clear()
         self._last_graph = [None for _ in self.devices]
+        for link in self._comm.values():  # also without COMM_FREE
+            link.close()
+        self._comm.clear()
         return self.buffers.free_all()
 
 
@@ -371,7 +413,6 @@ SIMPLE_HANDLERS = {
     Cmd.GET_TENSOR_2D: Session.get_tensor_2d,
     Cmd.GRAPH_COMPUTE: Session.graph_compute,
     Cmd.GRAPH_RECOMPUTE: Session.graph_recompute,
-    Cmd.COMM_INIT: Session.comm_init,
-    Cmd.COMM_ALLREDUCE: Session.comm_allreduce,
     Cmd.COMM_FREE: Session.comm_free,
 }
+# COMM_INIT and COMM_ALLREDUCE wait on a peer server: the connection awaits them explicitly.

@@ -6,11 +6,12 @@ mod exceptions;
 mod functions;
 mod graph;
 mod hash;
+mod rdma;
 mod tensor;
 
 use pyo3::prelude::*;
 
-use crate::{chunk, framing, tensor as core_tensor, types};
+use crate::{chunk, framing, rdma as core_rdma, tensor as core_tensor, types};
 
 /// Sans-I/O codec and checks of the ggml RPC protocol (rpcnet's native core).
 // gil_used: the buffer borrows rely on an attached interpreter keeping Python writers out.
@@ -22,15 +23,22 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RPC_TENSOR_SIZE", core_tensor::RPC_TENSOR_SIZE)?;
     m.add("MAX_CHUNK", chunk::MAX_CHUNK)?;
     m.add("GGML_TYPE_COUNT", types::GGML_TYPE_COUNT)?;
+    m.add("RDMA_CAPS_SIZE", core_rdma::CAPS_SIZE)?;
+    m.add("RDMA_SYSFS_ROOT", core_rdma::SYSFS_ROOT)?;
 
     m.add("NativeError", py.get_type::<exceptions::NativeError>())?;
     m.add("FrameError", py.get_type::<exceptions::FrameError>())?;
     m.add("TensorError", py.get_type::<exceptions::TensorError>())?;
     m.add("GraphError", py.get_type::<exceptions::GraphError>())?;
+    m.add("RdmaError", py.get_type::<rdma::RdmaError>())?;
 
     m.add_class::<tensor::PyRpcTensor>()?;
     m.add_class::<graph::PyGraph>()?;
     m.add_class::<hash::PyFnv1a64>()?;
+    m.add_class::<rdma::PyRdmaGid>()?;
+    m.add_class::<rdma::PyRdmaPort>()?;
+    m.add_class::<rdma::PyRdmaEnv>()?;
+    m.add_class::<rdma::PyRdmaSelection>()?;
 
     m.add_function(wrap_pyfunction!(functions::command_name, m)?)?;
     m.add_function(wrap_pyfunction!(functions::check_header, m)?)?;
@@ -48,5 +56,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::decode_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
     m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_target_gid, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_format_gid, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_parse_gid, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_encode_caps, m)?)?;
+    m.add_function(wrap_pyfunction!(rdma::rdma_decode_caps, m)?)?;
     Ok(())
 }

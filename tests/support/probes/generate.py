@@ -7,7 +7,8 @@ Runs under the reference env::
 
 ``--endpoint local`` runs the same evaluation on the local CPU backend (the baseline to compare
 against). ``--endpoint A,B`` uses several RPC servers at once (one device each, layers split
-between them by their free memory, or by ``--tensor-split 1,1``). The model is loaded with
+between them by their free memory, or by ``--tensor-split 1,1``; ``--split-mode tensor`` splits
+every weight across two servers instead, which needs ``--flash-attn 1``). The model is loaded with
 ``n_gpu_layers`` (default 999: all layers and the output head) on the RPC device(s); the KV
 cache follows (``offload_kqv``). Tokens are evaluated teacher-forced, logits requested for every
 position: the first ``--prefill`` tokens (default: all) as one ``llama_decode`` batch, the
@@ -41,6 +42,7 @@ import numpy as np
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -62,6 +64,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--type-v", choices=sorted(GGML_TYPES), default=None)
     parser.add_argument("--no-offload-kqv", action="store_true")
     parser.add_argument("--tensor-split", default=None, help="per-device proportions, e.g. 1,1")
+    parser.add_argument(
+        "--split-mode",
+        choices=sorted(SPLIT_MODES),
+        default=None,
+        help="llama_model_params.split_mode (default: the library's, layer); tensor needs FA on",
+    )
     parser.add_argument(
         "--pooling", choices=sorted(POOLING), default=None, help="embeddings instead of logits"
     )
@@ -106,6 +114,8 @@ def main(argv: list[str]) -> int:
         n_max = max(int(lib.llama_max_devices()), len(split))
         keep.append(ffi.new("float[]", split + [0.0] * (n_max - len(split))))
         model_params.tensor_split = keep[-1]
+    if args.split_mode is not None:
+        model_params.split_mode = SPLIT_MODES[args.split_mode]
 
     t0 = time.perf_counter()
     model = lib.llama_model_load_from_file(args.model.encode(), model_params)
@@ -190,6 +200,7 @@ def main(argv: list[str]) -> int:
         f"{rpc.RPC_PROTO_PATCH_VERSION}",
         "endpoint": args.endpoint,
         "device": device_name,
+        "split_mode": args.split_mode or "default",
         "load_s": round(load_s, 4),
         "eval_s": round(eval_s, 4),
     }

@@ -2,9 +2,11 @@
 
     speed.py MODEL ENDPOINT --pp 64,256 --tg 32 [--threads 2] [--flash-attn 0]
 
-ENDPOINT is HOST:PORT or "local". For each pp size: one batch of that many tokens (logits for the
-last one only), timed after a warm-up batch; for tg: one warm-up token, then `tg` single-token
-decodes. The KV cache is cleared between measurements. Prints one JSON line:
+ENDPOINT is HOST:PORT, several comma-separated (``--split-mode`` and ``--tensor-split`` place the
+model across them; tensor split needs ``--flash-attn 1``), or "local". For each pp size: one
+batch of that many tokens (logits for the last one only), timed after a warm-up batch; for tg:
+one warm-up token, then `tg` single-token decodes. The KV cache is cleared between
+measurements. Prints one JSON line:
 {"pp": {"64": tokens_per_s, ...}, "tg": tokens_per_s, "load_s": ...}
 """
 
@@ -24,6 +26,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tg", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--flash-attn", type=int, default=0)
+    parser.add_argument("--split-mode", choices=("none", "layer", "row", "tensor"), default=None)
+    parser.add_argument("--tensor-split", default=None, help="per-device proportions, e.g. 1,1")
     args = parser.parse_args(argv)
     pp_sizes = [int(x) for x in args.pp.split(",") if x]
 
@@ -44,12 +48,21 @@ def main(argv: list[str]) -> int:
     if args.endpoint != "local":
         from llama_cpp_py_sync.rpc import rpc_devices
 
+        endpoints = [e.strip() for e in args.endpoint.split(",") if e.strip()]
         keep = ffi.new(
-            "ggml_backend_dev_t[]", [*rpc_devices([args.endpoint], include_local=False), ffi.NULL]
+            "ggml_backend_dev_t[]", [*rpc_devices(endpoints, include_local=False), ffi.NULL]
         )
         params.devices = keep
     else:
         params.n_gpu_layers = 0
+    keep_split = None
+    if args.tensor_split:
+        split = [float(x) for x in args.tensor_split.split(",")]
+        n_max = max(int(lib.llama_max_devices()), len(split))
+        keep_split = ffi.new("float[]", split + [0.0] * (n_max - len(split)))
+        params.tensor_split = keep_split
+    if args.split_mode is not None:
+        params.split_mode = {"none": 0, "layer": 1, "row": 2, "tensor": 3}[args.split_mode]
     t0 = time.perf_counter()
     model = lib.llama_model_load_from_file(args.model.encode(), params)
     if model == ffi.NULL:

@@ -1,0 +1,341 @@
+"""Server-to-server allreduce links for tensor parallelism (spec §11, COMM_INIT/ALLREDUCE/FREE).
+
+llama.cpp's tensor split (``--split-mode tensor`` over two RPC endpoints) gives each of two servers
+half of every weight and asks them to sum their partial results directly: COMM_INIT pairs a
+(connection, device) of one server (rank 0) with one of another server (rank 1) through a raw TCP
+"peer link"; every COMM_ALLREDUCE then swaps the tensor's bytes over that link and adds the peer's
+values in place.
+
+Wire behaviour is the reference's (spec §11), so a peer may be another rpcnet or the reference
+``rpc-server``:
+
+* rank 0 listens on the given port, accepts one connection, closes the listener, reads the
+  peer's 24 caps bytes and sends its own; rank 1 connects (100 attempts, 50 ms apart), sends its
+  caps, reads the peer's. rpcnet's peer links are TCP only: its caps are 24 zero bytes, which
+  keeps the link on TCP whatever the peer sends (§12);
+* an allreduce of an F32 tensor of at least 32768 elements travels as bf16 (round to nearest
+  even), everything else as the tensor's raw bytes; rank 0 sends, then receives; rank 1
+  receives, then sends; the peer's values (widened back to f32 after bf16) are added into the
+  tensor in its own type, the local operand at full precision.
+
+Where rpcnet differs from the reference, on purpose:
+
+* every wait is a coroutine: rank 0 waiting for its peer, rank 1's connect retries and the
+  exchanges block only the connection that asked, never the server;
+* rank 0 waits at most ``ServerConfig.comm_timeout`` seconds (the reference waits forever),
+  then answers ``ok = 0`` so the client falls back to its own reduction;
+* rank 0 listens on the server's own host (``--host``), not on every interface, and accepts the
+  peer only from an address the server's allowlist (``--allow``) admits;
+* a peer that disappears, or a failed exchange, closes the one client connection whose link it
+  was; the link of a connection that ends without COMM_FREE is closed with it.
+
+Large conversions and adds (over :data:`INLINE_BYTES`) run on a worker thread so that other
+clients keep being served meanwhile; small ones (single-token decode) run inline, which is
+cheaper than a thread hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE
+from rpcnet.server.access import Network, allowed
+
+log = logging.getLogger("rpcnet.comm")
+
+PEER_CAPS = bytes(HELLO_CAPS_SIZE)  # TCP only (spec §11.2, §12)
+BF16_MIN_ELEMENTS = 32768  # F32 tensors with at least this many elements travel as bf16
+CONNECT_ATTEMPTS = 100  # rank 1, like the reference: 100 tries, 50 ms apart (~5 s)
+CONNECT_DELAY = 0.05
+INLINE_BYTES = 256 << 10  # wire payloads up to this size are converted and added inline
+DEFAULT_TIMEOUT = 30.0
+
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
+ELEMENT_SIZE = {GGML_F32: 4, GGML_F16: 2, GGML_BF16: 2}  # types an allreduce can add
+
+
+class CommError(Exception):
+    """The peer link failed (closed, reset, timed out); the session closes the connection."""
+
+
+@dataclass
+class CommStats:
+    links: int = 0  # peer links established
+    allreduces: int = 0
+    bytes_sent: int = 0  # wire payload bytes over peer links (no framing exists)
+    bytes_received: int = 0
+
+
+# ---------------------------------------------------------------- arithmetic (no I/O)
+
+
+def uses_bf16(type_id: int, ne: int) -> bool:
+    return type_id == GGML_F32 and ne >= BF16_MIN_ELEMENTS
+
+
+def wire_size(type_id: int, ne: int, nbytes: int) -> int:
+    return ne * 2 if uses_bf16(type_id, ne) else nbytes
+
+
+def encode(region: Any, type_id: int, ne: int) -> Any:
+    """What this rank sends: bf16 bits for large F32 tensors, else the raw bytes (no copy)."""
+    if uses_bf16(type_id, ne):
+        return f32_to_bf16(region.view(np.float32))
+    return region
+
+
+def accumulate(region: Any, received: Any, type_id: int, ne: int) -> None:
+    """``tensor += peer`` in place, in the tensor's type (ggml ADD semantics, spec §11.3)."""
+    if type_id == GGML_F32:
+        dst = region.view(np.float32)
+        if uses_bf16(type_id, ne):
+            dst += bf16_to_f32(received.view(np.uint16))
+        else:
+            dst += received.view(np.float32)
+    elif type_id == GGML_F16:
+        # NumPy adds halves through float32 and rounds once, like ggml's f16 ADD.
+        dst = region.view(np.float16)
+        dst += received.view(np.float16)
+    elif type_id == GGML_BF16:
+        dst = region.view(np.uint16)
+        total = bf16_to_f32(dst) + bf16_to_f32(received.view(np.uint16))
+        dst[...] = f32_to_bf16(total)
+    else:  # the session checks the type before any byte moves
+        raise ValueError(f"allreduce of ggml type {type_id}")
+
+
+async def _run(big: bool, fn: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
+
+
+# ---------------------------------------------------------------- links
+
+
+class PeerLink:
+    """One established peer link of a (connection, device): socket, rank, receive scratch."""
+
+    def __init__(
+        self, hub: CommHub, sock: socket.socket, device: int, rank: int, peer: str
+    ) -> None:
+        self.hub = hub
+        self.sock = sock
+        self.device = device
+        self.rank = rank
+        self.peer = peer
+        self.stats = CommStats(links=1)
+        self._scratch = np.empty(0, dtype=np.uint8)
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"PeerLink(device {self.device}, rank {self.rank}, peer {self.peer})"
+
+    async def allreduce(self, region: Any, type_id: int, ne: int) -> None:
+        """Swap `region` (the tensor's bytes, a uint8 array) with the peer and add its values."""
+        if self.closed:
+            raise CommError("the peer link is closed")
+        wire = wire_size(type_id, ne, region.nbytes)
+        big = wire > INLINE_BYTES
+        send = await _run(big, encode, region, type_id, ne)
+        if self._scratch.nbytes < wire:
+            self._scratch = np.empty(wire, dtype=np.uint8)
+        received = self._scratch[:wire]
+        loop = asyncio.get_running_loop()
+        try:
+            if self.rank == 0:  # rank 0 sends first, rank 1 receives first (spec §11.3)
+                await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
+                await self._recv_exactly(loop, memoryview(received))
+            else:
+                await self._recv_exactly(loop, memoryview(received))
+                await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
+        except OSError as exc:
+            raise CommError(f"peer {self.peer}: {exc.strerror or exc}") from exc
+        for stats in (self.stats, self.hub.stats):
+            stats.allreduces += 1
+            stats.bytes_sent += wire
+            stats.bytes_received += wire
+        await _run(big, accumulate, region, received, type_id, ne)
+
+    async def _recv_exactly(self, loop: asyncio.AbstractEventLoop, view: memoryview) -> None:
+        while view.nbytes:
+            n = await loop.sock_recv_into(self.sock, view)
+            if n == 0:
+                raise CommError(f"peer {self.peer} closed the link")
+            view = view[n:]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.hub.links.discard(self)
+        self._scratch = np.empty(0, dtype=np.uint8)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        s = self.stats
+        log.info(
+            "device %d: pairwise comm rank %d with %s closed: %d allreduces, %d bytes sent, "
+            "%d received",
+            self.device,
+            self.rank,
+            self.peer,
+            s.allreduces,
+            s.bytes_sent,
+            s.bytes_received,
+        )
+
+
+class CommHub:
+    """Creates peer links for a server and keeps the live ones (for stats and cleanup checks).
+
+    `host` is where rank 0 listens (the server's own bind address), `timeout` bounds rank 0's
+    wait for its peer and each side's whole handshake, `allow` filters the peer's address.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        timeout: float = DEFAULT_TIMEOUT,
+        allow: tuple[Network, ...] | None = None,
+    ) -> None:
+        self.host = host
+        self.timeout = timeout
+        self.allow = allow
+        self.links: set[PeerLink] = set()
+        self.stats = CommStats()
+
+    async def open(self, device: int, rank: int, port: int, host: str) -> PeerLink | None:
+        """Establish the link for COMM_INIT (caps exchanged); None means answer ``ok = 0``."""
+        if not 0 < port < 65536:
+            log.warning("COMM_INIT rank %d refused: comm port %d out of range", rank, port)
+            return None
+        try:
+            if rank == 0:
+                sock, peer = await self._accept(port)
+            else:
+                sock, peer = await asyncio.wait_for(self._connect(host, port), self.timeout)
+        except (OSError, CommError, asyncio.TimeoutError) as exc:
+            reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+            where = f"{self.host}:{port}" if rank == 0 else f"{host}:{port}"
+            log.warning(
+                "COMM_INIT device %d rank %d via %s failed: %s", device, rank, where, reason
+            )
+            return None
+        link = PeerLink(self, sock, device, rank, peer)
+        self.links.add(link)
+        self.stats.links += 1
+        log.info("device %d joined pairwise comm as rank %d (peer %s)", device, rank, peer)
+        return link
+
+    async def _accept(self, port: int) -> tuple[socket.socket, str]:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            self.host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first, like the client
+        family, kind, proto, _, addr = infos[0]
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(addr)
+            listener.listen(1)
+            listener.setblocking(False)
+            deadline = loop.time() + self.timeout
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise asyncio.TimeoutError
+                sock, peer_addr = await asyncio.wait_for(loop.sock_accept(listener), remaining)
+                peer = _name(peer_addr)
+                if allowed(peer_addr[0], self.allow):
+                    break
+                log.warning("comm port %d: refused %s: address not in the allowlist", port, peer)
+                sock.close()
+        finally:
+            listener.close()
+        try:
+            _prepare(sock)
+            remaining = max(deadline - loop.time(), 1.0)
+            caps = await asyncio.wait_for(_recv_caps(loop, sock, peer), remaining)
+            await asyncio.wait_for(loop.sock_sendall(sock, PEER_CAPS), remaining)
+        except BaseException:
+            sock.close()
+            raise
+        _note_caps(peer, caps)
+        return sock, peer
+
+    async def _connect(self, host: str, port: int) -> tuple[socket.socket, str]:
+        loop = asyncio.get_running_loop()
+        if not host:
+            raise CommError("no rank-0 host given")
+        last: Exception | None = None
+        for attempt in range(CONNECT_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(CONNECT_DELAY)
+            try:  # IPv4 only, like the reference's resolver
+                infos = await loop.getaddrinfo(
+                    host, port, family=socket.AF_INET, type=socket.SOCK_STREAM
+                )
+            except OSError as exc:
+                last = exc
+                continue
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, infos[0][4])
+            except OSError as exc:
+                sock.close()
+                last = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            break
+        else:
+            raise CommError(f"no connection after {CONNECT_ATTEMPTS} attempts ({last})")
+        peer = _name(sock.getpeername())
+        try:
+            _prepare(sock)
+            await loop.sock_sendall(sock, PEER_CAPS)
+            caps = await _recv_caps(loop, sock, peer)
+        except BaseException:
+            sock.close()
+            raise
+        _note_caps(peer, caps)
+        return sock, peer
+
+    def close_all(self) -> None:
+        for link in list(self.links):
+            link.close()
+
+
+def _prepare(sock: socket.socket) -> None:
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def _recv_caps(loop: asyncio.AbstractEventLoop, sock: socket.socket, peer: str) -> bytes:
+    caps = bytearray(HELLO_CAPS_SIZE)
+    view = memoryview(caps)
+    while view.nbytes:
+        n = await loop.sock_recv_into(sock, view)
+        if n == 0:
+            raise CommError(f"peer {peer} closed the link during the caps exchange")
+        view = view[n:]
+    return bytes(caps)
+
+
+def _note_caps(peer: str, caps: bytes) -> None:
+    if any(caps):  # our zero caps keep the link on TCP (spec §12)
+        log.debug("peer %s offered RDMA caps %s; staying on TCP", peer, caps.hex())
+
+
+def _name(addr: Any) -> str:
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)

@@ -1,0 +1,55 @@
+"""Transports: TCP and RDMA (pyverbs, optional), and their negotiation through HELLO's caps.
+
+See docs/rdma.md. Nothing here imports pyverbs at import time; `rpcnet.transport.rdma` does it
+the first time a connection is offered RDMA.
+"""
+
+from rpcnet.transport.base import (
+    CAPS_SIZE,
+    NO_CAPS,
+    Transport,
+    TransportClosed,
+    TransportError,
+)
+from rpcnet.transport.negotiate import (
+    ClientConnection,
+    ConnectionNegotiation,
+    Outcome,
+    ServerNegotiation,
+    connect_client,
+    decide,
+)
+from rpcnet.transport.rdma import (
+    RDMA_CHUNK,
+    RX_DEPTH,
+    PyverbsProvider,
+    RdmaActivationError,
+    RdmaEndpoint,
+    RdmaProvider,
+    RdmaTransport,
+    RdmaUnavailable,
+)
+from rpcnet.transport.tcp import TcpTransport
+
+__all__ = [
+    "CAPS_SIZE",
+    "NO_CAPS",
+    "RDMA_CHUNK",
+    "RX_DEPTH",
+    "ClientConnection",
+    "ConnectionNegotiation",
+    "Outcome",
+    "PyverbsProvider",
+    "RdmaActivationError",
+    "RdmaEndpoint",
+    "RdmaProvider",
+    "RdmaTransport",
+    "RdmaUnavailable",
+    "ServerNegotiation",
+    "TcpTransport",
+    "Transport",
+    "TransportClosed",
+    "TransportError",
+    "connect_client",
+    "decide",
+]

@@ -1,0 +1,59 @@
+"""The transport interface: moves the bytes of one connection and nothing else (it never parses).
+
+A transport mirrors the reference's `socket_t` (spec §1.2, §12): `send` is one `send_data()` call,
+`recv_into` one `recv_data()`, `flush` the message-boundary hook. On TCP the call granularity is
+invisible; on the Linux RDMA transport one `send` becomes one or more SEND messages of at most
+256 KiB that end exactly where the call ends, and a reference receiver relies on that.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+CAPS_SIZE = 24  # HELLO conn_caps (spec §2)
+NO_CAPS = bytes(CAPS_SIZE)  # all-zero: "no RDMA"
+
+
+class TransportError(ConnectionError):
+    """The transport failed (completion error, protocol misuse); the connection is unusable."""
+
+
+class TransportClosed(TransportError):
+    """The peer went away, or this side closed the transport while an operation waited."""
+
+
+class Transport(abc.ABC):
+    """One connection's byte channel. Blocking; not thread-safe (one thread drives it)."""
+
+    name: str = "?"
+
+    @abc.abstractmethod
+    def send(self, data: Any) -> None:
+        """Send every byte of `data` (any buffer). One call is one reference `send_data()`."""
+
+    @abc.abstractmethod
+    def recv_into(self, dest: Any) -> None:
+        """Fill the writable buffer `dest` completely, or raise TransportError/TransportClosed."""
+
+    def recv(self, n: int) -> bytes:
+        buf = bytearray(n)
+        if n:
+            self.recv_into(buf)
+        return bytes(buf)
+
+    def flush(self) -> None:  # noqa: B027 - deliberately a no-op by default
+        """End of a message. A no-op on TCP and on the Linux RDMA transport (spec §1.2)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release everything; idempotent."""
+
+    def describe(self) -> str:
+        return self.name
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
