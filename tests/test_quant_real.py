@@ -1,0 +1,55 @@
+"""Dequantizers bit-for-bit against the independent `gguf` decoder, on weights produced by the
+REAL llama.cpp quantizer (`llama_model_quantize`, through tests/support/models.py)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from rpcnet.compute import quant
+from support import refenv
+from support.models import QUANT_MAIN_TYPE, ZOO, ensure_model
+
+pytestmark = pytest.mark.skipif(
+    not refenv.available(), reason="reference env missing: run tools/refenv.sh"
+)
+
+MODELS = [
+    "llama256-q8_0",
+    "llama256-q4_0",
+    "llama256-Q4_K_M",
+    "llama256-Q5_K_M",
+    "llama256-Q6_K",
+    "llama256-IQ4_XS",
+    "qwen3moe256-Q4_K_M",
+]
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory):
+    return os.environ.get("RPCNET_E2E_CACHE") or tmp_path_factory.mktemp("zoo")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_real_quantized_tensors_decode_like_gguf(name, zoo_dir):
+    import gguf
+    from gguf.quants import dequantize as gguf_dequantize
+
+    reader = gguf.GGUFReader(str(ensure_model(ZOO[name], zoo_dir)))
+    seen = set()
+    for t in reader.tensors:
+        type_id = int(t.tensor_type)
+        if type_id not in quant.dequantizable_types() or type_id in (0, 1, 30):
+            continue
+        seen.add(t.tensor_type.name)
+        row_elems = int(t.shape[0])
+        raw = np.asarray(t.data, dtype=np.uint8).reshape(-1)
+        rows = raw.size // quant.row_bytes(type_id, row_elems)
+        ours = quant.dequantize(type_id, raw, rows, row_elems)
+        oracle = np.asarray(gguf_dequantize(raw.reshape(rows, -1), t.tensor_type), np.float32)
+        assert np.array_equal(
+            ours.view(np.uint32), oracle.reshape(rows, row_elems).view(np.uint32)
+        ), f"{name}: {t.name} ({t.tensor_type.name}) differs"
+    spec = ZOO[name]
+    assert QUANT_MAIN_TYPE[spec.quant] in seen, f"{name}: decoded only {sorted(seen)}"
