@@ -26,7 +26,6 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ from rpcnet.compute.views import bf16_to_f32
 from rpcnet.protocol.commands import Cmd
 from support import refenv
 from support.inproc import ServerThread
+from support.serve import start_rpcnet
 
 F32, F16, Q8_0, BF16 = 0, 1, 8, 30
 LOOPBACK = "127.0.0.1"
@@ -164,21 +164,8 @@ def listen_address(port: int) -> str | None:
 
 
 def start_rpcnet_process(port: int, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "python")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rpcnet.cli", "serve", "--port", str(port), "--mem", "1G", *extra],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if refenv._is_listening(proc.pid, LOOPBACK, port):
-            return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("rpcnet subprocess did not start")
+    # The rpcnet on this interpreter's path (installed, or PYTHONPATH=python in a checkout).
+    return start_rpcnet(port, "--mem", "1G", *extra)
 
 
 def require_refenv() -> None:
