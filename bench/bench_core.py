@@ -141,11 +141,11 @@ def main() -> int:
             model = write_tiny_llama(
                 tmp / "big.gguf",
                 n_vocab=16384,
-                n_embd=512,
-                n_layer=2,
-                n_head=8,
-                n_head_kv=8,
-                n_ff=1024,
+                n_embd=1024,
+                n_layer=4,
+                n_head=16,
+                n_head_kv=4,
+                n_ff=2816,
                 dtype="f32",
             )
             for label, warm in (("cold cache", False), ("warm cache", True)):
