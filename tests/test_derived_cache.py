@@ -17,7 +17,8 @@ Q8_0, F32, MUL_MAT = 8, 0, 29
 async def test_weight_cache_hits_and_invalidation(server):
     rng = np.random.default_rng(5)
     w = rng.standard_normal((4, 64), dtype=np.float32)
-    x = rng.standard_normal((2, 64), dtype=np.float32)
+    # 12 activation rows: past the native q8_0 decode path (N <= 8), which keeps no f32 copy
+    x = rng.standard_normal((12, 64), dtype=np.float32)
     wq = quant.quantize(Q8_0, w).tobytes()
     async with await RpcClient.connect("127.0.0.1", server.port) as c:
         wh, _ = await c.alloc_buffer(4096)
@@ -25,13 +26,13 @@ async def test_weight_cache_hits_and_invalidation(server):
         ah, _ = await c.alloc_buffer(4096)
         ab = await c.buffer_base(ah)
         tw = _native.RpcTensor(id=1, type=Q8_0, buffer=wh, data=wb, ne=(64, 4, 1, 1))
-        tx = _native.RpcTensor(id=2, type=F32, buffer=ah, data=ab, ne=(64, 2, 1, 1))
+        tx = _native.RpcTensor(id=2, type=F32, buffer=ah, data=ab, ne=(64, 12, 1, 1))
         to = _native.RpcTensor(
             id=3,
             type=F32,
             buffer=ah,
-            data=ab + 1024,
-            ne=(4, 2, 1, 1),
+            data=ab + 3072,
+            ne=(4, 12, 1, 1),
             op=MUL_MAT,
             src=(1, 2),
             flags=16,
@@ -39,7 +40,7 @@ async def test_weight_cache_hits_and_invalidation(server):
         await c.set_tensor(tw, 0, wq)
         await c.set_tensor(tx, 0, x.tobytes())
         await c.graph_compute([3], [tw, tx, to], uid=1)
-        first = np.frombuffer(await c.get_tensor(to, 0, 32), np.float32).reshape(2, 4)
+        first = np.frombuffer(await c.get_tensor(to, 0, 192), np.float32).reshape(12, 4)
         deq = quant.dequantize(Q8_0, np.frombuffer(wq, np.uint8), 4, 64)
         xq = vec_dot_operand(x, Q8_0)  # ggml rounds activations to q8_0 against q8_0 weights
         np.testing.assert_allclose(first, xq @ deq.T, rtol=1e-5)
@@ -52,7 +53,7 @@ async def test_weight_cache_hits_and_invalidation(server):
         w2 = -w
         await c.set_tensor(tw, 0, quant.quantize(Q8_0, w2).tobytes())
         await c.graph_recompute(uid=1)
-        second = np.frombuffer(await c.get_tensor(to, 0, 32), np.float32).reshape(2, 4)
+        second = np.frombuffer(await c.get_tensor(to, 0, 192), np.float32).reshape(12, 4)
         np.testing.assert_allclose(second, -first, rtol=1e-5)
 
         await c.free_buffer(wh)

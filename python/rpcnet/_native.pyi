@@ -206,6 +206,18 @@ def check_region_2d(
     Spec §7.16 items 2 and 4-6, §7.17.
     """
 
+# --- compute kernels (the GIL is released during the arithmetic) -----------------------------
+
+def matmul_q8_0(w: Buffer, row_stride: int, x: Buffer, out: Buffer, threads: int = 1) -> None:
+    """out[n, m] = sum_k w[m, k] * x[n, k] for q8_0 weights against float32 activations.
+
+    ``w``: M rows of K / 32 q8_0 blocks (34 bytes: f16 d, 32 x i8), row i at byte
+    ``i * row_stride``. ``x``: C-contiguous float32 (N, K), 1 <= N <= 8, K % 32 == 0; quantized
+    to q8_0 like ggml's quantize_row_q8_0_ref before the integer block dot products (as ggml's
+    CPU vec_dot_q8_0_q8_0). ``out``: writable C-contiguous float32 (N, M). The rows of ``w``
+    are split over up to ``threads`` threads. ValueError on inconsistent shapes or sizes.
+    """
+
 # --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
 
 def fnv1a64(data: Buffer) -> int: ...

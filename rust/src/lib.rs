@@ -8,6 +8,7 @@
 //! * [`graph`] — GRAPH_COMPUTE payload decoding
 //! * [`region`] — overflow-checked buffer / tensor bounds checks
 //! * [`hash`] — FNV-1a 64
+//! * [`kernels`] — quantized matmul kernels (q8_0 decode fast path)
 //! * [`chunk`] — transfer chunking
 //! * [`rdma`] — HELLO conn_caps codec and RoCE GID selection from sysfs
 //! * [`errors`] — the error values above return
@@ -17,6 +18,7 @@ pub mod errors;
 pub mod framing;
 pub mod graph;
 pub mod hash;
+pub mod kernels;
 pub mod rdma;
 pub mod region;
 pub mod tensor;

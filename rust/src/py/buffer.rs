@@ -60,7 +60,7 @@ impl ByteView {
 
     /// # Safety
     /// Caller must rule out concurrent writes for the lifetime of the returned slice.
-    unsafe fn raw_slice(&self) -> &[u8] {
+    pub(super) unsafe fn raw_slice(&self) -> &[u8] {
         if self.len() == 0 {
             return &[];
         }

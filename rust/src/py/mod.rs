@@ -6,6 +6,7 @@ mod exceptions;
 mod functions;
 mod graph;
 mod hash;
+mod kernels;
 mod rdma;
 mod tensor;
 
@@ -56,6 +57,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::decode_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
     m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_q8_0, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;

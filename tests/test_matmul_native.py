@@ -1,0 +1,161 @@
+"""The native q8_0 decode matmul: against a NumPy reference and against the real rpc-server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rpcnet import _native
+from rpcnet.compute import quant
+from rpcnet.compute.kernels.operands import vec_dot_operand
+from rpcnet.compute.kernels.registry import select
+from rpcnet.compute.tensor import Tensor
+from support.opgraph import OpGraph, as_f32, contiguous_nb
+
+F32, Q8_0, MUL_MAT = 0, 8, 29
+ROW = 34  # bytes per q8_0 block
+
+
+def q8_weights(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(packed bytes (m, k/32*34), dequantized float32 (m, k))."""
+    w = rng.standard_normal((m, k), dtype=np.float32)
+    packed = quant.quantize(Q8_0, w)
+    return packed, quant.dequantize(Q8_0, packed, m, k)
+
+
+def reference(deq: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact result of the quantized operands (float64), and the scale of each sum's terms."""
+    xq = vec_dot_operand(x, Q8_0).astype(np.float64)
+    wd = deq.astype(np.float64)
+    return xq @ wd.T, np.abs(xq) @ np.abs(wd).T
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "threads"),
+    [(1, 32, 1, 1), (5, 64, 2, 1), (64, 256, 8, 2), (2816, 1024, 1, 2), (300, 96, 7, 8)],
+)
+def test_kernel_matches_numpy_reference(m, k, n, threads):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    packed, deq = q8_weights(rng, m, k)
+    x = rng.standard_normal((n, k), dtype=np.float32)
+    out = np.full((n, m), np.nan, np.float32)
+    _native.matmul_q8_0(packed, k // 32 * ROW, x, out, threads)
+    want, scale = reference(deq, x)
+    # float32 accumulation of exact block sums: error well below 1e-5 of the terms' magnitude
+    assert np.all(np.abs(out - want) <= 1e-5 * scale + 1e-30)
+
+
+def test_strided_rows_and_thread_counts_agree():
+    rng = np.random.default_rng(7)
+    m, k, n = 1500, 128, 3
+    packed, deq = q8_weights(rng, m, k)
+    stride = k // 32 * ROW + 20
+    padded = np.full((m, stride), 0xAA, np.uint8)
+    padded[:, : k // 32 * ROW] = packed
+    flat = padded.reshape(-1)[: (m - 1) * stride + k // 32 * ROW]
+    x = rng.standard_normal((n, k), dtype=np.float32)
+    one = np.empty((n, m), np.float32)
+    many = np.empty((n, m), np.float32)
+    _native.matmul_q8_0(packed, k // 32 * ROW, x, one, 1)
+    _native.matmul_q8_0(flat, stride, x, many, 2)
+    assert np.array_equal(one, many)
+    want, scale = reference(deq, x)
+    assert np.all(np.abs(one - want) <= 1e-5 * scale)
+
+
+def test_activation_quantization_is_ggml_q8_0():
+    """One weight block of ones per output: the result sums the q8_0-rounded activations."""
+    rng = np.random.default_rng(3)
+    k = 64
+    x = (rng.standard_normal((4, k)) * np.logspace(-3, 3, 4)[:, None]).astype(np.float32)
+    x[2] = 0.0
+    eye = quant.quantize(Q8_0, np.eye(k, dtype=np.float32))  # d = 1/127, codes 127 / 0
+    deq = quant.dequantize(Q8_0, eye, k, k)
+    out = np.empty((4, k), np.float32)
+    _native.matmul_q8_0(eye, k // 32 * ROW, x, out, 1)
+    want = vec_dot_operand(x, Q8_0) * deq.diagonal()
+    np.testing.assert_array_equal(out, want.astype(np.float32))
+
+
+def test_bad_arguments_raise_value_error():
+    packed = np.zeros((4, 2 * ROW), np.uint8)
+    x = np.zeros((2, 64), np.float32)
+    out = np.zeros((2, 4), np.float32)
+    _native.matmul_q8_0(packed, 2 * ROW, x, out, 1)
+    bad = [
+        (packed, 2 * ROW, x, np.zeros((2, 5), np.float32)),  # weights too short for 5 rows
+        (packed, 2 * ROW - 1, x, out),  # stride shorter than a row
+        (packed, 2 * ROW, np.zeros((2, 48), np.float32), out),  # K not the row's K... 48 % 32
+        (packed, 2 * ROW, np.zeros((9, 64), np.float32), np.zeros((9, 4), np.float32)),  # N > 8
+        (packed, 2 * ROW, x, np.zeros((3, 4), np.float32)),  # N mismatch
+        (packed, 2 * ROW, np.zeros(64, np.float32), out),  # x not 2-D
+        (packed, 2 * ROW, np.zeros((2, 128), np.float32)[:, ::2], out),  # x not contiguous
+    ]
+    for args in bad:
+        with pytest.raises(ValueError):
+            _native.matmul_q8_0(*args, 1)
+    readonly = np.zeros((2, 4), np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        _native.matmul_q8_0(packed, 2 * ROW, x, readonly, 1)
+    with pytest.raises((ValueError, BufferError)):
+        _native.matmul_q8_0(packed, 2 * ROW, x.astype(np.float64), out, 1)
+
+
+def _tensor(type_id, ne, nb=None, op=0, src=()):
+    ne = tuple(ne) + (1,) * (4 - len(ne))
+    return Tensor(
+        id=0,
+        type=type_id,
+        ne=ne,
+        nb=tuple(nb) if nb else contiguous_nb(type_id, ne),
+        op=op,
+        op_params=b"",
+        flags=0,
+        name="",
+        src=tuple(src),
+        buffer=None,
+        offset=0,
+    )
+
+
+def test_selected_for_decode_shapes_only():
+    w = _tensor(Q8_0, (1024, 256))
+    for n, native in [(1, True), (8, True), (9, False)]:
+        node = _tensor(F32, (256, n), op=MUL_MAT, src=(w, _tensor(F32, (1024, n))))
+        assert (select(node).name == "mul_mat_q8_0_native") is native
+    batched = _tensor(Q8_0, (1024, 256, 2))
+    node = _tensor(F32, (256, 1, 2), op=MUL_MAT, src=(batched, _tensor(F32, (1024, 1, 2))))
+    assert select(node).name != "mul_mat_q8_0_native"
+
+
+def _mm_graph(rng, m, k, shapes, stride_pad=0):
+    """One graph: q8_0 weights (m, k) times f32 activations of each shape (k, ...)."""
+    packed, _ = q8_weights(rng, m, k)
+    row = k // 32 * ROW
+    raw = np.zeros((m, row + stride_pad), np.uint8)
+    raw[:, :row] = packed
+    g = OpGraph()
+    nb1 = row + stride_pad
+    raw = raw.reshape(-1)[: (m - 1) * nb1 + row]  # exactly the tensor's bytes
+    w = g.input(Q8_0, (k, m), raw, nb=(ROW, nb1, nb1 * m, nb1 * m))
+    outs = []
+    for shape in shapes:
+        x = g.input(F32, (k, *shape), rng.standard_normal(k * int(np.prod(shape)), np.float32))
+        outs.append((g.op(MUL_MAT, F32, (m, *shape), (w, x)), (m, *shape)))
+    return g, outs
+
+
+# Padded rows stay whole blocks: ggml's CPU backend (llamafile sgemm's lda = nb01 / 34) garbles
+# rows whose stride is not a multiple of the block size, which rpcnet computes as laid out.
+@pytest.mark.parametrize(
+    ("m", "k", "pad"), [(64, 32, 0), (257, 256, 0), (1000, 1024, 0), (96, 512, 34)]
+)
+def test_differential_against_reference(reference_v8, rpcnet_v8, m, k, pad):
+    rng = np.random.default_rng(m + k + pad)
+    shapes = [(n,) for n in range(1, 9)] + [(2, 3), (1, 2, 4)]
+    g, outs = _mm_graph(rng, m, k, shapes, pad)
+    ids = [o for o, _ in outs]
+    ref, ours = g.run(reference_v8, ids), g.run(rpcnet_v8, ids)
+    for (_, ne), r, o in zip(outs, ref, ours, strict=True):
+        want, got = as_f32(r, ne), as_f32(o, ne)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
