@@ -11,6 +11,7 @@ Needs the reference env (tools/refenv.sh). Both servers run as separate processe
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import struct
@@ -103,6 +104,7 @@ def fnv_rates(mib: int) -> tuple[float, float]:
 
 
 def model_load(model: Path, endpoint: str) -> float:
+    os.sync()  # start from clean page cache: dirty-page throttling would skew the cache writes
     return refenv.run_probe("v8", "load", str(model), endpoint, timeout=600)["load_s"]
 
 

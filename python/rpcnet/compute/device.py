@@ -101,8 +101,24 @@ def limit_blas_threads(n_threads: int) -> None:
     threadpool_limits(limits=n_threads)
 
 
+def avoid_hugepage_stalls() -> None:
+    """Stop NumPy from madvise(MADV_HUGEPAGE)-ing large arrays.
+
+    With the kernel's THP defrag set to "madvise", first-touch faults on such regions may compact
+    memory synchronously: receiving a few hundred MiB of weights then stalls for hundreds of ms
+    at unpredictable moments. Plain 4 KiB faults cost less and always the same.
+    """
+    for module in ("_core", "core"):
+        setter = getattr(getattr(np, module, None), "multiarray", None)
+        setter = getattr(setter, "_set_madvise_hugepage", None)
+        if setter is not None:
+            setter(False)
+            return
+
+
 def cpu_device(index: int = 0, capacity: int | None = None, threads: int | None = None) -> Device:
     total = capacity if capacity is not None else physical_memory()
+    avoid_hugepage_stalls()
     n_threads = threads or max(1, os.cpu_count() or 1)
     limit_blas_threads(n_threads)
     return Device(

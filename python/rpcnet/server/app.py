@@ -13,7 +13,7 @@ from pathlib import Path
 from rpcnet.compute.device import Device, cpu_device
 from rpcnet.protocol.commands import DEFAULT_PROTOCOL
 from rpcnet.server.access import Network, allowed, default_allow, is_loopback
-from rpcnet.server.cache import BackgroundWriter, HashCache
+from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
 from rpcnet.server.connection import Connection
 from rpcnet.server.stream import StreamProtocol
@@ -54,7 +54,6 @@ class Server:
         self.config = config
         self.devices = devices if devices is not None else make_devices(config)
         self.cache = open_cache(config)
-        self.cache_writer = BackgroundWriter(self.cache) if self.cache is not None else None
         self.allow = default_allow(config.host, config.allow)
         self.negotiation = ServerNegotiation.from_env()  # HELLO caps: RDMA via pyverbs, or TCP
         # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers.
@@ -148,8 +147,6 @@ class Server:
             await self._server.wait_closed()
         for device in self.devices:
             device.shutdown()
-        if self.cache_writer is not None:
-            self.cache_writer.shutdown()
 
 
 def open_cache(config: ServerConfig) -> HashCache | None:

@@ -116,9 +116,6 @@ class Connection:
                 await self._set_tensor(size)
             elif cmd == SET_TENSOR_HASH:
                 payload = await stream.readexactly(size)
-                writer = self.server.cache_writer
-                if writer is not None and writer.pending:  # the entry may still be on its way
-                    await asyncio.wrap_future(writer.barrier())
                 self._respond(await asyncio.to_thread(session.set_tensor_hash, payload))
             elif cmd == COMM_INIT:  # may wait for the peer server; other clients carry on
                 payload = await stream.readexactly(size)
@@ -181,10 +178,11 @@ class Connection:
         prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)
         target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
         await self.stream.readinto(target.view)  # straight into device memory
-        if target.cache and self.server.cache_writer is not None:
-            backlog = self.server.cache_writer.submit(target.view)
-            if backlog is not None:  # too much unwritten cache data: let the disk catch up
-                await asyncio.wrap_future(backlog)
+        cache = self.session.cache
+        if target.cache and cache is not None and cache.writable:
+            # Hash and store straight from device memory on a thread (GIL released while
+            # hashing); this connection waits, so nothing can change those bytes meanwhile.
+            await asyncio.to_thread(cache.store_hashed, target.view)
 
     async def _wait_graphs(self) -> None:
         for fut in self.session.take_pending():
