@@ -230,43 +230,35 @@ class Session:
             dst_buf.region(dst_rel, n)[:] = src_buf.region(src_rel, n)
         return msg.u8(1)
 
-    def set_tensor_2d(self, payload: bytes) -> None:
-        req = msg.parse_transfer_2d(payload)
-        data_len = len(payload) - msg.TRANSFER_2D_HEADER
+    def _rows_2d(self, req: msg.Transfer2D, data_len: int | None) -> tuple[DeviceBuffer, int]:
+        """Validate a 2-D transfer (spec §7.16/§7.17); (buffer, offset of row 0 in it)."""
         buf, rel = self.tensor_with_buffer(req.tensor)
+        t = req.tensor
         _native.check_region_2d(
             buf.base,
             buf.size,
-            req.tensor.data,
-            req.tensor.nbytes(),
+            t.data,
+            t.nbytes(),
             req.offset,
             req.size,
             req.n_copies,
             req.stride,
             data_len,
         )
+        return buf, rel + req.offset
+
+    def set_tensor_2d(self, payload: bytes) -> None:
+        req = msg.parse_transfer_2d(payload)
+        buf, base = self._rows_2d(req, len(payload) - msg.TRANSFER_2D_HEADER)
         buf.touched()
         rows = memoryview(payload)[msg.TRANSFER_2D_HEADER :]
-        base = rel + req.offset
         for i in range(req.n_copies):
             start = base + i * req.stride
             buf.array[start : start + req.size] = rows[i * req.size : (i + 1) * req.size]
 
     def get_tensor_2d(self, payload: bytes) -> bytes:
         req = msg.parse_transfer_2d(payload)
-        buf, rel = self.tensor_with_buffer(req.tensor)
-        _native.check_region_2d(
-            buf.base,
-            buf.size,
-            req.tensor.data,
-            req.tensor.nbytes(),
-            req.offset,
-            req.size,
-            req.n_copies,
-            req.stride,
-            None,
-        )
-        base = rel + req.offset
+        buf, base = self._rows_2d(req, None)
         return b"".join(
             buf.array[base + i * req.stride : base + i * req.stride + req.size].tobytes()
             for i in range(req.n_copies)
