@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute.ops import Glu, Op, Unary
 from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
-from support.opgraph import OpGraph, pack_params
+from support.opgraph import OpGraph, encode, ne4, pack_params
 
 F32, F16, I32, I64, BF16 = 0, 1, 26, 27, 30
 TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BF16: 2}
@@ -27,22 +27,6 @@ SETTINGS = settings(
 
 # ------------------------------------------------------------------------------------------------
 # helpers
-
-
-def ne4(ne) -> tuple[int, int, int, int]:
-    return tuple(ne) + (1,) * (4 - len(ne))
-
-
-def encode(type_id: int, values: np.ndarray) -> bytes:
-    if type_id == F32:
-        return np.ascontiguousarray(values, np.float32).tobytes()
-    if type_id == F16:
-        return np.ascontiguousarray(values, np.float16).tobytes()
-    if type_id == BF16:
-        return f32_to_bf16(np.ascontiguousarray(values, np.float32)).tobytes()
-    if type_id == I32:
-        return np.ascontiguousarray(values, np.int32).tobytes()
-    raise ValueError(type_id)
 
 
 def decode(raw: bytes, type_id: int, ne) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from rpcnet import _native
+from rpcnet.compute.views import GGML_BF16, GGML_F16, GGML_F32, GGML_I32, f32_to_bf16
 
 from support.raw import RawConn, frame
 
@@ -193,6 +194,23 @@ class OpGraph:
             conn.close()
 
 
+def ne4(ne) -> tuple[int, int, int, int]:
+    return tuple(ne) + (1,) * (4 - len(ne))
+
+
 def as_f32(raw: bytes, ne) -> np.ndarray:
-    ne = tuple(ne) + (1,) * (4 - len(ne))
-    return np.frombuffer(raw, np.float32).reshape(ne[3], ne[2], ne[1], ne[0])
+    n0, n1, n2, n3 = ne4(ne)
+    return np.frombuffer(raw, np.float32).reshape(n3, n2, n1, n0)
+
+
+def encode(type_id: int, values: np.ndarray) -> bytes:
+    """Values as the raw bytes of a plain ggml type (f32, f16, bf16, i32)."""
+    if type_id == GGML_F32:
+        return np.ascontiguousarray(values, np.float32).tobytes()
+    if type_id == GGML_F16:
+        return np.ascontiguousarray(values, np.float16).tobytes()
+    if type_id == GGML_BF16:
+        return f32_to_bf16(np.ascontiguousarray(values, np.float32)).tobytes()
+    if type_id == GGML_I32:
+        return np.ascontiguousarray(values, np.int32).tobytes()
+    raise ValueError(type_id)
