@@ -2,7 +2,7 @@
 with every layer on rpcnet vs on the reference rpc-server, same model, same run.
 
 Rounds are interleaved (reference, rpcnet, reference, rpcnet, ...) and medians are reported with
-the ratio rpcnet / reference. Models: a random-weight llama of about 0.25 B parameters in f16,
+the ratio rpcnet / reference. Models: a random-weight llama of about 0.30 B parameters in f16,
 quantized by the REAL llama.cpp quantizer to q8_0 and Q4_K_M. Both servers use 2 threads.
 
 Usage: PYTHONPATH=python:tests python bench/bench_engine.py [--rounds 3] [--types q8_0,Q4_K_M,f16]
@@ -30,7 +30,7 @@ BASE = ModelSpec(
     dtype="f16",
     n_vocab=16384,
     n_embd=1024,
-    n_layer=16,
+    n_layer=24,
     n_head=16,
     n_head_kv=4,
     n_ff=2816,
