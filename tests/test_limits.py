@@ -148,3 +148,13 @@ def test_second_sigint_exits_immediately():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_non_loopback_bind_defaults_to_loopback_only(caplog):
+    from rpcnet.server.access import LOOPBACK, default_allow
+
+    assert default_allow("127.0.0.1", None) == LOOPBACK
+    assert default_allow("0.0.0.0", None) == LOOPBACK  # never allow-all by default
+    assert "only loopback clients are accepted" in caplog.text
+    nets = parse_allow("10.0.0.0/8")
+    assert default_allow("0.0.0.0", nets) == nets

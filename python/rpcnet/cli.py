@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow",
         type=parse_allow_arg,
         metavar="CIDR[,CIDR]",
-        help="client networks allowed (default: loopback only when bound to loopback)",
+        help="client networks allowed (default: loopback clients only)",
     )
     limits.add_argument(
         "--client-mem", type=parse_size, help="buffer memory one connection may hold"

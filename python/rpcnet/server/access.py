@@ -1,4 +1,4 @@
-"""Who may connect: an allowlist of networks (loopback only by default on a loopback bind)."""
+"""Who may connect: an allowlist of networks (loopback clients only by default)."""
 
 from __future__ import annotations
 
@@ -32,18 +32,18 @@ def parse_allow(text: str) -> tuple[Network, ...]:
     return tuple(nets)
 
 
-def default_allow(host: str, allow: tuple[Network, ...] | None) -> tuple[Network, ...] | None:
-    """The effective allowlist; None means everyone (only on an explicit non-loopback bind)."""
+def default_allow(host: str, allow: tuple[Network, ...] | None) -> tuple[Network, ...]:
+    """The effective allowlist. Without --allow it is loopback only, whatever the bind: a
+    non-loopback bind never means "everyone" by default (pass --allow 0.0.0.0/0 for that)."""
     if allow is not None:
         return allow
-    if is_loopback(host):
-        return LOOPBACK
-    log.warning(
-        "binding %s without --allow: every host that can reach this port may use it; "
-        "the ggml RPC protocol has no authentication or encryption",
-        host,
-    )
-    return None
+    if not is_loopback(host):
+        log.warning(
+            "binding %s without --allow: only loopback clients are accepted; pass "
+            "--allow CIDR[,CIDR] to admit others (the protocol has no authentication)",
+            host,
+        )
+    return LOOPBACK
 
 
 def allowed(peer_ip: str, allow: tuple[Network, ...] | None) -> bool:
