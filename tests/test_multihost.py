@@ -349,6 +349,24 @@ async def test_peer_killed_mid_allreduce(server_factory):
         peer.wait(10)
 
 
+async def test_stalled_peer_fails_only_that_connection(server_factory):
+    """The peer never reaches its allreduce (and never closes): a time limit ends the wait."""
+    a = server_factory(mem=MEM, comm_timeout=0.5)  # allreduce limit: 10 x 0.5 s
+    b = server_factory(mem=MEM, comm_timeout=0.5)
+    c0, c1 = await link_pair(a.port, b.port, refenv.free_port())
+    t1, _ = await upload(c1, np.ones(64, np.float32), F32)
+    t0 = time.monotonic()
+    await c1.post(Cmd.COMM_ALLREDUCE, allreduce_payload(t1))  # rank 0 (c0) never joins
+    with pytest.raises(ServerClosed):
+        await c1.device_count()
+    assert 4 < time.monotonic() - t0 < 15
+    assert await c0.device_count() == 1  # the other side is untouched
+    for c in (c0, c1):
+        await c.close()
+    wait_released(a)
+    wait_released(b)
+
+
 async def test_bad_allreduces_close_the_connection(pair):
     a, b = pair
     c0, c1 = await link_pair(a.port, b.port, refenv.free_port())

@@ -118,6 +118,10 @@ async def _run(big: bool, fn: Any, *args: Any) -> Any:
 # ---------------------------------------------------------------- links
 
 
+# An allreduce waits for the peer's matching graph piece; allow far longer than COMM_INIT's wait.
+EXCHANGE_TIMEOUT_FACTOR = 10
+
+
 class PeerLink:
     """One established peer link of a (connection, device): socket, rank, receive scratch."""
 
@@ -146,14 +150,12 @@ class PeerLink:
         if self._scratch.nbytes < wire:
             self._scratch = np.empty(wire, dtype=np.uint8)
         received = self._scratch[:wire]
-        loop = asyncio.get_running_loop()
+        limit = self.hub.timeout * EXCHANGE_TIMEOUT_FACTOR
         try:
-            if self.rank == 0:  # rank 0 sends first, rank 1 receives first (spec §11.3)
-                await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
-                await self._recv_exactly(loop, memoryview(received))
-            else:
-                await self._recv_exactly(loop, memoryview(received))
-                await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
+            await asyncio.wait_for(self._exchange(send, received), limit)
+        except asyncio.TimeoutError as exc:
+            # A peer that stalls without closing must not hold this connection forever.
+            raise CommError(f"peer {self.peer} sent nothing for {limit:.0f} s") from exc
         except OSError as exc:
             raise CommError(f"peer {self.peer}: {exc.strerror or exc}") from exc
         for stats in (self.stats, self.hub.stats):
@@ -161,6 +163,15 @@ class PeerLink:
             stats.bytes_sent += wire
             stats.bytes_received += wire
         await _run(big, accumulate, region, received, type_id, ne)
+
+    async def _exchange(self, send: Any, received: Any) -> None:
+        loop = asyncio.get_running_loop()
+        if self.rank == 0:  # rank 0 sends first, rank 1 receives first (spec §11.3)
+            await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
+            await self._recv_exactly(loop, memoryview(received))
+        else:
+            await self._recv_exactly(loop, memoryview(received))
+            await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
 
     async def _recv_exactly(self, loop: asyncio.AbstractEventLoop, view: memoryview) -> None:
         while view.nbytes:
