@@ -47,7 +47,7 @@ import numpy as np
 if __package__ in (None, ""):  # ``python tests/support/models.py``
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support.tinymodel import spm_vocab  # noqa: E402
+from support.tinymodel import add_spm_vocab  # noqa: E402
 
 #: bump when the writers change in a way that changes the files
 WRITER_VERSION = 1
@@ -207,20 +207,6 @@ def _file_type(spec: ModelSpec):
     }[spec.dtype]
 
 
-def _add_spm_vocab(writer, n_vocab: int) -> None:
-    tokens, scores, types = spm_vocab(n_vocab)
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-
-
 def _add_wpm_vocab(writer, n_vocab: int) -> None:
     """BERT WordPiece vocabulary: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103."""
     special = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
@@ -289,7 +275,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
             writer.add_expert_count(spec.n_expert)
             writer.add_expert_used_count(spec.n_expert_used)
             writer.add_expert_feed_forward_length(spec.n_ff_exp)
-        _add_spm_vocab(writer, spec.n_vocab)
+        add_spm_vocab(writer, spec.n_vocab)
 
     w = _Weights(writer, spec)
     E, V = spec.n_embd, spec.n_vocab

@@ -51,8 +51,19 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-#: public name for other model writers (``support.models``)
-spm_vocab = _vocab
+def add_spm_vocab(writer, n_vocab: int) -> None:
+    """The filler SentencePiece vocabulary and its special tokens, on a gguf.GGUFWriter."""
+    tokens, scores, types = _vocab(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
 
 
 def write_tiny_llama(
@@ -102,17 +113,7 @@ def write_tiny_llama(
         gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16
     )
 
-    tokens, scores, types = _vocab(n_vocab)
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    add_spm_vocab(writer, n_vocab)
 
     writer.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
     for i in range(n_layer):

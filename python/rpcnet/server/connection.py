@@ -31,6 +31,11 @@ HELLO, SET_TENSOR, SET_TENSOR_HASH = int(Cmd.HELLO), int(Cmd.SET_TENSOR), int(Cm
 COMM_INIT, COMM_ALLREDUCE = int(Cmd.COMM_INIT), int(Cmd.COMM_ALLREDUCE)
 
 
+# By plain int: building an IntEnum per frame costs more than most handlers.
+HANDLERS = {int(cmd): handler for cmd, handler in SIMPLE_HANDLERS.items()}
+WAITS = frozenset(int(cmd) for cmd in WAITS_FOR_GRAPH)
+
+
 class Connection:
     def __init__(self, server: Server, stream: StreamProtocol, peer: str) -> None:
         self.server = server
@@ -46,9 +51,6 @@ class Connection:
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
         self._stopping = False
-        # Handlers by plain int: building an IntEnum per frame costs more than the handler.
-        self._handlers = {int(cmd): handler for cmd, handler in SIMPLE_HANDLERS.items()}
-        self._waits = frozenset(int(cmd) for cmd in WAITS_FOR_GRAPH)
 
     @property
     def current(self) -> str:
@@ -92,7 +94,7 @@ class Connection:
         hello = await asyncio.wait_for(self._read_hello(), config.hello_timeout)
         self._respond(session.hello(hello))
         stream = self.stream = await self.negotiation.after_hello(stream)  # RDMA or unchanged
-        handlers, waits = self._handlers, self._waits
+        handlers, waits = HANDLERS, WAITS
         stream.fast_path = self._fast_path
         while True:
             self._idle = True
@@ -147,10 +149,10 @@ class Connection:
             if len(data) < HEADER_SIZE:
                 return
             cmd, size = _HEADER.unpack_from(data)
-            handler = self._handlers.get(cmd)
+            handler = HANDLERS.get(cmd)
             if handler is None or len(data) - HEADER_SIZE < size:
                 return
-            if cmd in self._waits and session.has_pending():
+            if cmd in WAITS and session.has_pending():
                 return
             self.cmd = cmd
             _native.check_header(config.proto, cmd, size, config.max_data, config.max_graph)
