@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute import quant as Q
+from rpcnet.ggml_types import GgmlType as T
 from support.opgraph import OpGraph, as_f32, contiguous_nb, pack_params
 
 MUL_MAT_ID, SOFT_MAX, ROPE, FLASH_ATTN_EXT = 30, 46, 48, 74
@@ -364,7 +365,7 @@ def run_fattn(
     if tol is None:
         # ggml accumulates softmax·V in f16 when V is f16; q4_1/q5_1 K dot products round the
         # q8_1 block sum of Q to f16. Elsewhere both sides compute in f32.
-        tol = 3e-3 if v_type == F16 else 1e-3 if kv_type in (Q.Q4_1, Q.Q5_1) else 2e-5
+        tol = 3e-3 if v_type == F16 else 1e-3 if kv_type in (T.Q4_1, T.Q5_1) else 2e-5
     close(our_v, ref_v, rtol=tol, atol_rel=tol)
 
 
@@ -374,12 +375,12 @@ def run_fattn(
         (F32, F32),
         (F16, F16),
         (BF16, BF16),
-        (Q.Q8_0, Q.Q8_0),
-        (Q.Q4_0, Q.Q4_0),
-        (Q.Q4_1, Q.Q5_0),
-        (Q.IQ4_NL, Q.IQ4_NL),
-        (F16, Q.Q8_0),
-        (Q.Q5_1, F16),
+        (T.Q8_0, T.Q8_0),
+        (T.Q4_0, T.Q4_0),
+        (T.Q4_1, T.Q5_0),
+        (T.IQ4_NL, T.IQ4_NL),
+        (F16, T.Q8_0),
+        (T.Q5_1, F16),
     ],
 )
 def test_fattn_kv_types(reference_v8, rpcnet_v8, kv_type, v_type):
@@ -406,7 +407,7 @@ def test_fattn_batched_streams_and_per_head_mask(reference_v8, rpcnet_v8):
         n_head=2,
         n_head_kv=1,
         mask_heads=1,
-        kv_type=Q.Q8_0,
+        kv_type=T.Q8_0,
         sinks=True,
         seed=10,
     )
@@ -426,7 +427,7 @@ def test_fattn_tiled_and_split_paths(reference_v8, rpcnet_v8):
     n_q=st.integers(1, 9),
     n_kv_extra=st.integers(0, 40),
     gqa=st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]),
-    kv_type=st.sampled_from([F32, F16, Q.Q8_0]),
+    kv_type=st.sampled_from([F32, F16, T.Q8_0]),
     mask=st.booleans(),
     sinks=st.booleans(),
     softcap=st.sampled_from([0.0, 0.0, 20.0]),
@@ -456,7 +457,7 @@ def test_fattn_property(
 
 
 # Byte offsets of f16 scale fields per block, forced finite in random raw k-quant blocks.
-F16_FIELDS = {Q.Q4_K: [0, 2], Q.Q6_K: [208]}
+F16_FIELDS = {T.Q4_K: [0, 2], T.Q6_K: [208]}
 
 
 def random_blocks(type_id: int, n_rows: int, ne0: int, rng) -> bytes:
@@ -492,11 +493,11 @@ def run_mmid(
     (r,), (o,) = run_both(g, [out], ref, ours)
     if tol is None:
         # q4_1/q5_1 dot products add m·s with s = f16(d·Σq) of the q8_1 activation block
-        tol = 2e-3 if w_type in (Q.Q4_1, Q.Q5_1) else 1e-5
+        tol = 2e-3 if w_type in (T.Q4_1, T.Q5_1) else 1e-5
     close(as_f32(o, out_ne), as_f32(r, out_ne), rtol=tol, atol_rel=tol)
 
 
-@pytest.mark.parametrize("w_type", [F32, F16, BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("w_type", [F32, F16, BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K])
 @pytest.mark.parametrize("b_ne1", [1, 2])
 def test_mul_mat_id(reference_v8, rpcnet_v8, w_type, b_ne1):
     k = 256 if w_type in F16_FIELDS else 64
@@ -509,7 +510,7 @@ def test_mul_mat_id(reference_v8, rpcnet_v8, w_type, b_ne1):
     n_used_frac=st.floats(0.1, 1.0),
     n_tok=st.integers(1, 12),
     bcast=st.booleans(),
-    w_type=st.sampled_from([F32, F16, Q.Q8_0]),
+    w_type=st.sampled_from([F32, F16, T.Q8_0]),
     seed=st.integers(0, 2**16),
 )
 def test_mul_mat_id_property(

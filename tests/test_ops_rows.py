@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute import quant as Q
+from rpcnet.ggml_types import GgmlType as T
 from support.opgraph import OpGraph, contiguous_nb
 
 DUP, CPY, CONT, GET_ROWS, SET_ROWS = 1, 34, 35, 40, 42
@@ -24,9 +25,9 @@ HYP = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
-QUANT_DST = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL]
+QUANT_DST = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL]
 # Byte offsets of f16 scale fields per block, forced finite in random raw blocks.
-F16_FIELDS = {Q.Q4_K: [0, 2], Q.Q6_K: [208], Q.Q5_K: [0, 2], Q.Q2_K: [80, 82], Q.Q3_K: [108]}
+F16_FIELDS = {T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108]}
 
 
 def run_both(g: OpGraph, outs, ref: int, ours: int):
@@ -70,7 +71,7 @@ def assert_quant_close(type_id: int, ref: bytes, ours: bytes, ne0: int) -> None:
         np.testing.assert_array_equal(a, b)
         return
     # one step of the block's scale: |x| max / (levels/2)
-    levels = {Q.Q8_0: 127, Q.Q4_0: 8, Q.Q4_1: 15, Q.Q5_0: 16, Q.Q5_1: 31, Q.IQ4_NL: 8}[type_id]
+    levels = {T.Q8_0: 127, T.Q4_0: 8, T.Q4_1: 15, T.Q5_0: 16, T.Q5_1: 31, T.IQ4_NL: 8}[type_id]
     blocks = a.reshape(-1, 32)
     step = np.abs(blocks).max(axis=1, keepdims=True) / levels * 1.01 + 1e-6
     diff = np.abs(a.reshape(-1, 32) - b.reshape(-1, 32))
@@ -84,7 +85,7 @@ def assert_quant_close(type_id: int, ref: bytes, ours: bytes, ne0: int) -> None:
 
 @pytest.mark.parametrize(
     "src_type",
-    [F32, F16, BF16, I32, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K, Q.Q6_K],
+    [F32, F16, BF16, I32, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q4_K, T.Q6_K],
 )
 def test_get_rows_types(reference_v8, rpcnet_v8, src_type):
     rng = np.random.default_rng(src_type)
@@ -115,7 +116,7 @@ def test_get_rows_types(reference_v8, rpcnet_v8, src_type):
     n_ids=st.integers(1, 7),
     ne2=st.integers(1, 3),
     ne3=st.integers(1, 2),
-    src_type=st.sampled_from([F32, F16, Q.Q8_0, Q.Q4_1]),
+    src_type=st.sampled_from([F32, F16, T.Q8_0, T.Q4_1]),
     strided=st.booleans(),
     seed=st.integers(0, 2**16),
 )
@@ -165,7 +166,7 @@ def test_set_rows_types(reference_v8, rpcnet_v8, dst_type, idx_type):
 
 @HYP
 @given(
-    dst_type=st.sampled_from([F32, F16, Q.Q8_0, Q.Q4_0]),
+    dst_type=st.sampled_from([F32, F16, T.Q8_0, T.Q4_0]),
     rows_f16=st.booleans(),
     n_kv=st.integers(4, 16),
     n_heads=st.integers(1, 4),
@@ -242,11 +243,11 @@ def test_set_rows_into_strided_view(reference_v8, rpcnet_v8):
         (F32, I32),
         (I32, F32),
         (F32, F32),
-        (Q.Q8_0, F32),
-        (Q.Q4_K, F32),
-        (Q.Q8_0, Q.Q8_0),
+        (T.Q8_0, F32),
+        (T.Q4_K, F32),
+        (T.Q8_0, T.Q8_0),
         *[(F32, t) for t in QUANT_DST],
-        (F16, Q.Q8_0),
+        (F16, T.Q8_0),
     ],
 )
 def test_cpy_types(reference_v8, rpcnet_v8, src_type, dst_type):
@@ -320,12 +321,12 @@ def test_cont_reshape_and_cpy_transposed(reference_v8, rpcnet_v8):
     h = g.op(CPY, F16, (6, 8, 4, 1), (t, hd), inplace_of=hd)
     big = g.input(F32, (64, 6, 1, 1), rng.standard_normal(384).astype(np.float32))
     rows = g.view(big, (32, 3, 2, 1), (4, 512, 256, 1536), offs=128)  # odd rows' second half
-    qd = g.input(Q.Q8_0, (32, 6, 1, 1), bytes(Q.row_bytes(Q.Q8_0, 32) * 6))
-    q = g.op(CPY, Q.Q8_0, (32, 6, 1, 1), (rows, qd), inplace_of=qd)
+    qd = g.input(T.Q8_0, (32, 6, 1, 1), bytes(Q.row_bytes(T.Q8_0, 32) * 6))
+    q = g.op(CPY, T.Q8_0, (32, 6, 1, 1), (rows, qd), inplace_of=qd)
     (ref_c, ref_h, ref_q), (our_c, our_h, our_q) = run_both(g, [c, h, q], reference_v8, rpcnet_v8)
     assert ref_c == our_c
     assert ref_h == our_h
-    assert_quant_close(Q.Q8_0, ref_q, our_q, 32)
+    assert_quant_close(T.Q8_0, ref_q, our_q, 32)
 
 
 def test_cpy_into_cache_view(reference_v8, rpcnet_v8):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from rpcnet.compute import quant as Q
+from rpcnet.ggml_types import GgmlType as T
+from rpcnet.ggml_types import type_name
 
 try:
     import gguf
@@ -25,48 +27,48 @@ except ImportError:  # pragma: no cover - the test extras install gguf
 
 needs_gguf = pytest.mark.skipif(gguf is None, reason="gguf not installed")
 
-LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 ALL_DEQUANT = [
-    Q.F16,
-    Q.BF16,
-    Q.Q4_0,
-    Q.Q4_1,
-    Q.Q5_0,
-    Q.Q5_1,
-    Q.Q8_0,
-    Q.Q2_K,
-    Q.Q3_K,
-    Q.Q4_K,
-    Q.Q5_K,
-    Q.Q6_K,
-    Q.IQ4_NL,
-    Q.IQ4_XS,
-    Q.MXFP4,
+    T.F16,
+    T.BF16,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q8_0,
+    T.Q2_K,
+    T.Q3_K,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.IQ4_NL,
+    T.IQ4_XS,
+    T.MXFP4,
 ]
-GGUF_QUANTIZABLE = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4]
+GGUF_QUANTIZABLE = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
 
 # Byte offsets of the f16 scale fields inside each block (forced finite in random blocks).
 F16_FIELDS = {
-    Q.Q4_0: [0],
-    Q.Q4_1: [0, 2],
-    Q.Q5_0: [0],
-    Q.Q5_1: [0, 2],
-    Q.Q8_0: [0],
-    Q.Q2_K: [80, 82],
-    Q.Q3_K: [108],
-    Q.Q4_K: [0, 2],
-    Q.Q5_K: [0, 2],
-    Q.Q6_K: [208],
-    Q.IQ4_NL: [0],
-    Q.IQ4_XS: [0],
-    Q.MXFP4: [],
+    T.Q4_0: [0],
+    T.Q4_1: [0, 2],
+    T.Q5_0: [0],
+    T.Q5_1: [0, 2],
+    T.Q8_0: [0],
+    T.Q2_K: [80, 82],
+    T.Q3_K: [108],
+    T.Q4_K: [0, 2],
+    T.Q5_K: [0, 2],
+    T.Q6_K: [208],
+    T.IQ4_NL: [0],
+    T.IQ4_XS: [0],
+    T.MXFP4: [],
 }
 
 KVALUES_IQ4NL = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
 
 
 def name(t: int) -> str:
-    return Q.type_name(t)
+    return type_name(t)
 
 
 def assert_same_f32(a, b):
@@ -119,49 +121,49 @@ def sample_rows(rng, n_rows: int, row_elems: int) -> np.ndarray:
 
 
 def test_type_sets_and_row_bytes():
-    assert set(ALL_DEQUANT) | {Q.F32} == set(Q.dequantizable_types())
+    assert set(ALL_DEQUANT) | {T.F32} == set(Q.dequantizable_types())
     assert {
-        Q.F32,
-        Q.F16,
-        Q.BF16,
-        Q.Q4_0,
-        Q.Q4_1,
-        Q.Q5_0,
-        Q.Q5_1,
-        Q.Q8_0,
-        Q.IQ4_NL,
+        T.F32,
+        T.F16,
+        T.BF16,
+        T.Q4_0,
+        T.Q4_1,
+        T.Q5_0,
+        T.Q5_1,
+        T.Q8_0,
+        T.IQ4_NL,
     } <= Q.quantizable_types()
     assert Q.quantizable_types() <= Q.dequantizable_types()
     assert isinstance(Q.dequantizable_types(), frozenset)
     expect = {
-        Q.F32: 4 * 64,
-        Q.F16: 128,
-        Q.BF16: 128,
-        Q.Q4_0: 36,
-        Q.Q4_1: 40,
-        Q.Q5_0: 44,
-        Q.Q5_1: 48,
-        Q.Q8_0: 68,
-        Q.IQ4_NL: 36,
-        Q.MXFP4: 34,
-        Q.I32: 256,
-        Q.I64: 512,
+        T.F32: 4 * 64,
+        T.F16: 128,
+        T.BF16: 128,
+        T.Q4_0: 36,
+        T.Q4_1: 40,
+        T.Q5_0: 44,
+        T.Q5_1: 48,
+        T.Q8_0: 68,
+        T.IQ4_NL: 36,
+        T.MXFP4: 34,
+        T.I32: 256,
+        T.I64: 512,
     }
     for t, nbytes in expect.items():
         assert Q.row_bytes(t, 64) == nbytes, name(t)
     for t, nbytes in {
-        Q.Q2_K: 84,
-        Q.Q3_K: 110,
-        Q.Q4_K: 144,
-        Q.Q5_K: 176,
-        Q.Q6_K: 210,
-        Q.IQ4_XS: 136,
+        T.Q2_K: 84,
+        T.Q3_K: 110,
+        T.Q4_K: 144,
+        T.Q5_K: 176,
+        T.Q6_K: 210,
+        T.IQ4_XS: 136,
     }.items():
         assert Q.row_bytes(t, 512) == 2 * nbytes, name(t)
     with pytest.raises(ValueError):
-        Q.row_bytes(Q.Q4_0, 48)
+        Q.row_bytes(T.Q4_0, 48)
     with pytest.raises(ValueError):
-        Q.row_bytes(Q.Q4_K, 128)
+        Q.row_bytes(T.Q4_K, 128)
     with pytest.raises(ValueError):
         Q.row_bytes(4, 32)  # removed Q4_2
     with pytest.raises(ValueError):
@@ -171,25 +173,25 @@ def test_type_sets_and_row_bytes():
 def test_input_forms_and_errors():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 64)).astype(np.float32)
-    packed = Q.quantize(Q.Q8_0, x)
+    packed = Q.quantize(T.Q8_0, x)
     assert packed.dtype == np.uint8 and packed.shape == (3, 68)
-    a = Q.dequantize(Q.Q8_0, packed, 3, 64)
+    a = Q.dequantize(T.Q8_0, packed, 3, 64)
     assert a.dtype == np.float32 and a.shape == (3, 64)
-    assert_same_f32(Q.dequantize(Q.Q8_0, packed.tobytes(), 3, 64), a)
-    assert_same_f32(Q.dequantize(Q.Q8_0, packed.reshape(-1), 3, 64, xp=np), a)
-    assert_same_f32(Q.dequantize(Q.F32, x.view(np.uint8), 3, 64), x)
-    assert np.array_equal(Q.quantize(Q.F32, x), x.view(np.uint8))
-    assert np.array_equal(Q.quantize(Q.Q8_0, x[0]), packed[:1])  # 1-D = one row
-    assert Q.dequantize(Q.Q4_0, np.zeros(0, np.uint8), 0, 32).shape == (0, 32)
-    assert Q.quantize(Q.Q4_0, np.zeros((0, 32), np.float32)).shape == (0, 18)
+    assert_same_f32(Q.dequantize(T.Q8_0, packed.tobytes(), 3, 64), a)
+    assert_same_f32(Q.dequantize(T.Q8_0, packed.reshape(-1), 3, 64, xp=np), a)
+    assert_same_f32(Q.dequantize(T.F32, x.view(np.uint8), 3, 64), x)
+    assert np.array_equal(Q.quantize(T.F32, x), x.view(np.uint8))
+    assert np.array_equal(Q.quantize(T.Q8_0, x[0]), packed[:1])  # 1-D = one row
+    assert Q.dequantize(T.Q4_0, np.zeros(0, np.uint8), 0, 32).shape == (0, 32)
+    assert Q.quantize(T.Q4_0, np.zeros((0, 32), np.float32)).shape == (0, 18)
     with pytest.raises(ValueError):
-        Q.dequantize(Q.Q8_0, packed[:, :-1], 3, 64)  # wrong byte count
+        Q.dequantize(T.Q8_0, packed[:, :-1], 3, 64)  # wrong byte count
     with pytest.raises(ValueError):
-        Q.dequantize(Q.I32, np.zeros(8, np.uint8), 1, 2)  # not a float format
+        Q.dequantize(T.I32, np.zeros(8, np.uint8), 1, 2)  # not a float format
     with pytest.raises(ValueError):
-        Q.quantize(Q.Q4_K, np.zeros((1, 256), np.float32))  # no quantizer
+        Q.quantize(T.Q4_K, np.zeros((1, 256), np.float32))  # no quantizer
     with pytest.raises(ValueError):
-        Q.quantize(Q.Q4_0, np.zeros((1, 48), np.float32))  # not whole blocks
+        Q.quantize(T.Q4_0, np.zeros((1, 48), np.float32))  # not whole blocks
 
 
 # ---- dequantizers vs gguf ----------------------------------------------------------------------
@@ -206,20 +208,20 @@ def test_dequant_matches_gguf_on_quantized_data(t):
 
 
 @needs_gguf
-@pytest.mark.parametrize("t", [t for t in ALL_DEQUANT if t not in (Q.F16, Q.BF16)], ids=name)
+@pytest.mark.parametrize("t", [t for t in ALL_DEQUANT if t not in (T.F16, T.BF16)], ids=name)
 def test_dequant_matches_gguf_on_random_blocks(t):
     rng = np.random.default_rng(100 + t)
     bs = Q.block_size(t)
     for n_rows, n_blocks in [(1, 1), (3, 5), (7, 2)]:
         raw = random_blocks(rng, t, n_rows, bs * n_blocks)
         ours = Q.dequantize(t, raw, n_rows, bs * n_blocks)
-        if t != Q.MXFP4:  # e8m0 covers 2^-128..2^127, so 12 * 2^127 legitimately overflows
+        if t != T.MXFP4:  # e8m0 covers 2^-128..2^127, so 12 * 2^127 legitimately overflows
             assert np.isfinite(ours).all()
         assert_same_f32(ours, gguf_dequant(t, raw))
 
 
 @needs_gguf
-@pytest.mark.parametrize("t", [Q.F16, Q.BF16], ids=name)
+@pytest.mark.parametrize("t", [T.F16, T.BF16], ids=name)
 def test_dequant_all_16bit_patterns_match_gguf(t):
     bits = np.arange(65536, dtype=np.uint16).view(np.uint8).reshape(256, 512)
     assert_same_f32(Q.dequantize(t, bits, 256, 256), gguf_dequant(t, bits))
@@ -230,7 +232,7 @@ def test_f16_dequant_nan_is_quieted_with_payload():
     h = np.array(
         [0x7C01, 0xFE00, 0x7E00, 0x7DFF, 0x7C00, 0xFC00, 0x8000, 0x0001, 0x3C00], np.uint16
     )
-    out = Q.dequantize(Q.F16, h.view(np.uint8), 1, h.size).view(np.uint32)[0]
+    out = Q.dequantize(T.F16, h.view(np.uint8), 1, h.size).view(np.uint32)[0]
     expect = [
         0x7FC02000,
         0xFFC00000,
@@ -279,7 +281,7 @@ def test_quant_matches_gguf_huge_values(t):
 
 
 @needs_gguf
-@pytest.mark.parametrize("t", LEGACY + [Q.MXFP4], ids=name)
+@pytest.mark.parametrize("t", LEGACY + [T.MXFP4], ids=name)
 def test_quant_dequant_round_trip_error(t):
     rng = np.random.default_rng(500 + t)
     x = rng.standard_normal((4, 256)).astype(np.float32)
@@ -289,12 +291,12 @@ def test_quant_dequant_round_trip_error(t):
     err = np.abs(y.reshape(-1, 32) - blocks) / amax
     # q4_0/q5_0 map the max to -8/-16, so the opposite extreme only reaches +7/+15
     bound = {
-        Q.Q4_0: 0.13,
-        Q.Q4_1: 0.07,
-        Q.Q5_0: 0.065,
-        Q.Q5_1: 0.035,
-        Q.Q8_0: 0.005,
-        Q.MXFP4: 0.26,
+        T.Q4_0: 0.13,
+        T.Q4_1: 0.07,
+        T.Q5_0: 0.065,
+        T.Q5_1: 0.035,
+        T.Q8_0: 0.005,
+        T.MXFP4: 0.26,
     }[t]
     assert err.max() <= bound
 
@@ -312,27 +314,27 @@ def test_q4_0_zero_blocks_keep_ggml_signed_zero_scale():
     x[1, 0] = -0.0
     x[2, 7] = -0.0
     expect = [0x00, 0x80] + [0x88] * 16
-    assert Q.quantize(Q.Q4_0, x).tolist() == [expect] * 3
-    assert Q.quantize(Q.Q5_0, x)[:, :2].tolist() == [[0x00, 0x80]] * 3
+    assert Q.quantize(T.Q4_0, x).tolist() == [expect] * 3
+    assert Q.quantize(T.Q5_0, x)[:, :2].tolist() == [[0x00, 0x80]] * 3
     # q8_0: amax = 0 -> d = 0, q = 0
-    assert Q.quantize(Q.Q8_0, x).tolist() == [[0] * 34] * 3
+    assert Q.quantize(T.Q8_0, x).tolist() == [[0] * 34] * 3
     # dequantizing gives zeros of either sign
-    assert (Q.dequantize(Q.Q4_0, Q.quantize(Q.Q4_0, x), 3, 32) == 0).all()
+    assert (Q.dequantize(T.Q4_0, Q.quantize(T.Q4_0, x), 3, 32) == 0).all()
 
 
 def test_q4_1_signed_zero_min_follows_first_element():
     x = np.zeros((2, 32), np.float32)
     x[1, 0] = -0.0  # first minimum wins the tie: m = -0.0
-    out = Q.quantize(Q.Q4_1, x)
+    out = Q.quantize(T.Q4_1, x)
     assert out[0].tolist() == [0] * 20
     assert out[1].tolist() == [0, 0, 0x00, 0x80] + [0] * 16
-    out = Q.quantize(Q.Q5_1, x)
+    out = Q.quantize(T.Q5_1, x)
     assert out[1, :4].tolist() == [0, 0, 0x00, 0x80]
 
 
 def test_q8_0_hand_block():
     x = np.arange(-16, 16, dtype=np.float32) * np.float32(0.5)  # amax = 8 -> d = 8/127
-    out = Q.quantize(Q.Q8_0, x[None, :])[0]
+    out = Q.quantize(T.Q8_0, x[None, :])[0]
     d = np.float32(8.0) / np.float32(127.0)
     idv = np.float32(1.0) / d
     q = [int(np.trunc(v * idv + np.copysign(0.5, v))) for v in x]  # roundf (no ties here)
@@ -346,7 +348,7 @@ def test_q5_0_hand_block():
     x[3] = 16.0  # max -> d = -1, id = -1
     x[20] = -15.0
     x[5] = 1.0
-    out = Q.quantize(Q.Q5_0, x[None, :])[0]
+    out = Q.quantize(T.Q5_0, x[None, :])[0]
     codes = [16] * 32  # (int8)(0 * -1 + 16.5) = 16
     codes[3] = 0  # 16 * -1 + 16.5 = 0.5 -> 0
     codes[20] = 31  # -15 * -1 + 16.5 = 31.5 -> 31
@@ -354,7 +356,7 @@ def test_q5_0_hand_block():
     qh = sum(((c >> 4) & 1) << j for j, c in enumerate(codes))
     qs = [(codes[j] & 0xF) | ((codes[j + 16] & 0xF) << 4) for j in range(16)]
     assert out.tolist() == [0x00, 0xBC] + list(qh.to_bytes(4, "little")) + qs
-    assert Q.dequantize(Q.Q5_0, out, 1, 32)[0].tolist() == [float(16 - c) for c in codes]
+    assert Q.dequantize(T.Q5_0, out, 1, 32)[0].tolist() == [float(16 - c) for c in codes]
 
 
 def test_f16_quant_edge_values():
@@ -395,7 +397,7 @@ def test_f16_quant_edge_values():
         0x0000,
         0x0400,
     ]
-    out = Q.quantize(Q.F16, vals[None, :]).view(np.uint16)[0]
+    out = Q.quantize(T.F16, vals[None, :]).view(np.uint16)[0]
     assert [hex(v) for v in out] == [hex(v) for v in expect]
 
 
@@ -405,9 +407,9 @@ def test_f16_quant_nan_rows():
         [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0x7FA00000], np.uint32
     )
     x = np.tile(nan_bits.view(np.float32), (3, 1))
-    out = Q.quantize(Q.F16, x).view(np.uint16)
+    out = Q.quantize(T.F16, x).view(np.uint16)
     assert out.tolist() == [[0x7E00, 0xFE00, 0x7E00, 0xFE00, 0x7E00, 0x7E00]] * 3
-    back = Q.dequantize(Q.F16, Q.quantize(Q.F16, x), 3, 6)
+    back = Q.dequantize(T.F16, Q.quantize(T.F16, x), 3, 6)
     assert np.isnan(back).all()
 
 
@@ -444,9 +446,9 @@ def test_bf16_quant_edge_values_and_nan():
         0xFFC1,
     ]
     x = np.tile(bits.view(np.float32), (2, 1))
-    out = Q.quantize(Q.BF16, x).view(np.uint16)
+    out = Q.quantize(T.BF16, x).view(np.uint16)
     assert out.tolist() == [expect, expect]
-    back = Q.dequantize(Q.BF16, out.view(np.uint8), 2, bits.size).view(np.uint32)
+    back = Q.dequantize(T.BF16, out.view(np.uint8), 2, bits.size).view(np.uint32)
     assert back[0].tolist() == [e << 16 for e in expect]
 
 
@@ -456,7 +458,7 @@ def test_q8_0_nan_follows_reference_max_semantics():
     x = np.array(
         [[np.nan] * 31 + [1.0], [np.nan] + [2.0] + [1.0] * 30, [1.0] * 31 + [np.nan]], np.float32
     )
-    out = Q.quantize(Q.Q8_0, x)
+    out = Q.quantize(T.Q8_0, x)
     d1 = np.float32(1.0) / np.float32(127)
     assert out[0, :2].tolist() == _f16(d1)
     assert out[0, 2:].view(np.int8).tolist() == [0] * 31 + [127]
@@ -467,7 +469,7 @@ def test_q8_0_nan_follows_reference_max_semantics():
 
 def test_legacy_multiple_rows_not_multiple_of_256():
     rng = np.random.default_rng(7)
-    for t in LEGACY + [Q.IQ4_NL, Q.MXFP4]:
+    for t in LEGACY + [T.IQ4_NL, T.MXFP4]:
         for row_elems in (32, 96, 160, 288):
             x = sample_rows(rng, 5, row_elems)
             packed = Q.quantize(t, x)
@@ -545,23 +547,23 @@ def test_iq4_nl_matches_scalar_reference():
         sample_rows(rng, 1, 96)[0],
     ]
     for row in rows:
-        assert Q.quantize(Q.IQ4_NL, row[None, :])[0].tobytes() == _iq4_nl_ref_row(row)
+        assert Q.quantize(T.IQ4_NL, row[None, :])[0].tobytes() == _iq4_nl_ref_row(row)
 
 
 def test_iq4_nl_hand_worked_blocks():
     kv = np.array(KVALUES_IQ4NL, np.float32)
     # x = kvalues/2 twice: d0 = -63.5 / -127 = 0.5, codes = identity, least squares keeps d = 0.5
     x = np.concatenate([kv, kv]) * np.float32(0.5)
-    out = Q.quantize(Q.IQ4_NL, x[None, :])[0]
+    out = Q.quantize(T.IQ4_NL, x[None, :])[0]
     assert out.tolist() == [0x00, 0x38] + [0x11 * j for j in range(16)]
-    assert_same_f32(Q.dequantize(Q.IQ4_NL, out, 1, 32)[0], x)
+    assert_same_f32(Q.dequantize(T.IQ4_NL, out, 1, 32)[0], x)
     # a single spike: d0 = 127 / -127 = -1, zeros -> code 8 (+1), spike -> code 0 (-127),
     # sums -260144640 / 260144640 -> d = -1.0 (0xBC00)
     x = np.zeros(32, np.float32)
     x[31] = 127.0
-    out = Q.quantize(Q.IQ4_NL, x[None, :])[0]
+    out = Q.quantize(T.IQ4_NL, x[None, :])[0]
     assert out.tolist() == [0x00, 0xBC] + [0x88] * 15 + [0x08]
-    y = Q.dequantize(Q.IQ4_NL, out, 1, 32)[0]
+    y = Q.dequantize(T.IQ4_NL, out, 1, 32)[0]
     assert y[31] == 127.0 and (y[:31] == -1.0).all()
 
 
@@ -571,10 +573,10 @@ def test_iq4_nl_skipped_blocks_reuse_previous_codes():
     x = rng.standard_normal((2, 96)).astype(np.float32)
     x[:, 32:64] = 0.0
     x[1, 32:64] = 1e-16
-    out = Q.quantize(Q.IQ4_NL, x).reshape(2, 3, 18)
+    out = Q.quantize(T.IQ4_NL, x).reshape(2, 3, 18)
     assert (out[:, 1, :2] == 0).all()
     assert np.array_equal(out[:, 1, 2:], out[:, 0, 2:])
-    y = Q.dequantize(Q.IQ4_NL, out.reshape(2, -1), 2, 96)
+    y = Q.dequantize(T.IQ4_NL, out.reshape(2, -1), 2, 96)
     assert (y[:, 32:64] == 0).all()
 
 
@@ -582,7 +584,7 @@ def test_iq4_nl_round_trip_error():
     rng = np.random.default_rng(13)
     x = rng.standard_normal((16, 256)).astype(np.float32)
     x[::3] *= np.float32(1e-3)
-    y = Q.dequantize(Q.IQ4_NL, Q.quantize(Q.IQ4_NL, x), 16, 256)
+    y = Q.dequantize(T.IQ4_NL, Q.quantize(T.IQ4_NL, x), 16, 256)
     blocks = x.reshape(-1, 32)
     amax = np.abs(blocks).max(axis=1, keepdims=True)
     err = np.abs(y.reshape(-1, 32) - blocks) / amax

@@ -69,6 +69,10 @@ def response_size(proto: int, cmd: int) -> int | None:
 def type_info(type_id: int) -> tuple[str, int, int, bool]:
     """(name, block_size, type_size, is_quantized); TensorError for ids >= 43 or removed ids."""
 
+def type_table() -> list[tuple[int, str, int, int, bool]]:
+    """Every type id 0..42 as (id, name, block_size, type_size, is_quantized); block_size 0 marks
+    a removed id."""
+
 def tensor_nbytes(
     type_id: int, ne: tuple[int, int, int, int], nb: tuple[int, int, int, int]
 ) -> int:

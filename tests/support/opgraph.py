@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from rpcnet import _native
-from rpcnet.compute.views import GGML_BF16, GGML_F16, GGML_F32, GGML_I32, f32_to_bf16
+from rpcnet.compute.views import f32_to_bf16
+from rpcnet.ggml_types import GgmlType
 
 from support.raw import RawConn, frame
 
@@ -205,12 +206,12 @@ def as_f32(raw: bytes, ne) -> np.ndarray:
 
 def encode(type_id: int, values: np.ndarray) -> bytes:
     """Values as the raw bytes of a plain ggml type (f32, f16, bf16, i32)."""
-    if type_id == GGML_F32:
+    if type_id == GgmlType.F32:
         return np.ascontiguousarray(values, np.float32).tobytes()
-    if type_id == GGML_F16:
+    if type_id == GgmlType.F16:
         return np.ascontiguousarray(values, np.float16).tobytes()
-    if type_id == GGML_BF16:
+    if type_id == GgmlType.BF16:
         return f32_to_bf16(np.ascontiguousarray(values, np.float32)).tobytes()
-    if type_id == GGML_I32:
+    if type_id == GgmlType.I32:
         return np.ascontiguousarray(values, np.int32).tobytes()
     raise ValueError(type_id)

@@ -9,15 +9,13 @@ import numpy as np
 from rpcnet.compute.errors import UnsupportedOp
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import (
-    GGML_BF16,
-    GGML_F32,
     PLAIN_DTYPES,
     bf16_to_f32,
     f32_to_bf16,
     plain_view,
     row_bytes_view,
-    type_name,
 )
+from rpcnet.ggml_types import GgmlType, type_name
 
 
 def _quant():
@@ -33,9 +31,9 @@ def shape_of(t: Tensor) -> tuple[int, int, int, int]:
 
 def load_f32(t: Tensor) -> Any:
     """The tensor's values as float32, shape (ne3, ne2, ne1, ne0). A view when already f32."""
-    if t.type == GGML_F32:
+    if t.type == GgmlType.F32:
         return plain_view(t)
-    if t.type == GGML_BF16:
+    if t.type == GgmlType.BF16:
         return bf16_to_f32(plain_view(t))
     if t.type in PLAIN_DTYPES:
         return plain_view(t).astype(np.float32)
@@ -49,14 +47,14 @@ def load_f32(t: Tensor) -> Any:
 
 def load_weight_f32(t: Tensor) -> Any:
     """Like load_f32, but keeps the float32 copy of quantized/f16/bf16 weights between runs."""
-    if t.type == GGML_F32 or not t.stable or t.buffer is None:
+    if t.type == GgmlType.F32 or not t.stable or t.buffer is None:
         return load_f32(t)
     return t.buffer.device.derived.get(t, "f32", lambda: load_f32(t))
 
 
 def store(t: Tensor, values: Any) -> None:
     """Write float32 (or integer) values, broadcastable to the tensor's shape, into its storage."""
-    if t.type == GGML_BF16:
+    if t.type == GgmlType.BF16:
         bits = f32_to_bf16(np.broadcast_to(values, shape_of(t)))
         plain_view(t)[...] = bits
         return

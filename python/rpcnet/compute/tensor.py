@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnet import _native
+from rpcnet.ggml_types import type_name
 
 FLAG_COMPUTE = 16
 
@@ -62,6 +63,6 @@ class Tensor:
         return struct.unpack_from("<f", self.op_params, 4 * slot)[0]
 
     def describe(self) -> str:
-        name, *_ = _native.type_info(self.type) if self.type < _native.GGML_TYPE_COUNT else ("?",)
+        name = type_name(self.type)
         ne = "x".join(str(n) for n in self.ne)
         return f"{self.name or self.id:}:{name}[{ne}]"

@@ -13,36 +13,19 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.tensor import Tensor
-
-GGML_F32, GGML_F16, GGML_I8, GGML_I16, GGML_I32, GGML_I64, GGML_F64, GGML_BF16 = (
-    0,
-    1,
-    24,
-    25,
-    26,
-    27,
-    28,
-    30,
-)
+from rpcnet.ggml_types import GgmlType
 
 # Types NumPy can view directly. bf16 is viewed as its raw uint16 bits.
 PLAIN_DTYPES: dict[int, np.dtype] = {
-    GGML_F32: np.dtype(np.float32),
-    GGML_F16: np.dtype(np.float16),
-    GGML_I8: np.dtype(np.int8),
-    GGML_I16: np.dtype(np.int16),
-    GGML_I32: np.dtype(np.int32),
-    GGML_I64: np.dtype(np.int64),
-    GGML_F64: np.dtype(np.float64),
-    GGML_BF16: np.dtype(np.uint16),
+    GgmlType.F32: np.dtype(np.float32),
+    GgmlType.F16: np.dtype(np.float16),
+    GgmlType.I8: np.dtype(np.int8),
+    GgmlType.I16: np.dtype(np.int16),
+    GgmlType.I32: np.dtype(np.int32),
+    GgmlType.I64: np.dtype(np.int64),
+    GgmlType.F64: np.dtype(np.float64),
+    GgmlType.BF16: np.dtype(np.uint16),
 }
-
-
-def type_name(type_id: int) -> str:
-    try:
-        return _native.type_info(type_id)[0]
-    except _native.TensorError:
-        return f"type{type_id}"
 
 
 def storage(t: Tensor) -> Any:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
+from rpcnet.ggml_types import TYPE_TRAITS, GgmlType
 from rpcnet.protocol.commands import HELLO_CAPS_SIZE
 from rpcnet.server.access import Network, allowed
 
@@ -57,8 +58,8 @@ CONNECT_DELAY = 0.05
 INLINE_BYTES = 256 << 10  # wire payloads up to this size are converted and added inline
 DEFAULT_TIMEOUT = 30.0
 
-GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
-ELEMENT_SIZE = {GGML_F32: 4, GGML_F16: 2, GGML_BF16: 2}  # types an allreduce can add
+# types an allreduce can add -> bytes per element
+ELEMENT_SIZE = {t: TYPE_TRAITS[t].type_size for t in (GgmlType.F32, GgmlType.F16, GgmlType.BF16)}
 
 
 class CommError(Exception):
@@ -77,7 +78,7 @@ class CommStats:
 
 
 def uses_bf16(type_id: int, ne: int) -> bool:
-    return type_id == GGML_F32 and ne >= BF16_MIN_ELEMENTS
+    return type_id == GgmlType.F32 and ne >= BF16_MIN_ELEMENTS
 
 
 def wire_size(type_id: int, ne: int, nbytes: int) -> int:
@@ -93,17 +94,17 @@ def encode(region: Any, type_id: int, ne: int) -> Any:
 
 def accumulate(region: Any, received: Any, type_id: int, ne: int) -> None:
     """``tensor += peer`` in place, in the tensor's type (ggml ADD semantics, spec §11.3)."""
-    if type_id == GGML_F32:
+    if type_id == GgmlType.F32:
         dst = region.view(np.float32)
         if uses_bf16(type_id, ne):
             dst += bf16_to_f32(received.view(np.uint16))
         else:
             dst += received.view(np.float32)
-    elif type_id == GGML_F16:
+    elif type_id == GgmlType.F16:
         # NumPy adds halves through float32 and rounds once, like ggml's f16 ADD.
         dst = region.view(np.float16)
         dst += received.view(np.float16)
-    elif type_id == GGML_BF16:
+    elif type_id == GgmlType.BF16:
         dst = region.view(np.uint16)
         total = bf16_to_f32(dst) + bf16_to_f32(received.view(np.uint16))
         dst[...] = f32_to_bf16(total)

@@ -66,6 +66,16 @@ pub fn type_info(type_id: u64) -> PyResult<(&'static str, u64, u64, bool)> {
     Ok((i.name, i.block_size, i.type_size, i.quantized))
 }
 
+/// Every ggml type id with `(id, name, block_size, type_size, is_quantized)`; removed ids have
+/// block size 0. The single source Python builds its type enum from.
+#[pyfunction]
+pub fn type_table() -> Vec<(u32, &'static str, u64, u64, bool)> {
+    (0..types::GGML_TYPE_COUNT)
+        .zip(types::TYPES.iter())
+        .map(|(id, i)| (id, i.name, i.block_size, i.type_size, i.quantized))
+        .collect()
+}
+
 /// `ggml_nbytes` with overflow checks.
 #[pyfunction]
 pub fn tensor_nbytes(type_id: u64, ne: [u64; 4], nb: [u64; 4]) -> PyResult<u64> {

@@ -46,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::request_size, m)?)?;
     m.add_function(wrap_pyfunction!(functions::response_size, m)?)?;
     m.add_function(wrap_pyfunction!(functions::type_info, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::type_table, m)?)?;
     m.add_function(wrap_pyfunction!(functions::tensor_nbytes, m)?)?;
     m.add_function(wrap_pyfunction!(functions::nelements, m)?)?;
     m.add_function(wrap_pyfunction!(functions::check_tensor_in_buffer, m)?)?;

@@ -26,7 +26,8 @@ from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F16, GGML_F32, plain_view
+from rpcnet.compute.views import plain_view
+from rpcnet.ggml_types import GgmlType
 
 f32 = np.float32
 Q_TILE = 64  # ggml's GGML_FA_TILE_Q
@@ -41,7 +42,7 @@ def _rows_ok(t: Tensor) -> bool:
 def _supported(node: Tensor) -> bool:
     src = tuple(node.src) + (None,) * (5 - len(node.src))
     q, k, v, mask, sinks = src[:5]
-    if q is None or k is None or v is None or node.type != GGML_F32 or q.type != GGML_F32:
+    if q is None or k is None or v is None or node.type != GgmlType.F32 or q.type != GgmlType.F32:
         return False
     if not (convert.can_load(k.type) and convert.can_load(v.type)):
         return False
@@ -56,13 +57,17 @@ def _supported(node: Tensor) -> bool:
     if k.type in Q8_0_PARTNERS and dk % 32:
         return False
     if mask is not None:
-        if mask.type not in (GGML_F16, GGML_F32) or mask.ne[0] < k.ne[1] or mask.ne[1] < n_q:
+        if (
+            mask.type not in (GgmlType.F16, GgmlType.F32)
+            or mask.ne[0] < k.ne[1]
+            or mask.ne[1] < n_q
+        ):
             return False
         if mask.ne[2] <= 0 or mask.ne[3] <= 0 or n_head % mask.ne[2] or n3 % mask.ne[3]:
             return False
     elif node.f32(1) > 0.0:
         return False
-    if sinks is not None and (sinks.type != GGML_F32 or sinks.nelements < n_head):
+    if sinks is not None and (sinks.type != GgmlType.F32 or sinks.nelements < n_head):
         return False
     return True  # any precision hint (op_params[3]): accumulation here is always f32
 
@@ -90,8 +95,8 @@ def flash_attn_ext(node: Tensor) -> Step:
     n_kv = k_t.ne[1]
     slopes = alibi_slopes(n_head, max_bias).reshape(1, n_head, 1, 1)
     use_slopes = max_bias > 0.0
-    tiled = n_q >= Q_TILE and k_t.type == v_t.type and k_t.type in (GGML_F32, GGML_F16)
-    round_q = not tiled and k_t.type != GGML_F32
+    tiled = n_q >= Q_TILE and k_t.type == v_t.type and k_t.type in (GgmlType.F32, GgmlType.F16)
+    round_q = not tiled and k_t.type != GgmlType.F32
     out = plain_view(node).transpose(0, 2, 1, 3)  # (ne3, n_head, n_q, DV) view of the output
     qv = plain_view(q_t)
     # query rows per block, bounding the score matrix at ~16M floats

@@ -9,7 +9,8 @@ from rpcnet.compute.kernels.common import repeats_into, same_shape, tile_to
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F32, plain_view
+from rpcnet.compute.views import plain_view
+from rpcnet.ggml_types import GgmlType
 
 _UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 
@@ -31,7 +32,7 @@ def _build(node: Tensor) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     ufunc = _UFUNCS[Op(node.op)]
-    if node.type == a_t.type == b_t.type == GGML_F32:
+    if node.type == a_t.type == b_t.type == GgmlType.F32:
         a, b, out = plain_view(a_t), plain_view(b_t), plain_view(node)
 
         def run_f32() -> None:

@@ -17,7 +17,8 @@ from rpcnet.compute.kernels.common import shape
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_BF16, GGML_F32, PLAIN_DTYPES, f32_to_bf16, plain_view, storage
+from rpcnet.compute.views import PLAIN_DTYPES, f32_to_bf16, plain_view, storage
+from rpcnet.ggml_types import GgmlType
 
 
 def block_traits(type_id: int) -> tuple[int, int]:
@@ -37,9 +38,9 @@ def block_view(t: Tensor) -> Any:
 def encode(type_id: int, values: Any) -> Any:
     """float32 values (..., ne0) in the storage form of `type_id`: a plain dtype array, or uint8
     rows (..., row bytes) of quantized blocks (bit-exact with ggml's reference quantizers)."""
-    if type_id == GGML_F32:
+    if type_id == GgmlType.F32:
         return values
-    if type_id == GGML_BF16:
+    if type_id == GgmlType.BF16:
         return f32_to_bf16(values).reshape(values.shape)
     dtype = PLAIN_DTYPES.get(type_id)
     if dtype is not None:
@@ -86,7 +87,7 @@ def _build(node: Tensor) -> Step:
 
         return run_same
 
-    if src.type in PLAIN_DTYPES and node.type in PLAIN_DTYPES and GGML_BF16 not in types:
+    if src.type in PLAIN_DTYPES and node.type in PLAIN_DTYPES and GgmlType.BF16 not in types:
         sv, dv = plain_view(src), plain_view(node)
         same = sv.shape == dv.shape
 

@@ -32,26 +32,26 @@ from rpcnet.compute.kernels.unary import (
 )
 from rpcnet.compute.ops import Glu, Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F16, GGML_F32
+from rpcnet.ggml_types import GgmlType
 
 GluFn = Callable[[Any, Any], Any]
 
 
 def _geglu(src_type: int) -> GluFn:
-    if src_type == GGML_F32:
+    if src_type == GgmlType.F32:
         # ggml_vec_geglu_f32 with GGML_GELU_FP16: exact outside [-10, 10]
         def geglu_f32(x: Any, g: Any) -> Any:
             act = np.where(x >= 10.0, x, gelu_table(x))
             return np.where(x <= -10.0, ZERO, act * g)
 
         return geglu_f32
-    if src_type == GGML_F16:
+    if src_type == GgmlType.F16:
         return lambda x, g: gelu_table(x) * g
     return lambda x, g: gelu_exact(x) * g
 
 
 def _geglu_quick(src_type: int) -> GluFn:
-    if src_type in (GGML_F32, GGML_F16):
+    if src_type in (GgmlType.F32, GgmlType.F16):
         return lambda x, g: gelu_quick_table(x) * g
     return lambda x, g: gelu_quick_exact(x) * g
 

@@ -11,12 +11,13 @@ from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F32, plain_view
+from rpcnet.compute.views import plain_view
+from rpcnet.ggml_types import GgmlType
 
 
 def _supported(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
-    if a is None or b is None or node.type != GGML_F32:
+    if a is None or b is None or node.type != GgmlType.F32:
         return False
     k, m = a.ne[0], a.ne[1]
     return (

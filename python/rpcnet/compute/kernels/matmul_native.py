@@ -14,20 +14,20 @@ from rpcnet import _native
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F32, plain_view, row_bytes_view, storage
+from rpcnet.compute.views import plain_view, row_bytes_view, storage
+from rpcnet.ggml_types import TYPE_TRAITS, GgmlType
 
-GGML_Q8_0 = 8
-Q8_0_BLOCK, Q8_0_BYTES = 32, 34
+_, Q8_0_BLOCK, Q8_0_BYTES, _ = TYPE_TRAITS[GgmlType.Q8_0]
 MAX_ROWS = 8  # activation rows the native kernel takes in one pass
 
 
 def _supported(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
-    if a is None or b is None or node.type != GGML_F32 or b.type != GGML_F32:
+    if a is None or b is None or node.type != GgmlType.F32 or b.type != GgmlType.F32:
         return False
     k, m = a.ne[0], a.ne[1]
     return (
-        a.type == GGML_Q8_0
+        a.type == GgmlType.Q8_0
         and a.nb[0] == Q8_0_BYTES
         and a.ne[2] == 1
         and a.ne[3] == 1

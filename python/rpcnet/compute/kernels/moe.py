@@ -17,18 +17,21 @@ from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import (
-    GGML_F32,
-    GGML_I32,
-    plain_view,
-)
+from rpcnet.compute.views import plain_view
+from rpcnet.ggml_types import GgmlType
 
 f32 = np.float32
 
 
 def _supported(node: Tensor) -> bool:
     a, b, ids = node.src[0], node.src[1], node.src[2] if len(node.src) > 2 else None
-    if a is None or b is None or ids is None or ids.type != GGML_I32 or node.type != GGML_F32:
+    if (
+        a is None
+        or b is None
+        or ids is None
+        or ids.type != GgmlType.I32
+        or node.type != GgmlType.F32
+    ):
         return False
     k, m, n_exp = a.ne[0], a.ne[1], a.ne[2]
     n_used, n_tok = ids.ne[0], ids.ne[1]

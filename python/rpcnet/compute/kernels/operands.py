@@ -12,14 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from rpcnet.compute.views import GGML_BF16, GGML_F16, bf16_to_f32, f32_to_bf16
+from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
+from rpcnet.ggml_types import GgmlType
 
 f32 = np.float32
-Q8_0 = 8
+T = GgmlType
 # Weight types whose dot products take the activation quantized to q8_0 / q8_1 (same values)...
-Q8_0_PARTNERS = frozenset({2, 3, 6, 7, 8, 9, 20, 39, 40, 41, 42})
+Q8_0_PARTNERS = frozenset(
+    {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1, T.IQ4_NL, T.MXFP4, T.NVFP4, T.Q1_0, T.Q2_0}
+)
 # ... and to q8_K (256-element blocks, float32 scale): k-quants, i-quants, ternary.
-Q8_K_PARTNERS = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29, 34, 35})
+Q8_K_PARTNERS = frozenset(
+    {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ3_S}
+    | {T.IQ2_S, T.IQ4_XS, T.IQ1_M, T.TQ1_0, T.TQ2_0}
+)
 
 
 def _q8_k_values(x: Any) -> Any:
@@ -38,17 +44,17 @@ def _q8_k_values(x: Any) -> Any:
 def vec_dot_operand(values: Any, weight_type: int) -> Any:
     """float32 activations as ggml's CPU dot products see them against `weight_type` weights:
     rounded to the weight type's vec_dot type (f16, bf16, q8_0/q8_1 or q8_K)."""
-    if weight_type == GGML_F16:
+    if weight_type == GgmlType.F16:
         return values.astype(np.float16).astype(f32)
-    if weight_type == GGML_BF16:
+    if weight_type == GgmlType.BF16:
         return bf16_to_f32(f32_to_bf16(values)).reshape(values.shape)
     k = values.shape[-1]
     if weight_type in Q8_0_PARTNERS and k % 32 == 0:
         from rpcnet.compute import quant
 
         rows = np.ascontiguousarray(values, dtype=f32).reshape(-1, k)
-        packed = quant.quantize(Q8_0, rows)
-        return quant.dequantize(Q8_0, packed, rows.shape[0], k).reshape(values.shape)
+        packed = quant.quantize(GgmlType.Q8_0, rows)
+        return quant.dequantize(GgmlType.Q8_0, packed, rows.shape[0], k).reshape(values.shape)
     if weight_type in Q8_K_PARTNERS and k % 256 == 0:
         return _q8_k_values(np.ascontiguousarray(values, dtype=f32))
     return values

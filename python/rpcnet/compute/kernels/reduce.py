@@ -18,7 +18,8 @@ from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.kernels.unary import F32, FLOAT_TYPES, float_io, reader, writer
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F32, GGML_I32, GGML_I64, PLAIN_DTYPES, plain_view
+from rpcnet.compute.views import PLAIN_DTYPES, plain_view
+from rpcnet.ggml_types import GgmlType
 
 F64 = np.float64
 
@@ -42,7 +43,7 @@ def sum_all(node: Tensor) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
-    if a_t.type == GGML_F32:
+    if a_t.type == GgmlType.F32:
 
         def run_f32() -> None:
             store(np.sum(load(), dtype=F64).astype(F32))
@@ -115,7 +116,7 @@ def _argmax_ok(node: Tensor) -> bool:
     return (
         a is not None
         and a.type in FLOAT_TYPES
-        and node.type == GGML_I32
+        and node.type == GgmlType.I32
         and node.nelements == a.ne[1] * a.ne[2] * a.ne[3]
     )
 
@@ -141,7 +142,7 @@ def _argsort_ok(node: Tensor) -> bool:
     return (
         a is not None
         and a.type in FLOAT_TYPES
-        and node.type == GGML_I32
+        and node.type == GgmlType.I32
         and same_shape(a, node)
         and node.i32(0) in (0, 1)
     )
@@ -172,7 +173,7 @@ def _top_k_ok(node: Tensor) -> bool:
     return (
         a is not None
         and a.type in FLOAT_TYPES
-        and node.type == GGML_I32
+        and node.type == GgmlType.I32
         and 0 < node.ne[0] <= a.ne[0]
         and tuple(node.ne[1:]) == tuple(a.ne[1:])
     )
@@ -207,7 +208,7 @@ def _count_equal_ok(node: Tensor) -> bool:
         and a.type == b.type
         and a.type in PLAIN_DTYPES
         and same_shape(a, b)
-        and node.type == GGML_I64
+        and node.type == GgmlType.I64
         and node.nelements == 1
     )
 

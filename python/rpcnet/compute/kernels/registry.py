@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rpcnet.compute.errors import UnsupportedOp
 from rpcnet.compute.ops import op_name
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import type_name
+from rpcnet.ggml_types import type_name
 
 Step = Callable[[], None]
 Builder = Callable[[Tensor], Step]

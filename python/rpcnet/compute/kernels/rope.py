@@ -17,7 +17,8 @@ from rpcnet.compute import convert
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F16, GGML_F32, GGML_I32, plain_view
+from rpcnet.compute.views import plain_view
+from rpcnet.ggml_types import GgmlType
 
 NORMAL, NEOX, MROPE, VISION, IMROPE = 0, 2, 8, 24, 40
 MODES = (NORMAL, NEOX, MROPE, VISION, IMROPE)
@@ -82,16 +83,20 @@ class RopeParams:
 
 def _supported(node: Tensor) -> bool:
     x, pos, ff = node.src[0], node.src[1], node.src[2] if len(node.src) > 2 else None
-    if x is None or pos is None or pos.type != GGML_I32:
+    if x is None or pos is None or pos.type != GgmlType.I32:
         return False
-    if x.type not in (GGML_F32, GGML_F16) or node.type != x.type or tuple(node.ne) != tuple(x.ne):
+    if (
+        x.type not in (GgmlType.F32, GgmlType.F16)
+        or node.type != x.type
+        or tuple(node.ne) != tuple(x.ne)
+    ):
         return False
     p = RopeParams(node)
     if not p.valid(node):
         return False
     if pos.nelements != (4 if p.mrope else 1) * x.ne[2]:
         return False
-    if ff is not None and (ff.type != GGML_F32 or ff.ne[0] < p.n_rot):
+    if ff is not None and (ff.type != GgmlType.F32 or ff.ne[0] < p.n_rot):
         return False
     return True
 
@@ -189,7 +194,7 @@ def rope(node: Tensor) -> Step:
     if p.vision:
         passthrough = []
     aliased = node.buffer is x_t.buffer and node.offset == x_t.offset and node.nb == x_t.nb
-    half_precision = x_t.type == GGML_F16
+    half_precision = x_t.type == GgmlType.F16
 
     def run() -> None:
         ff = convert.load_f32(ff_t).reshape(-1) if ff_t is not None else None

@@ -12,15 +12,8 @@ from rpcnet.compute.kernels.copy import blocks_ok, encode
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import (
-    GGML_BF16,
-    GGML_I32,
-    GGML_I64,
-    PLAIN_DTYPES,
-    bf16_to_f32,
-    plain_view,
-    row_bytes_view,
-)
+from rpcnet.compute.views import PLAIN_DTYPES, bf16_to_f32, plain_view, row_bytes_view
+from rpcnet.ggml_types import GgmlType
 
 
 def _check_ids(ids: Any, limit: int, what: str) -> None:
@@ -33,7 +26,7 @@ def _check_ids(ids: Any, limit: int, what: str) -> None:
 
 def _get_rows_supported(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
-    if a is None or b is None or b.type != GGML_I32:
+    if a is None or b is None or b.type != GgmlType.I32:
         return False
     if tuple(node.ne) != (a.ne[0], b.ne[0], b.ne[1], b.ne[2]):
         return False
@@ -68,7 +61,7 @@ def get_rows(node: Tensor) -> Step:
         def run_plain() -> None:
             _check_ids(ids_v, limit, "GET_ROWS")
             rows = src[i3, i2, ids_v]
-            if a_t.type == GGML_BF16:
+            if a_t.type == GgmlType.BF16:
                 rows = bf16_to_f32(rows)
             convert.store(node, rows.astype(np.float32, copy=False))
 
@@ -94,7 +87,7 @@ def get_rows(node: Tensor) -> Step:
 
 def _set_rows_supported(node: Tensor) -> bool:
     rows, idx = node.src[0], node.src[1]
-    if rows is None or idx is None or idx.type not in (GGML_I32, GGML_I64):
+    if rows is None or idx is None or idx.type not in (GgmlType.I32, GgmlType.I64):
         return False
     if node.ne[0] != rows.ne[0] or node.ne[2] != rows.ne[2] or node.ne[3] != rows.ne[3]:
         return False

@@ -30,7 +30,8 @@ from rpcnet.compute.kernels.unary import (
 )
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_I32, PLAIN_DTYPES, plain_view, row_bytes_view
+from rpcnet.compute.views import PLAIN_DTYPES, plain_view, row_bytes_view
+from rpcnet.ggml_types import GgmlType
 
 
 def _srcs(node: Tensor, n: int) -> list[Tensor | None]:
@@ -318,7 +319,7 @@ def _add_id_ok(node: Tensor) -> bool:
         and b is not None
         and ids is not None
         and float_io(node, a, b)
-        and ids.type == GGML_I32
+        and ids.type == GgmlType.I32
         and same_shape(a, node)
         and b.ne[0] == a.ne[0]
         and ids.ne[0] == a.ne[1]

@@ -11,7 +11,8 @@ from rpcnet.compute import convert
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F16, GGML_F32, plain_view
+from rpcnet.compute.views import plain_view
+from rpcnet.ggml_types import GgmlType
 
 f32 = np.float32
 
@@ -46,16 +47,25 @@ def _supported(node: Tensor) -> bool:
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
-    if a is None or a.type != GGML_F32 or node.type != GGML_F32 or tuple(node.ne) != tuple(a.ne):
+    if (
+        a is None
+        or a.type != GgmlType.F32
+        or node.type != GgmlType.F32
+        or tuple(node.ne) != tuple(a.ne)
+    ):
         return False
     if mask is not None:
-        if mask.type not in (GGML_F16, GGML_F32) or mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
+        if (
+            mask.type not in (GgmlType.F16, GgmlType.F32)
+            or mask.ne[0] != a.ne[0]
+            or mask.ne[1] < a.ne[1]
+        ):
             return False
         if mask.ne[2] <= 0 or mask.ne[3] <= 0 or a.ne[2] % mask.ne[2] or a.ne[3] % mask.ne[3]:
             return False
     elif node.f32(1) > 0.0:
         return False
-    if sinks is not None and (sinks.type != GGML_F32 or sinks.nelements < a.ne[2]):
+    if sinks is not None and (sinks.type != GgmlType.F32 or sinks.nelements < a.ne[2]):
         return False
     return True
 

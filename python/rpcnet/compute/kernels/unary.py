@@ -27,10 +27,11 @@ from rpcnet.compute.kernels.common import same_shape
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op, Unary
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_BF16, GGML_F16, GGML_F32, PLAIN_DTYPES, plain_view
+from rpcnet.compute.views import PLAIN_DTYPES, plain_view
+from rpcnet.ggml_types import GgmlType
 
 F32 = np.float32
-FLOAT_TYPES = frozenset({GGML_F32, GGML_F16, GGML_BF16})
+FLOAT_TYPES = frozenset({GgmlType.F32, GgmlType.F16, GgmlType.BF16})
 
 Reader = Callable[[], Any]
 Writer = Callable[[Any], None]
@@ -42,10 +43,10 @@ Writer = Callable[[Any], None]
 
 def reader(t: Tensor) -> Reader:
     """A zero-arg callable giving the tensor as float32 (ne3, ne2, ne1, ne0); views resolved now."""
-    if t.type == GGML_F32:
+    if t.type == GgmlType.F32:
         view = plain_view(t)
         return lambda: view
-    if t.type in PLAIN_DTYPES and t.type != GGML_BF16:
+    if t.type in PLAIN_DTYPES and t.type != GgmlType.BF16:
         view = plain_view(t)
         return lambda: view.astype(F32)
     return lambda: convert.load_f32(t)
@@ -53,7 +54,7 @@ def reader(t: Tensor) -> Reader:
 
 def writer(t: Tensor) -> Writer:
     """A callable storing float32 values (broadcastable to the tensor's shape) into the tensor."""
-    if t.type in PLAIN_DTYPES and t.type != GGML_BF16:
+    if t.type in PLAIN_DTYPES and t.type != GgmlType.BF16:
         view = plain_view(t)
 
         def write_plain(values: Any) -> None:
@@ -237,11 +238,11 @@ _VALID_UNARY = frozenset(int(u) for u in Unary)
 def _unary_fn(node: Tensor, src_type: int) -> Callable[[Any], Any]:
     op = node.i32(0)
     if op == Unary.GELU:
-        if src_type == GGML_F32:
+        if src_type == GgmlType.F32:
             return gelu_f32_path
-        return gelu_table if src_type == GGML_F16 else gelu_exact
+        return gelu_table if src_type == GgmlType.F16 else gelu_exact
     if op == Unary.GELU_QUICK:
-        return gelu_quick_table if src_type in (GGML_F32, GGML_F16) else gelu_quick_exact
+        return gelu_quick_table if src_type in (GgmlType.F32, GgmlType.F16) else gelu_quick_exact
     if op == Unary.XIELU:
         return _xielu((node.f32(1), node.f32(2), node.f32(3), node.f32(4)))
     return _SIMPLE[op]
