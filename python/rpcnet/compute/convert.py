@@ -14,6 +14,7 @@ from rpcnet.compute.views import (
     f32_to_bf16,
     plain_view,
     row_bytes_view,
+    shape_of,
 )
 from rpcnet.ggml_types import GgmlType, type_name
 
@@ -23,10 +24,6 @@ def _quant():
     from rpcnet.compute import quant
 
     return quant
-
-
-def shape_of(t: Tensor) -> tuple[int, int, int, int]:
-    return (t.ne[3], t.ne[2], t.ne[1], t.ne[0])
 
 
 def load_f32(t: Tensor) -> Any:

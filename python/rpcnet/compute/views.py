@@ -28,6 +28,11 @@ PLAIN_DTYPES: dict[int, np.dtype] = {
 }
 
 
+def shape_of(t: Tensor) -> tuple[int, int, int, int]:
+    """The tensor's NumPy shape: ggml's dims reversed, (ne3, ne2, ne1, ne0)."""
+    return (t.ne[3], t.ne[2], t.ne[1], t.ne[0])
+
+
 def storage(t: Tensor) -> Any:
     if t.buffer is None:
         raise ComputeError(f"tensor {t.describe()} has no storage on this server")
@@ -40,10 +45,9 @@ def plain_view(t: Tensor) -> Any:
     if dtype is None:
         raise ComputeError(f"tensor {t.describe()} is not a plain type")
     buf = storage(t)
-    shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0])
     strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
     try:
-        return np.ndarray(shape, dtype=dtype, buffer=buf, offset=t.offset, strides=strides)
+        return np.ndarray(shape_of(t), dtype=dtype, buffer=buf, offset=t.offset, strides=strides)
     except (TypeError, ValueError) as exc:
         raise ComputeError(f"tensor {t.describe()} does not fit its buffer: {exc}") from exc
 

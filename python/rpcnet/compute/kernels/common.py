@@ -9,10 +9,6 @@ import numpy as np
 from rpcnet.compute.tensor import Tensor
 
 
-def shape(t: Tensor) -> tuple[int, int, int, int]:
-    return (t.ne[3], t.ne[2], t.ne[1], t.ne[0])
-
-
 def repeats_into(small: Tensor, big: Tensor) -> bool:
     """ggml's broadcast rule: every dim of `small` divides the matching dim of `big`."""
     return all(s > 0 and b % s == 0 for s, b in zip(small.ne, big.ne, strict=True))

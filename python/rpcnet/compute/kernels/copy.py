@@ -13,11 +13,10 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import convert
-from rpcnet.compute.kernels.common import shape
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import PLAIN_DTYPES, f32_to_bf16, plain_view, storage
+from rpcnet.compute.views import PLAIN_DTYPES, f32_to_bf16, plain_view, shape_of, storage
 from rpcnet.ggml_types import GgmlType
 
 
@@ -75,7 +74,7 @@ def _supported(node: Tensor) -> bool:
 def _build(node: Tensor) -> Step:
     src = node.src[0]
     assert src is not None
-    dst_shape = shape(node)
+    dst_shape = shape_of(node)
     types = (src.type, node.type)
 
     if src.type == node.type:
