@@ -7,8 +7,8 @@ from rpcnet import _native
 from rpcnet.client import RpcClient
 from rpcnet.compute import quant
 from rpcnet.compute.derived import DerivedCache
-from rpcnet.compute.device import MemoryPool
 from rpcnet.compute.kernels.operands import vec_dot_operand
+from rpcnet.compute.memory import MemoryPool
 from support.opgraph import contiguous_nb
 
 Q8_0, F32, MUL_MAT = 8, 0, 29

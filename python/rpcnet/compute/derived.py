@@ -13,7 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from rpcnet.compute.device import MemoryPool
+from rpcnet.compute.buffer import DeviceBuffer
+from rpcnet.compute.memory import MemoryPool
 from rpcnet.compute.tensor import Tensor
 
 
@@ -64,7 +65,7 @@ class DerivedCache:
         self.held -= size
         self.pool.release(size)
 
-    def drop_buffer(self, buf: Any) -> None:
+    def drop_buffer(self, buf: DeviceBuffer) -> None:
         """Release everything derived from a buffer that is being freed."""
         with self._lock:
             for key in buf.derived_keys:

@@ -1,9 +1,8 @@
-"""Devices: memory accounting shared by every client, and one worker thread that runs plans."""
+"""Devices: their memory pool, derived-data cache and the one worker thread that runs plans."""
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -11,41 +10,15 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet.compute.derived import DerivedCache
+from rpcnet.compute.memory import MemoryPool
+
 
 def physical_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 8 << 30
-
-
-class MemoryPool:
-    """Capacity bookkeeping for one device; thread-safe because workers may cache derived data."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._held = 0
-        self._lock = threading.Lock()
-
-    def reserve(self, nbytes: int) -> bool:
-        with self._lock:
-            if nbytes > self.capacity - self._held:
-                return False
-            self._held += nbytes
-            return True
-
-    def release(self, nbytes: int) -> None:
-        with self._lock:
-            self._held -= nbytes
-            assert self._held >= 0, "memory pool released more than it held"
-
-    @property
-    def held(self) -> int:
-        return self._held
-
-    @property
-    def free(self) -> int:
-        return max(0, self.capacity - self._held)
 
 
 @dataclass
@@ -65,8 +38,6 @@ class Device:
     derived_limit: int | None = None  # bytes for dequantized weight copies; default capacity / 4
 
     def __post_init__(self) -> None:
-        from rpcnet.compute.derived import DerivedCache
-
         # One worker per device: plans of all clients run in FIFO order, never concurrently.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rpcnet-{self.name}")
         limit = self.derived_limit if self.derived_limit is not None else self.memory.capacity // 4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
 
 from rpcnet import _native
+from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.ggml_types import type_name
 
 FLAG_COMPUTE = 16
@@ -22,14 +22,14 @@ class Tensor:
     op_params: bytes
     flags: int
     name: str
-    buffer: Any | None  # rpcnet.server.buffers.DeviceBuffer
+    buffer: DeviceBuffer | None
     offset: int  # byte offset of element 0 inside buffer.array
     src: tuple[Tensor | None, ...] = field(default=())
     view_src: Tensor | None = None
     stable: bool = False  # no node of the plan writes its buffer: derived copies may be cached
 
     @classmethod
-    def from_wire(cls, t: _native.RpcTensor, buffer: Any | None, offset: int) -> Tensor:
+    def from_wire(cls, t: _native.RpcTensor, buffer: DeviceBuffer | None, offset: int) -> Tensor:
         return cls(
             id=t.id,
             type=t.type,

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
-from typing import Any
 
+from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.device import Device
 
 PAGE = 4096
@@ -17,23 +16,6 @@ _BASE_LIMIT = 0xFFFF_F000_0000_0000
 
 def align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
-
-
-@dataclass(eq=False)
-class DeviceBuffer:
-    handle: int
-    device: Device
-    base: int
-    size: int
-    array: Any  # uint8 device array of `size` bytes
-    generation: int = 0  # rises on every write; derived caches compare against it
-    derived_keys: set = field(default_factory=set)
-
-    def touched(self) -> None:
-        self.generation += 1
-
-    def region(self, offset: int, length: int) -> Any:
-        return self.array[offset : offset + length]
 
 
 class AddressSpaceExhausted(Exception):

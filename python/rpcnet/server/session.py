@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpcnet import _native
+from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.graph import Plan, build_nodes, compile_plan
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HELLO_CAPS_SIZE, Cmd, version_triple
 from rpcnet.server import comm
-from rpcnet.server.buffers import BufferTable, DeviceBuffer
+from rpcnet.server.buffers import BufferTable
 from rpcnet.server.cache import HashCache
 
 log = logging.getLogger("rpcnet.session")

@@ -12,24 +12,19 @@ from typing import Any
 
 import numpy as np
 
-from rpcnet.compute.kernels.common import same_shape
-from rpcnet.compute.kernels.registry import Step, kernel
-from rpcnet.compute.kernels.unary import (
-    F32,
+from rpcnet.compute.kernels.common import F32, float_io, quiet, reader, same_shape, writer
+from rpcnet.compute.kernels.floatmath import (
     ONE,
     ZERO,
     exp_fast,
-    float_io,
     gelu_erf,
     gelu_exact,
     gelu_quick_exact,
     gelu_quick_table,
     gelu_table,
-    quiet,
-    reader,
     silu,
-    writer,
 )
+from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Glu, Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType

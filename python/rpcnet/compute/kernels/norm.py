@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from rpcnet import _native
-from rpcnet.compute.kernels.common import same_shape
+from rpcnet.compute.kernels.common import F32, float_io, quiet, reader, same_shape, writer
+from rpcnet.compute.kernels.floatmath import ONE
 from rpcnet.compute.kernels.registry import Step, kernel
-from rpcnet.compute.kernels.unary import F32, ONE, float_io, quiet, reader, writer
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 

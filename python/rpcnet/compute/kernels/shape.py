@@ -14,20 +14,18 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.errors import ComputeError
-from rpcnet.compute.kernels.common import repeats_into, same_shape
-from rpcnet.compute.kernels.registry import Step, kernel
-from rpcnet.compute.kernels.unary import (
+from rpcnet.compute.kernels.common import (
     F32,
     FLOAT_TYPES,
-    cos,
-    exp,
     float_io,
-    fma,
     quiet,
     reader,
-    sin,
+    repeats_into,
+    same_shape,
     writer,
 )
+from rpcnet.compute.kernels.floatmath import cos, exp, fma, sin
+from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, plain_view, row_bytes_view

@@ -1,0 +1,133 @@
+"""float32 math as ggml's CPU backend computes it, shared by the element-wise kernels.
+
+* GELU and GELU_QUICK on f32/f16 inputs go through ggml's fp16 lookup tables (argument rounded to
+  f16, result is the f16 table entry); the same tables are rebuilt here, so results are exact;
+* libm functions (expf, tanhf, logf, ...) are evaluated in float64 and rounded once, which agrees
+  with glibc far more often than NumPy's float32 SIMD versions; the SiLU family keeps the fast
+  float32 exp (the reference uses its own SIMD exp approximation there);
+* `a*b + c` that the reference computes with an FMA is rounded once (`fma`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rpcnet.compute.kernels.common import F32, quiet
+
+
+def round_f16(x: Any) -> Any:
+    """Round float32 values to the nearest f16 (ties to even) and widen back."""
+    return x.astype(np.float16).astype(F32)
+
+
+_ERF_STEP = 1.0 / 1024  # table spacing (a power of two: exact scaling)
+_ERF_LIMIT = 6.0  # erf(6) == 1 in float64
+_ERF_TABLES: list[Any] = []
+
+
+def _erf_tables() -> tuple[Any, Any]:
+    """erf and its derivative (times the step) on the grid k*_ERF_STEP, 0 <= k*step <= 6."""
+    if not _ERF_TABLES:
+        grid = [k * _ERF_STEP for k in range(int(_ERF_LIMIT / _ERF_STEP) + 2)]
+        values = np.array([math.erf(z) for z in grid])
+        slopes = 2.0 / math.sqrt(math.pi) * np.exp(-np.square(np.array(grid))) * _ERF_STEP
+        _ERF_TABLES[:] = [values, slopes]
+    return _ERF_TABLES[0], _ERF_TABLES[1]
+
+
+def erf(x: Any) -> Any:
+    """erf of a float array as float32 (NumPy has none): cubic Hermite interpolation of an exact
+    float64 table (error < 1e-13), so the float32 result is the correctly rounded erf."""
+    values, slopes = _erf_tables()
+    u = np.fmin(np.abs(x.astype(np.float64)), _ERF_LIMIT) / _ERF_STEP  # NaN -> limit
+    k = np.minimum(np.floor(u), len(values) - 2).astype(np.intp)
+    t = u - k
+    s = 1.0 - t
+    f0, f1 = np.take(values, k), np.take(values, k + 1)
+    d0, d1 = np.take(slopes, k), np.take(slopes, k + 1)
+    y = s * s * ((1.0 + 2.0 * t) * f0 + t * d0) + t * t * ((3.0 - 2.0 * t) * f1 - s * d1)
+    return np.where(np.isnan(x), x, np.copysign(y, x).astype(F32))
+
+
+def _precise(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A float32 function evaluated in float64 and rounded once, like glibc's *f functions.
+
+    NumPy's float32 SIMD versions are a few ulps off (tanh saturates at 1 - 2^-24, which
+    `1 + tanh` in GELU turns into a different result); the reference calls libm per element.
+    """
+
+    def f32_fn(x: Any) -> Any:
+        return fn(x.astype(np.float64)).astype(F32)
+
+    return f32_fn
+
+
+exp, expm1, tanh, log = _precise(np.exp), _precise(np.expm1), _precise(np.tanh), _precise(np.log)
+sin, cos = _precise(np.sin), _precise(np.cos)
+# The SiLU family is a hot path and the reference itself uses a SIMD exp approximation there.
+exp_fast = np.exp
+
+GELU_COEF_A = F32(0.044715)
+GELU_QUICK_COEF = F32(-1.702)
+SQRT_2_OVER_PI = F32(0.79788456080286535587989211986876)
+SQRT_2_INV = F32(0.70710678118654752440084436210484)
+ONE, HALF, ZERO = F32(1.0), F32(0.5), F32(0.0)
+
+
+def gelu_exact(x: Any) -> Any:
+    """ggml_gelu_f32: the tanh approximation in float32."""
+    return HALF * x * (ONE + tanh(SQRT_2_OVER_PI * x * (ONE + GELU_COEF_A * x * x)))
+
+
+def gelu_quick_exact(x: Any) -> Any:
+    return x * (ONE / (ONE + exp(GELU_QUICK_COEF * x)))
+
+
+def gelu_erf(x: Any) -> Any:
+    return HALF * x * (ONE + erf(x * SQRT_2_INV))
+
+
+def silu(x: Any) -> Any:
+    return x / (ONE + exp_fast(-x))
+
+
+_TABLES: dict[str, Any] = {}
+
+
+def _f16_table(name: str) -> Any:
+    """ggml_table_gelu_f16 / ggml_table_gelu_quick_f16 (as float32), built on first use."""
+    table = _TABLES.get(name)
+    if table is None:
+        arg = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(F32)
+        with quiet():
+            values = gelu_exact(arg) if name == "gelu" else gelu_quick_exact(arg)
+        table = _TABLES[name] = round_f16(values)
+    return table
+
+
+def _lookup(name: str, x: Any) -> Any:
+    return np.take(_f16_table(name), x.astype(np.float16).view(np.uint16))
+
+
+def gelu_table(x: Any) -> Any:
+    """ggml_table_gelu_f16[f16(x)]: GELU of the f16-rounded argument, rounded to f16."""
+    return _lookup("gelu", x)
+
+
+def gelu_quick_table(x: Any) -> Any:
+    return _lookup("gelu_quick", x)
+
+
+def gelu_f32_path(x: Any) -> Any:
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: table lookup, exact outside [-10, 10]."""
+    return np.where(x <= -10.0, ZERO, np.where(x >= 10.0, x, gelu_table(x)))
+
+
+def fma(a: Any, b: Any, c: Any) -> Any:
+    """a*b + c rounded once to float32 (the product is exact in float64), like the reference's
+    explicit or compiler-contracted FMAs."""
+    return (np.asarray(a, np.float64) * b + c).astype(F32)
