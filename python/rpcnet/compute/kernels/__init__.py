@@ -1,7 +1,33 @@
-"""CPU kernels, one module per op family; importing this package registers every module in it."""
+"""CPU kernels, one module per op family.
+
+Importing this package registers the kernel modules listed below, in one place; which kernel
+serves a node is decided by the priorities given at registration (registry.py), not by this order.
+"""
 
 import importlib
-import pkgutil
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+KERNEL_MODULES = (
+    "attention",
+    "binary",
+    "copy",
+    "glu",
+    "matmul",
+    "matmul_native",
+    "moe",
+    "norm",
+    "reduce",
+    "rope",
+    "rows",
+    "shape",
+    "softmax",
+    "unary",
+)
+
+
+def register_all() -> None:
+    """Import every kernel module; their ``@kernel`` decorators fill the registry."""
+    for name in KERNEL_MODULES:
+        importlib.import_module(f"{__name__}.{name}")
+
+
+register_all()

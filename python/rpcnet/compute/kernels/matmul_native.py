@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from rpcnet import _native
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view, row_bytes_view, storage
@@ -41,7 +41,7 @@ def _supported(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.MUL_MAT, "q8_0 x f32 -> f32 (native, N<=8)", _supported)
+@kernel(Op.MUL_MAT, "q8_0 x f32 -> f32 (native, N<=8)", _supported, priority=NATIVE)
 def mul_mat_q8_0_native(node: Tensor) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None

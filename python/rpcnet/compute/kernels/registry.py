@@ -2,6 +2,9 @@
 
 A builder runs once per graph (plan time): it resolves array views and returns a closure that
 does only the arithmetic, so GRAPH_RECOMPUTE re-runs closures without any decoding.
+
+Of the kernels of one op that support a node, the one of highest priority runs: native fast
+paths (narrow cases, Rust) come before the generic xp kernels, whatever the import order.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ Step = Callable[[], None]
 Builder = Callable[[Tensor], Step]
 Predicate = Callable[[Tensor], bool]
 
+GENERIC = 0  # xp (NumPy/CuPy) kernels that handle every supported layout of their op
+NATIVE = 10  # native fast paths for a narrow case, tried before the generic kernel
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -27,19 +33,33 @@ class Kernel:
     supports: Predicate
     build: Builder
     types: str  # human-readable (op, types) summary for `rpcnet ops`
+    priority: int
 
 
 _KERNELS: dict[tuple[int, str], list[Kernel]] = {}
 
 
 def kernel(
-    op: int, types: str, supports: Predicate, device: str = "cpu"
+    op: int, types: str, supports: Predicate, priority: int = GENERIC, device: str = "cpu"
 ) -> Callable[[Builder], Builder]:
-    """Register a builder; later registrations take precedence (device fast paths)."""
+    """Register a builder for `op` on `device`; higher `priority` is tried first.
+
+    Two kernels of one op and device may not share a priority: which one runs must never
+    depend on the order their modules were imported in.
+    """
 
     def register(build: Builder) -> Builder:
-        entry = Kernel(op, build.__name__, device, supports, build, types)
-        _KERNELS.setdefault((op, device), []).insert(0, entry)
+        entry = Kernel(op, build.__name__, device, supports, build, types, priority)
+        entries = _KERNELS.setdefault((op, device), [])
+        clash = [k.name for k in entries if k.priority == priority and k.build is not build]
+        if clash:
+            raise ValueError(
+                f"kernel {entry.name} for {op_name(op)} on {device}: priority {priority} "
+                f"is taken by {clash[0]}"
+            )
+        if not any(k.build is build for k in entries):
+            entries.append(entry)
+            entries.sort(key=lambda k: -k.priority)
         return build
 
     return register
