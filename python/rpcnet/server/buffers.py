@@ -18,10 +18,6 @@ def align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
 
 
-class AddressSpaceExhausted(Exception):
-    pass
-
-
 class BufferTable:
     def __init__(self) -> None:
         self._buffers: dict[int, DeviceBuffer] = {}

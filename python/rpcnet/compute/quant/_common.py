@@ -52,14 +52,6 @@ def u32(blocks: Any, off: int, xp: Any) -> Any:
     return out
 
 
-def split_u16(v: Any, xp: Any) -> Any:
-    """uint16 array (n,) -> uint8 array (n, 2), little-endian."""
-    v = v.astype(xp.uint16)
-    lo = (v & xp.uint16(0xFF)).astype(xp.uint8)
-    hi = (v >> xp.uint16(8)).astype(xp.uint8)
-    return xp.stack([lo, hi], axis=-1)
-
-
 def split_u32(v: Any, xp: Any) -> Any:
     """uint32 array (n,) -> uint8 array (n, 4), little-endian."""
     v = v.astype(xp.uint32)
