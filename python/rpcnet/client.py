@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rpcnet import _native
 from rpcnet.protocol import messages as msg
-from rpcnet.protocol.commands import HELLO_CAPS_SIZE, Cmd
+from rpcnet.protocol.commands import HELLO_RESPONSE_SIZE, NO_CAPS, Cmd
 
 _SIZE = struct.Struct("<Q")
 
@@ -40,7 +40,7 @@ class RpcClient:
         port: int,
         proto: int = 8,
         hello: bool = True,
-        caps: bytes = bytes(HELLO_CAPS_SIZE),
+        caps: bytes = NO_CAPS,
     ) -> RpcClient:
         reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
         sock = writer.get_extra_info("socket")
@@ -90,8 +90,9 @@ class RpcClient:
 
     # ------------------------------------------------------------ commands
 
-    async def hello(self, caps: bytes = bytes(HELLO_CAPS_SIZE)) -> Hello:
-        version, server_caps = msg.parse_hello_response(await self.call(Cmd.HELLO, caps, 28))
+    async def hello(self, caps: bytes = NO_CAPS) -> Hello:
+        rsp = await self.call(Cmd.HELLO, caps, HELLO_RESPONSE_SIZE)
+        version, server_caps = msg.parse_hello_response(rsp)
         return Hello(version, server_caps, caps)
 
     async def device_count(self) -> int:

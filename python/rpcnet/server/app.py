@@ -7,40 +7,17 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
-from pathlib import Path
 
 from rpcnet.compute.device import Device, cpu_device
-from rpcnet.protocol.commands import DEFAULT_PROTOCOL
-from rpcnet.server.access import Network, allowed, default_allow, is_loopback
+from rpcnet.server.access import allowed, default_allow, is_loopback
 from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
+from rpcnet.server.config import ServerConfig
 from rpcnet.server.connection import Connection
 from rpcnet.server.stream import StreamProtocol
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
-
-
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 50052
-    proto: int = DEFAULT_PROTOCOL
-    device: str = "cpu"
-    mem: int | None = None  # device capacity to report; default physical RAM
-    threads: int | None = None
-    cache_dir: Path | None = None
-    cache_max: int | None = None
-    max_data: int = 1 << 40  # SET_TENSOR payloads are also bounded by their buffer
-    max_graph: int = 256 << 20  # GRAPH_COMPUTE payload bytes
-    max_graph_nodes: int = 1 << 16  # nodes and tensors per graph
-    client_mem: int | None = None  # per-connection buffer quota; default: the device capacity
-    max_clients: int = 256
-    hello_timeout: float = 10.0  # seconds a new connection may take to send HELLO
-    allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
-    drain_timeout: float = 30.0
-    comm_timeout: float = 30.0  # COMM_INIT: rank 0's wait for its peer, each handshake
 
 
 def make_devices(config: ServerConfig) -> list[Device]:

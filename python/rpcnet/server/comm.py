@@ -45,17 +45,18 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
-from rpcnet.protocol.commands import HELLO_CAPS_SIZE
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
 from rpcnet.server.access import Network, allowed
+from rpcnet.server.config import ServerConfig
 
 log = logging.getLogger("rpcnet.comm")
 
-PEER_CAPS = bytes(HELLO_CAPS_SIZE)  # TCP only (spec §11.2, §12)
+PEER_CAPS = NO_CAPS  # TCP only (spec §11.2, §12)
 BF16_MIN_ELEMENTS = 32768  # F32 tensors with at least this many elements travel as bf16
 CONNECT_ATTEMPTS = 100  # rank 1, like the reference: 100 tries, 50 ms apart (~5 s)
 CONNECT_DELAY = 0.05
 INLINE_BYTES = 256 << 10  # wire payloads up to this size are converted and added inline
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = ServerConfig.comm_timeout
 
 GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
 ELEMENT_SIZE = {GGML_F32: 4, GGML_F16: 2, GGML_BF16: 2}  # types an allreduce can add

@@ -18,7 +18,7 @@ from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.graph import Plan, build_nodes, compile_plan
 from rpcnet.protocol import messages as msg
-from rpcnet.protocol.commands import HELLO_CAPS_SIZE, Cmd, version_triple
+from rpcnet.protocol.commands import NO_CAPS, Cmd, version_triple
 from rpcnet.server import comm
 from rpcnet.server.buffers import BufferTable, DeviceBuffer
 from rpcnet.server.cache import HashCache
@@ -26,7 +26,6 @@ from rpcnet.server.cache import HashCache
 log = logging.getLogger("rpcnet.session")
 
 GRAPH_CACHE_MAX = 1024  # per device; must match the client's rule exactly (spec §8.4)
-NO_CAPS = bytes(HELLO_CAPS_SIZE)
 
 
 class ProtocolViolation(Exception):

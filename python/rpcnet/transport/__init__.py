@@ -4,9 +4,8 @@ See docs/rdma.md. Nothing here imports pyverbs at import time; `rpcnet.transport
 the first time a connection is offered RDMA.
 """
 
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
 from rpcnet.transport.base import (
-    CAPS_SIZE,
-    NO_CAPS,
     Transport,
     TransportClosed,
     TransportError,
@@ -32,7 +31,7 @@ from rpcnet.transport.rdma import (
 from rpcnet.transport.tcp import TcpTransport
 
 __all__ = [
-    "CAPS_SIZE",
+    "HELLO_CAPS_SIZE",
     "NO_CAPS",
     "RDMA_CHUNK",
     "RX_DEPTH",

@@ -11,9 +11,6 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-CAPS_SIZE = 24  # HELLO conn_caps (spec §2)
-NO_CAPS = bytes(CAPS_SIZE)  # all-zero: "no RDMA"
-
 
 class TransportError(ConnectionError):
     """The transport failed (completion error, protocol misuse); the connection is unusable."""

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnet.caps import describe_caps
-from rpcnet.transport.base import CAPS_SIZE, NO_CAPS, Transport, TransportError
+from rpcnet.protocol import messages as msg
+from rpcnet.protocol.commands import HELLO, HELLO_CAPS_SIZE, HELLO_RESPONSE_SIZE, NO_CAPS
+from rpcnet.transport.base import Transport, TransportError
 from rpcnet.transport.rdma import (
     RdmaActivationError,
     RdmaEndpoint,
@@ -38,7 +40,6 @@ from rpcnet.transport.tcp import TcpTransport
 
 log = logging.getLogger("rpcnet.transport")
 
-HELLO = 14
 _SIZE = struct.Struct("<Q")
 
 
@@ -159,7 +160,7 @@ class ConnectionNegotiation:
         return caps
 
     def _answer(self, client_caps: bytes) -> tuple[bytes, Outcome]:
-        if len(client_caps) != CAPS_SIZE or not any(client_caps):
+        if len(client_caps) != HELLO_CAPS_SIZE or not any(client_caps):
             return NO_CAPS, decide(NO_CAPS, NO_CAPS, remote="client")
         provider = self.policy.provider
         problem = caps_problem(client_caps)
@@ -269,12 +270,12 @@ def connect_client(
                 offer_reason = str(exc)
         client_caps = endpoint.caps if endpoint is not None else NO_CAPS
         tcp.send(bytes([HELLO]))
-        tcp.send(_SIZE.pack(CAPS_SIZE))
+        tcp.send(_SIZE.pack(HELLO_CAPS_SIZE))
         tcp.send(client_caps)
         (size,) = _SIZE.unpack(tcp.recv(_SIZE.size))
-        if size != 28:
-            raise HelloFailed(f"HELLO response of {size} bytes, expected 28")
-        rsp = tcp.recv(28)
+        if size != HELLO_RESPONSE_SIZE:
+            raise HelloFailed(f"HELLO response of {size} bytes, expected {HELLO_RESPONSE_SIZE}")
+        rsp = tcp.recv(HELLO_RESPONSE_SIZE)
     except TransportError as exc:
         if endpoint is not None:
             endpoint.close()
@@ -285,8 +286,7 @@ def connect_client(
             endpoint.close()
         tcp.close()
         raise
-    version = (rsp[0], rsp[1], rsp[2])
-    server_caps = bytes(rsp[4:28])
+    version, server_caps = msg.parse_hello_response(rsp)
     transport: Transport = tcp
     problem = caps_problem(server_caps)
     if endpoint is not None and any(server_caps) and problem is not None:
