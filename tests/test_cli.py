@@ -7,8 +7,8 @@ import json
 
 import pytest
 from rpcnet import __version__
-from rpcnet.caps import decode_caps, describe_caps, negotiated_transport
 from rpcnet.cli import main, parse_size
+from rpcnet.transport.caps import decode_caps, describe_caps, negotiated_transport
 
 
 def test_version(capsys):

@@ -3,7 +3,7 @@
 What runs for real here: RdmaTransport (chunking, inline decision, receive ring and reposting,
 message reassembly, strict boundaries, stop/liveness), activate_qp's order of verbs calls,
 RdmaEndpoint, ResponseFramer and RdmaServerStream. What is faked: the queue pair itself
-(rpcnet.transport.fakeverbs models RC delivery, RNR waits and the QP state machine).
+(tests/support/fakeverbs.py models RC delivery, RNR waits and the QP state machine).
 """
 
 from __future__ import annotations
@@ -15,22 +15,22 @@ import threading
 import pytest
 from rpcnet import _native
 from rpcnet.transport import rdma
-from rpcnet.transport.base import TransportClosed, TransportError
-from rpcnet.transport.fakeverbs import (
+from rpcnet.transport.base import ConnectionClosed, TransportClosed, TransportError
+from rpcnet.transport.rdma import (
+    RDMA_CHUNK,
+    RX_DEPTH,
+    RdmaActivationError,
+    RdmaCaps,
+    RdmaServerStream,
+    RdmaUnavailable,
+    ResponseFramer,
+)
+from support.fakeverbs import (
     FakeFabric,
     FakeQueuePair,
     FakeVerbs,
     FakeVerbsError,
     fake_pair,
-)
-from rpcnet.transport.rdma import (
-    RDMA_CHUNK,
-    RX_DEPTH,
-    RdmaActivationError,
-    RdmaServerStream,
-    RdmaUnavailable,
-    RemoteCaps,
-    ResponseFramer,
 )
 
 
@@ -195,7 +195,7 @@ def test_queue_pair_state_machine_is_enforced():
     with pytest.raises(FakeVerbsError):
         qp.post_send(1, True)  # not RTS
     with pytest.raises(FakeVerbsError, match="PSN"):
-        qp.to_rtr(RemoteCaps(0x1234, 0x1, bytes(16)))
+        qp.to_rtr(RdmaCaps(0x1234, 0x1, bytes(16)))
 
 
 # ------------------------------------------------------------------------------------ endpoints
@@ -294,8 +294,6 @@ async def test_server_stream_reads_writes_and_ends_on_tcp_eof():
 
 
 async def test_server_stream_maps_transport_errors_to_connection_closed():
-    from rpcnet.server.stream import ConnectionClosed
-
     client, server = fake_pair()
     stream = RdmaServerStream(server, _FakeTcpStream(), "peer")
     client.close()
@@ -321,7 +319,7 @@ def test_work_requests_and_qp_attributes_fit_the_real_pyverbs_classes():
     assert init.max_recv_wr == RX_DEPTH + 4 and init.max_send_wr == rdma.MAX_SEND_WR
     attr, mask = rdma.init_attr(pv, 1)
     assert attr.qp_state == e.IBV_QPS_INIT and mask & e.IBV_QP_ACCESS_FLAGS
-    remote = RemoteCaps(0x2A5, 0x2A5, bytes(_native.rdma_target_gid("10.0.0.2")))
+    remote = RdmaCaps(0x2A5, 0x2A5, bytes(_native.rdma_target_gid("10.0.0.2")))
     attr, mask = rdma.rtr_attr(pv, 1, 3, e.IBV_MTU_4096, remote)
     assert (attr.dest_qp_num, attr.rq_psn, attr.min_rnr_timer) == (0x2A5, 0x2A5, 1)
     assert attr.ah_attr.dgid == "0000:0000:0000:0000:0000:ffff:0a00:0002"

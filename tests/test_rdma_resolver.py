@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 from rpcnet import _native
-from rpcnet.caps import decode_caps
 from rpcnet.cli import main
 from rpcnet.transport import rdma
+from rpcnet.transport.caps import decode_caps
 
 
 class Sysfs:

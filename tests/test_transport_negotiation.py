@@ -15,10 +15,11 @@ import time
 import pytest
 from rpcnet import _native
 from rpcnet.caps import probe, render
+from rpcnet.client import connect_client
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import Cmd
-from rpcnet.transport import NO_CAPS, ServerNegotiation, connect_client, decide
-from rpcnet.transport.fakeverbs import FakeFabric, FakeVerbs
+from rpcnet.transport import NO_CAPS, ServerNegotiation, decide
+from support.fakeverbs import FakeFabric, FakeVerbs
 
 CAPS = _native.rdma_encode_caps(0x1234, "::ffff:10.0.0.2")
 

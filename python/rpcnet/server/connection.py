@@ -16,7 +16,8 @@ from rpcnet.compute.errors import ComputeError
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HEADER_SIZE, WAITS_FOR_GRAPH, Cmd
 from rpcnet.server.session import SIMPLE_HANDLERS, ProtocolViolation, Session, SessionLimits
-from rpcnet.server.stream import ConnectionClosed, StreamProtocol
+from rpcnet.server.stream import StreamProtocol
+from rpcnet.transport.base import ConnectionClosed
 
 if TYPE_CHECKING:
     from rpcnet.server.app import Server

@@ -11,11 +11,9 @@ from rpcnet.transport.base import (
     TransportError,
 )
 from rpcnet.transport.negotiate import (
-    ClientConnection,
     ConnectionNegotiation,
     Outcome,
     ServerNegotiation,
-    connect_client,
     decide,
 )
 from rpcnet.transport.rdma import (
@@ -35,7 +33,6 @@ __all__ = [
     "NO_CAPS",
     "RDMA_CHUNK",
     "RX_DEPTH",
-    "ClientConnection",
     "ConnectionNegotiation",
     "Outcome",
     "PyverbsProvider",
@@ -49,6 +46,5 @@ __all__ = [
     "Transport",
     "TransportClosed",
     "TransportError",
-    "connect_client",
     "decide",
 ]

@@ -12,6 +12,11 @@ import abc
 from typing import Any
 
 
+class ConnectionClosed(Exception):
+    """The peer closed (or reset) the connection: what the server's streams raise to its
+    connection task (TCP's asyncio stream and the RDMA server stream alike)."""
+
+
 class TransportError(ConnectionError):
     """The transport failed (completion error, protocol misuse); the connection is unusable."""
 

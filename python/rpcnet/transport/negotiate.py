@@ -19,28 +19,20 @@ tell the difference except that a failing rpcnet server never leaves the client 
 from __future__ import annotations
 
 import logging
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnet.caps import describe_caps
-from rpcnet.protocol import messages as msg
-from rpcnet.protocol.commands import HELLO, HELLO_CAPS_SIZE, HELLO_RESPONSE_SIZE, NO_CAPS
-from rpcnet.transport.base import Transport, TransportError
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
+from rpcnet.transport.caps import RdmaCaps, describe_caps
 from rpcnet.transport.rdma import (
     RdmaActivationError,
-    RdmaEndpoint,
     RdmaProvider,
     RdmaServerStream,
     RdmaTransport,
     RdmaUnavailable,
-    RemoteCaps,
 )
-from rpcnet.transport.tcp import TcpTransport
 
 log = logging.getLogger("rpcnet.transport")
-
-_SIZE = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -95,7 +87,7 @@ def caps_problem(caps: bytes) -> str | None:
     UC queue pair and framed stream do not interoperate with the RC transport. Linux caps always
     carry psn == qpn & 0xFFFFFF, so anything else is treated as "not ours" and answered with TCP.
     """
-    remote = RemoteCaps.decode(caps)
+    remote = RdmaCaps.decode(caps)
     if remote is not None and remote.psn != remote.qpn & 0xFFFFFF:
         return (
             f"caps are not the Linux verbs layout (psn {remote.psn:#x} != qpn {remote.qpn:#x} "
@@ -192,117 +184,3 @@ class ConnectionNegotiation:
             return stream
         link, self.link = self.link, None
         return RdmaServerStream(link, stream, self.peer)
-
-
-# ------------------------------------------------------------------------------------------------
-# client side (blocking; `rpcnet caps` and tests)
-
-
-class HelloFailed(ConnectionError):
-    """The server did not answer HELLO as the protocol says."""
-
-
-@dataclass
-class ClientConnection:
-    """A connected, negotiated client: `transport` is TCP or RDMA; `tcp` stays open."""
-
-    tcp: TcpTransport
-    transport: Transport
-    version: tuple[int, int, int]
-    client_caps: bytes
-    server_caps: bytes
-    outcome: Outcome
-    offer_reason: str | None = None  # why the client advertised zero caps
-
-    def send_request(self, cmd: int, payload: bytes = b"") -> None:
-        # Three send_data() calls, like the reference client (spec §12: granularity matters).
-        self.transport.send(bytes([cmd]))
-        self.transport.send(_SIZE.pack(len(payload)))
-        if payload:
-            self.transport.send(payload)
-        self.transport.flush()
-
-    def recv_response(self, expected: int | None = None) -> bytes:
-        (size,) = _SIZE.unpack(self.transport.recv(_SIZE.size))
-        if expected is not None and size != expected:
-            raise HelloFailed(f"response size {size}, expected {expected}")
-        return self.transport.recv(size)
-
-    def call(self, cmd: int, payload: bytes = b"", expected: int | None = None) -> bytes:
-        self.send_request(cmd, payload)
-        return self.recv_response(expected)
-
-    def close(self) -> None:
-        if self.transport is not self.tcp:
-            self.transport.close()
-        self.tcp.close()
-
-    def __enter__(self) -> ClientConnection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def connect_client(
-    host: str,
-    port: int,
-    *,
-    provider: RdmaProvider | None = None,
-    timeout: float | None = 10.0,
-    strict: bool = False,
-) -> ClientConnection:
-    """Connect, HELLO (offering RDMA when `provider` can), and move to RDMA when both offered.
-
-    `strict`: the RDMA receiver refuses messages that do not line up with its reads, as the
-    reference receiver would (tests use it to check the server's message boundaries).
-    """
-    tcp = TcpTransport.connect(host, port, timeout)
-    endpoint: RdmaEndpoint | None = None
-    offer_reason: str | None = None
-    try:
-        if provider is None:
-            offer_reason = "RDMA not requested"
-        else:
-            try:
-                endpoint = provider.probe(tcp.local_address())
-            except RdmaUnavailable as exc:
-                offer_reason = str(exc)
-        client_caps = endpoint.caps if endpoint is not None else NO_CAPS
-        tcp.send(bytes([HELLO]))
-        tcp.send(_SIZE.pack(HELLO_CAPS_SIZE))
-        tcp.send(client_caps)
-        (size,) = _SIZE.unpack(tcp.recv(_SIZE.size))
-        if size != HELLO_RESPONSE_SIZE:
-            raise HelloFailed(f"HELLO response of {size} bytes, expected {HELLO_RESPONSE_SIZE}")
-        rsp = tcp.recv(HELLO_RESPONSE_SIZE)
-    except TransportError as exc:
-        if endpoint is not None:
-            endpoint.close()
-        tcp.close()
-        raise HelloFailed(f"HELLO failed: {exc}") from exc
-    except BaseException:
-        if endpoint is not None:
-            endpoint.close()
-        tcp.close()
-        raise
-    version, server_caps = msg.parse_hello_response(rsp)
-    transport: Transport = tcp
-    problem = caps_problem(server_caps)
-    if endpoint is not None and any(server_caps) and problem is not None:
-        endpoint.close()
-        outcome = decide(NO_CAPS, server_caps, remote="server", local_reason=problem)
-    elif endpoint is not None and any(server_caps):
-        try:
-            transport = endpoint.activate(server_caps, peer_closed=tcp.peer_closed, strict=strict)
-            outcome = decide(client_caps, server_caps, remote="server", detail=transport.describe())
-        except RdmaActivationError as exc:
-            outcome = decide(client_caps, server_caps, activation_error=str(exc))
-    else:
-        if endpoint is not None:
-            endpoint.close()
-        outcome = decide(client_caps, server_caps, remote="server", local_reason=offer_reason)
-    log.log(outcome.level, "%s", outcome.line(f"{host}:{port}"))
-    return ClientConnection(
-        tcp, transport, version, client_caps, server_caps, outcome, offer_reason
-    )

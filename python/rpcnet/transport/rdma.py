@@ -4,7 +4,7 @@ Layers, bottom up:
 
 * `QueuePair` — what the framing needs from verbs: one RC queue pair with a registered send
   buffer and a registered ring of receive buffers. `PyverbsQueuePair` implements it with pyverbs
-  (imported lazily; the optional extra `rpcnet[rdma]`), `rpcnet.transport.fakeverbs` with a
+  (imported lazily; the optional extra `rpcnet[rdma]`), `tests/support/fakeverbs.py` with a
   loopback fake for tests.
 * `RdmaTransport` — the byte channel: each `send` is cut into SEND messages of at most
   `RDMA_CHUNK` (256 KiB, inline up to the QP's inline limit) that end where the call ends; the
@@ -41,7 +41,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from rpcnet import _native
-from rpcnet.transport.base import Transport, TransportClosed, TransportError
+from rpcnet.transport.base import ConnectionClosed, Transport, TransportClosed, TransportError
+from rpcnet.transport.caps import RdmaCaps
 
 log = logging.getLogger("rpcnet.transport")
 
@@ -109,18 +110,6 @@ class Completion:
     status: str = "SUCCESS (0)"
 
 
-@dataclass(frozen=True)
-class RemoteCaps:
-    qpn: int
-    psn: int
-    gid: bytes
-
-    @classmethod
-    def decode(cls, caps: bytes) -> RemoteCaps | None:
-        decoded = _native.rdma_decode_caps(bytes(caps))
-        return None if decoded is None else cls(*decoded)
-
-
 class QueuePair:
     """One RC queue pair with its registered memory (interface; see module docstring)."""
 
@@ -131,7 +120,7 @@ class QueuePair:
     def to_init(self) -> None:
         raise NotImplementedError
 
-    def to_rtr(self, remote: RemoteCaps) -> None:
+    def to_rtr(self, remote: RdmaCaps) -> None:
         raise NotImplementedError
 
     def to_rts(self) -> None:
@@ -162,7 +151,7 @@ class QueuePair:
         raise NotImplementedError
 
 
-def activate_qp(qp: QueuePair, remote: RemoteCaps) -> None:
+def activate_qp(qp: QueuePair, remote: RdmaCaps) -> None:
     """RESET→INIT, post the whole receive ring, INIT→RTR (towards `remote`), RTR→RTS."""
     qp.to_init()
     for slot in range(RX_DEPTH):
@@ -339,7 +328,7 @@ class RdmaEndpoint:
     ) -> RdmaTransport:
         """Bring the QP up towards the peer; RdmaActivationError (QP released) on failure."""
         try:
-            remote = RemoteCaps.decode(remote_caps)
+            remote = RdmaCaps.decode(remote_caps)
             if remote is None:
                 raise RdmaActivationError("the peer advertised no RDMA")
             activate_qp(self.qp, remote)
@@ -516,7 +505,7 @@ def init_attr(pv: Any, port: int) -> tuple[Any, int]:
 
 
 def rtr_attr(
-    pv: Any, port: int, gid_index: int, path_mtu: int, remote: RemoteCaps
+    pv: Any, port: int, gid_index: int, path_mtu: int, remote: RdmaCaps
 ) -> tuple[Any, int]:
     """INIT→RTR towards `remote`: (attributes, mask)."""
     e, a = pv.enums, pv.addr
@@ -622,7 +611,7 @@ class PyverbsQueuePair(QueuePair):
     def to_init(self) -> None:
         self.qp.modify(*init_attr(self.pv, self.port))
 
-    def to_rtr(self, remote: RemoteCaps) -> None:
+    def to_rtr(self, remote: RdmaCaps) -> None:
         self.qp.modify(*rtr_attr(self.pv, self.port, self.gid_index, self.path_mtu, remote))
 
     def to_rts(self) -> None:
@@ -784,8 +773,6 @@ class RdmaServerStream:
 
     def _closed_by(self, exc: BaseException) -> BaseException:
         """The connection layer's ConnectionClosed for a transport error (others unchanged)."""
-        from rpcnet.server.stream import ConnectionClosed
-
         if isinstance(exc, TransportClosed):
             return ConnectionClosed(str(exc))
         if isinstance(exc, TransportError):
@@ -821,8 +808,6 @@ class RdmaServerStream:
         if self._tcp_eof():
             return True
         if self._used:
-            from rpcnet.server.stream import ConnectionClosed
-
             log.warning("%s: closing: data on the TCP socket after the RDMA upgrade", self.peer)
             raise ConnectionClosed("data on the TCP socket after the RDMA upgrade")
         log.warning(

@@ -30,10 +30,10 @@ from rpcnet.transport.rdma import (
     RX_DEPTH,
     Completion,
     QueuePair,
+    RdmaCaps,
     RdmaEndpoint,
     RdmaProvider,
     RdmaUnavailable,
-    RemoteCaps,
     wc_status_text,
 )
 
@@ -95,7 +95,7 @@ class FakeQueuePair(QueuePair):
         self.max_inline = max_inline
         self.fail_at = fail_at
         self.state = RESET
-        self.remote: RemoteCaps | None = None
+        self.remote: RdmaCaps | None = None
         self._rx = bytearray(RX_DEPTH * RDMA_CHUNK)
         self._tx = bytearray(RDMA_CHUNK)
         self._rxv = memoryview(self._rx)
@@ -121,7 +121,7 @@ class FakeQueuePair(QueuePair):
                 raise FakeVerbsError(f"RESET->INIT from {self.state}")
             self.state = INIT
 
-    def to_rtr(self, remote: RemoteCaps) -> None:
+    def to_rtr(self, remote: RdmaCaps) -> None:
         with self.fabric.lock:
             self._fail("rtr")
             if self.state != INIT:
