@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnet import _native
-from rpcnet.transport.rdma import (
+from rpcnet.transport.caps import RdmaCaps
+from rpcnet.transport.rdma.endpoint import RdmaEndpoint, RdmaProvider
+from rpcnet.transport.rdma.queuepair import (
     MAX_SEND_WR,
     RDMA_CHUNK,
     RX_DEPTH,
     Completion,
     QueuePair,
-    RdmaCaps,
-    RdmaEndpoint,
-    RdmaProvider,
     RdmaUnavailable,
     wc_status_text,
 )

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
+from rpcnet.transport.base import ByteStream
 from rpcnet.transport.caps import RdmaCaps, describe_caps
 from rpcnet.transport.rdma import (
     RdmaActivationError,
@@ -115,7 +115,7 @@ class ServerNegotiation:
 
         return cls(PyverbsProvider())
 
-    def connection(self, stream: Any, peer: str) -> ConnectionNegotiation:
+    def connection(self, stream: ByteStream, peer: str) -> ConnectionNegotiation:
         return ConnectionNegotiation(self, stream, peer)
 
     def report(self, peer: str, outcome: Outcome) -> None:
@@ -135,7 +135,7 @@ class ConnectionNegotiation:
     connection task once the HELLO response is written."""
 
     policy: ServerNegotiation
-    stream: Any
+    stream: ByteStream
     peer: str
     outcome: Outcome | None = None
     link: RdmaTransport | None = field(default=None, repr=False)
@@ -178,7 +178,7 @@ class ConnectionNegotiation:
             endpoint.caps, client_caps, remote="client", detail=self.link.describe()
         )
 
-    async def after_hello(self, stream: Any) -> Any:
+    async def after_hello(self, stream: ByteStream) -> ByteStream:
         """The stream for the rest of the connection: `stream` itself, or its RDMA upgrade."""
         if self.link is None:
             return stream
