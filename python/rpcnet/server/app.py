@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from rpcnet.compute.device import Device, cpu_device
 from rpcnet.server.access import allowed, default_allow, is_loopback
@@ -18,6 +20,7 @@ from rpcnet.server.stream import StreamProtocol
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
+T = TypeVar("T")
 
 
 def make_devices(config: ServerConfig) -> list[Device]:
@@ -148,19 +151,23 @@ class _AcceptingStream(StreamProtocol):
         self._owner._accepted(self)
 
 
-def install_event_loop_policy() -> str:
-    """uvloop when available (the default), plain asyncio otherwise."""
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on a new uvloop event loop when uvloop is installed (the default), else on a
+    plain asyncio one. Only this loop is affected: no global event-loop policy is set."""
     try:
         import uvloop
     except ImportError:
-        return "asyncio"
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return "uvloop"
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def event_loop_name() -> str:
+    """"uvloop" or "asyncio": what the running loop is."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.split(".")[0] == "uvloop" else "asyncio"
 
 
 def run(config: ServerConfig) -> None:
-    loop_name = install_event_loop_policy()
-
     async def main() -> None:
         server = Server(config)
         await server.start()
@@ -170,10 +177,10 @@ def run(config: ServerConfig) -> None:
             config.proto,
             config.host,
             server.port,
-            loop_name,
+            event_loop_name(),
             ", ".join(f"{d.name} ({d.memory.capacity >> 20} MiB)" for d in dev),
             config.cache_dir or "off",
         )
         await server.serve_forever()
 
-    asyncio.run(main())
+    run_loop(main())

@@ -323,10 +323,6 @@ class CommHub:
         _note_caps(peer, caps)
         return sock, peer
 
-    def close_all(self) -> None:
-        for link in list(self.links):
-            link.close()
-
 
 def _prepare(sock: socket.socket) -> None:
     sock.setblocking(False)

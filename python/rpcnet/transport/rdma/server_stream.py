@@ -78,10 +78,6 @@ class RdmaServerStream:
         self._tcp_watch = self._loop.create_task(tcp.at_eof())
         self._tcp_watch.add_done_callback(self._tcp_done)
 
-    @property
-    def transport_name(self) -> str:
-        return "TCP" if self._fallback is not None else "RDMA"
-
     def _tcp_done(self, task: asyncio.Task[bool]) -> None:
         if task.cancelled() or task.exception() is not None or task.result():
             self.link.stop.set()  # the client is gone: end any RDMA wait
