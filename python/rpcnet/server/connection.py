@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rpcnet import _native
+from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HEADER_SIZE, WAITS_FOR_GRAPH, Cmd
-from rpcnet.server.comm import CommError, PeerLink
+from rpcnet.server.cache import HashCache
+from rpcnet.server.comm import CommError, CommHub, PeerLink
+from rpcnet.server.config import ServerConfig
 from rpcnet.server.session import (
     SIMPLE_HANDLERS,
     CacheLookup,
@@ -26,9 +29,7 @@ from rpcnet.server.session import (
     SessionLimits,
 )
 from rpcnet.transport.base import ByteStream, ConnectionClosed
-
-if TYPE_CHECKING:
-    from rpcnet.server.app import Server
+from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
 
@@ -46,8 +47,18 @@ HANDLERS = {int(cmd): handler for cmd, handler in SIMPLE_HANDLERS.items()}
 WAITS = frozenset(int(cmd) for cmd in WAITS_FOR_GRAPH)
 
 
+class Host(Protocol):
+    """What a connection uses of its server (`rpcnet.server.app.Server`)."""
+
+    config: ServerConfig
+    devices: list[Device]
+    cache: HashCache | None
+    negotiation: ServerNegotiation
+    comm: CommHub
+
+
 class Connection:
-    def __init__(self, server: Server, stream: ByteStream, peer: str) -> None:
+    def __init__(self, server: Host, stream: ByteStream, peer: str) -> None:
         self.server = server
         self.stream = stream
         self.peer = peer

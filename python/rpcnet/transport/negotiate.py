@@ -131,8 +131,8 @@ class ServerNegotiation:
 
 @dataclass
 class ConnectionNegotiation:
-    """One server connection's negotiation: `answer` from Session.hello, `after_hello` from the
-    connection task once the HELLO response is written."""
+    """One server connection's negotiation, driven by its connection task: `answer` with the
+    client's HELLO caps (before the response), `after_hello` once the response is written."""
 
     policy: ServerNegotiation
     stream: ByteStream
