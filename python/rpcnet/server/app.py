@@ -162,7 +162,7 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 
 
 def event_loop_name() -> str:
-    """"uvloop" or "asyncio": what the running loop is."""
+    """The running loop's kind: "uvloop" or "asyncio"."""
     module = type(asyncio.get_running_loop()).__module__
     return "uvloop" if module.split(".")[0] == "uvloop" else "asyncio"
 
