@@ -7,8 +7,8 @@ import json
 
 import pytest
 from rpcnet import __version__
-from rpcnet.caps import decode_caps, describe_caps, negotiated_transport
 from rpcnet.cli import main, parse_size
+from rpcnet.transport.caps import decode_caps, describe_caps, negotiated_transport
 
 
 def test_version(capsys):
@@ -41,6 +41,30 @@ def test_ops_lists_kernels(capsys):
     assert main(["ops"]) == 0
     out = capsys.readouterr().out
     assert "MUL_MAT" in out and "ADD" in out
+
+
+def test_serve_defaults_are_the_server_config_defaults():
+    from rpcnet.cli import build_parser
+    from rpcnet.server.config import ServerConfig
+
+    args = build_parser().parse_args(["serve"])
+    config = ServerConfig()
+    pairs = {
+        "host": "host",
+        "port": "port",
+        "proto": "proto",
+        "device": "device",
+        "max_clients": "max_clients",
+        "hello_timeout": "hello_timeout",
+        "comm_timeout": "comm_timeout",
+        "max_payload": "max_data",
+        "max_graph": "max_graph",
+        "max_graph_nodes": "max_graph_nodes",
+    }
+    assert {arg: getattr(args, arg) for arg in pairs} == {
+        arg: getattr(config, field) for arg, field in pairs.items()
+    }
+    assert (args.port, args.max_clients, args.max_graph) == (50052, 256, 256 << 20)
 
 
 def test_parse_size():

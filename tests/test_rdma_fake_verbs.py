@@ -3,7 +3,7 @@
 What runs for real here: RdmaTransport (chunking, inline decision, receive ring and reposting,
 message reassembly, strict boundaries, stop/liveness), activate_qp's order of verbs calls,
 RdmaEndpoint, ResponseFramer and RdmaServerStream. What is faked: the queue pair itself
-(rpcnet.transport.fakeverbs models RC delivery, RNR waits and the QP state machine).
+(tests/support/fakeverbs.py models RC delivery, RNR waits and the QP state machine).
 """
 
 from __future__ import annotations
@@ -14,23 +14,23 @@ import threading
 
 import pytest
 from rpcnet import _native
-from rpcnet.transport import rdma
-from rpcnet.transport.base import TransportClosed, TransportError
-from rpcnet.transport.fakeverbs import (
-    FakeFabric,
-    FakeQueuePair,
-    FakeVerbs,
-    FakeVerbsError,
-    fake_pair,
-)
+from rpcnet.transport.base import ConnectionClosed, TransportClosed, TransportError
+from rpcnet.transport.caps import RdmaCaps
 from rpcnet.transport.rdma import (
     RDMA_CHUNK,
     RX_DEPTH,
     RdmaActivationError,
     RdmaServerStream,
     RdmaUnavailable,
-    RemoteCaps,
     ResponseFramer,
+    verbs,
+)
+from support.fakeverbs import (
+    FakeFabric,
+    FakeQueuePair,
+    FakeVerbs,
+    FakeVerbsError,
+    fake_pair,
 )
 
 
@@ -195,7 +195,7 @@ def test_queue_pair_state_machine_is_enforced():
     with pytest.raises(FakeVerbsError):
         qp.post_send(1, True)  # not RTS
     with pytest.raises(FakeVerbsError, match="PSN"):
-        qp.to_rtr(RemoteCaps(0x1234, 0x1, bytes(16)))
+        qp.to_rtr(RdmaCaps(0x1234, 0x1, bytes(16)))
 
 
 # ------------------------------------------------------------------------------------ endpoints
@@ -293,9 +293,22 @@ async def test_server_stream_reads_writes_and_ends_on_tcp_eof():
     assert tcp.closed
 
 
-async def test_server_stream_maps_transport_errors_to_connection_closed():
-    from rpcnet.server.stream import ConnectionClosed
+async def test_both_server_streams_are_byte_streams():
+    from rpcnet.server.stream import StreamProtocol
+    from rpcnet.transport.base import ByteStream
 
+    client, server = fake_pair()
+    stream = RdmaServerStream(server, _FakeTcpStream(), "peer")
+    try:
+        assert isinstance(stream, ByteStream)
+        assert isinstance(StreamProtocol(), ByteStream)
+        assert not isinstance(object(), ByteStream)
+    finally:
+        stream.close()
+        client.close()
+
+
+async def test_server_stream_maps_transport_errors_to_connection_closed():
     client, server = fake_pair()
     stream = RdmaServerStream(server, _FakeTcpStream(), "peer")
     client.close()
@@ -312,25 +325,25 @@ def test_work_requests_and_qp_attributes_fit_the_real_pyverbs_classes():
     """Builds every pyverbs object PyverbsQueuePair uses that needs no device (skipped where
     pyverbs is not installed; no NIC needed where it is)."""
     try:
-        pv = rdma.import_pyverbs()
-    except rdma.RdmaUnavailable as exc:
+        pv = verbs.import_pyverbs()
+    except verbs.RdmaUnavailable as exc:
         pytest.skip(str(exc))
     e = pv.enums
-    init = rdma.qp_init_attr(pv, None, None)
-    assert init.qp_type == e.IBV_QPT_RC and init.max_inline_data == rdma.INLINE_REQUEST
-    assert init.max_recv_wr == RX_DEPTH + 4 and init.max_send_wr == rdma.MAX_SEND_WR
-    attr, mask = rdma.init_attr(pv, 1)
+    init = verbs.qp_init_attr(pv, None, None)
+    assert init.qp_type == e.IBV_QPT_RC and init.max_inline_data == verbs.INLINE_REQUEST
+    assert init.max_recv_wr == RX_DEPTH + 4 and init.max_send_wr == verbs.MAX_SEND_WR
+    attr, mask = verbs.init_attr(pv, 1)
     assert attr.qp_state == e.IBV_QPS_INIT and mask & e.IBV_QP_ACCESS_FLAGS
-    remote = RemoteCaps(0x2A5, 0x2A5, bytes(_native.rdma_target_gid("10.0.0.2")))
-    attr, mask = rdma.rtr_attr(pv, 1, 3, e.IBV_MTU_4096, remote)
+    remote = RdmaCaps(0x2A5, 0x2A5, bytes(_native.rdma_target_gid("10.0.0.2")))
+    attr, mask = verbs.rtr_attr(pv, 1, 3, e.IBV_MTU_4096, remote)
     assert (attr.dest_qp_num, attr.rq_psn, attr.min_rnr_timer) == (0x2A5, 0x2A5, 1)
     assert attr.ah_attr.dgid == "0000:0000:0000:0000:0000:ffff:0a00:0002"
     assert (attr.ah_attr.sgid_index, attr.ah_attr.hop_limit, attr.ah_attr.is_global) == (3, 1, 1)
     assert mask & e.IBV_QP_AV and mask & e.IBV_QP_DEST_QPN
-    attr, mask = rdma.rts_attr(pv, 1, 0x2A5)
+    attr, mask = verbs.rts_attr(pv, 1, 0x2A5)
     assert (attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.sq_psn) == (14, 7, 7, 0x2A5)
-    wr = rdma.recv_wr(pv, 0x10000, 7, 5)
+    wr = verbs.recv_wr(pv, 0x10000, 7, 5)
     assert wr.wr_id == 5 and wr.num_sge == 1
-    wr = rdma.send_wr(pv, 0x20000, 9, 100, True)
+    wr = verbs.send_wr(pv, 0x20000, 9, 100, True)
     assert wr.opcode == e.IBV_WR_SEND
     assert wr.send_flags == e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 from rpcnet import _native
-from rpcnet.caps import decode_caps
 from rpcnet.cli import main
-from rpcnet.transport import rdma
+from rpcnet.transport.caps import decode_caps
+from rpcnet.transport.rdma import verbs
 
 
 class Sysfs:
@@ -217,7 +217,7 @@ def fake_pyverbs():
 
 
 def test_pyverbs_queries_give_the_same_ports():
-    ports = rdma.pyverbs_ports(fake_pyverbs())
+    ports = verbs.pyverbs_ports(fake_pyverbs())
     [port] = ports
     assert (port.device, port.port, port.state, port.link_layer) == (
         "rocep1s0",
@@ -235,16 +235,16 @@ def test_local_ports_falls_back_to_pyverbs_without_sysfs(monkeypatch):
     def no_sysfs(root=None):
         raise _native.RdmaError("/sys/class/infiniband does not exist (no RDMA driver loaded)")
 
-    monkeypatch.setattr(rdma._native, "rdma_scan", no_sysfs)
-    monkeypatch.setattr(rdma, "_PYVERBS", fake_pyverbs())
-    ports, source = rdma.local_ports()
+    monkeypatch.setattr(_native, "rdma_scan", no_sysfs)
+    monkeypatch.setattr(verbs, "_PYVERBS", fake_pyverbs())
+    ports, source = verbs.local_ports()
     assert source == "pyverbs queries" and ports[0].device == "rocep1s0"
-    monkeypatch.setattr(rdma, "_PYVERBS", None)
+    monkeypatch.setattr(verbs, "_PYVERBS", None)
     monkeypatch.setitem(sys.modules, "pyverbs", None)
-    with pytest.raises(rdma.RdmaUnavailable) as exc:
-        rdma.local_ports()
+    with pytest.raises(verbs.RdmaUnavailable) as exc:
+        verbs.local_ports()
     assert str(exc.value) == (
-        "/sys/class/infiniband does not exist (no RDMA driver loaded); " + rdma.PYVERBS_MISSING
+        "/sys/class/infiniband does not exist (no RDMA driver loaded); " + verbs.PYVERBS_MISSING
     )
 
 

@@ -15,10 +15,11 @@ import time
 import pytest
 from rpcnet import _native
 from rpcnet.caps import probe, render
+from rpcnet.client import connect_client
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import Cmd
-from rpcnet.transport import NO_CAPS, ServerNegotiation, connect_client, decide
-from rpcnet.transport.fakeverbs import FakeFabric, FakeVerbs
+from rpcnet.transport import NO_CAPS, ServerNegotiation, decide
+from support.fakeverbs import FakeFabric, FakeVerbs
 
 CAPS = _native.rdma_encode_caps(0x1234, "::ffff:10.0.0.2")
 
@@ -136,9 +137,9 @@ def test_rdma_client_tcp_server(server, logs):
 
 def test_rdma_client_server_without_pyverbs(server, logs, monkeypatch):
     """The default policy (pyverbs) on a host without pyverbs says so, once at INFO."""
-    import rpcnet.transport.rdma as rdma
+    from rpcnet.transport.rdma import verbs
 
-    monkeypatch.setattr(rdma, "_PYVERBS", None)
+    monkeypatch.setattr(verbs, "_PYVERBS", None)
     monkeypatch.setitem(__import__("sys").modules, "pyverbs", None)  # import fails
     server.server.negotiation = ServerNegotiation.from_env()
     client = FakeVerbs()  # one fabric: a new qpn per connection, as with a real client
@@ -149,7 +150,7 @@ def test_rdma_client_server_without_pyverbs(server, logs, monkeypatch):
     first, second = server_lines(logs, server)
     assert first[0] == logging.INFO and second[0] == logging.DEBUG
     assert first[1] != second[1]  # different client qpns, same cause
-    assert first[1].endswith("this side has none: " + rdma.PYVERBS_MISSING)
+    assert first[1].endswith("this side has none: " + verbs.PYVERBS_MISSING)
 
 
 def test_tcp_client_rdma_server(server, logs):

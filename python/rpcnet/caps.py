@@ -1,55 +1,15 @@
-"""Connection capabilities exchanged in HELLO (spec §2, §12): decoding, display, and the reports of
-`rpcnet caps HOST:PORT` (what each side advertised, which transport the connection ended on) and
-`rpcnet caps --local` (local RDMA devices and GIDs, and which one a connection would use)."""
+"""The reports of `rpcnet caps HOST:PORT` (what each side advertised in HELLO, which transport the
+connection ended on) and `rpcnet caps --local` (local RDMA devices and GIDs, and which one a
+connection would use). The caps codec itself is `rpcnet.transport.caps`."""
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import struct
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class RdmaCaps:
-    qpn: int
-    psn: int
-    gid: bytes
-
-    @property
-    def gid_text(self) -> str:
-        addr = ipaddress.IPv6Address(self.gid)
-        mapped = addr.ipv4_mapped
-        return f"{addr} ({mapped})" if mapped else str(addr)
-
-    def as_dict(self) -> dict:
-        return {"qpn": self.qpn, "psn": self.psn, "gid": self.gid_text}
-
-
-def decode_caps(caps: bytes) -> RdmaCaps | None:
-    """None for the all-zero "no RDMA" caps; otherwise the Linux verbs layout (qpn, psn, gid)."""
-    from rpcnet import _native  # the codec lives in rust/src/rdma.rs
-
-    try:
-        decoded = _native.rdma_decode_caps(bytes(caps))
-    except _native.RdmaError as exc:
-        raise ValueError(str(exc)) from exc
-    return None if decoded is None else RdmaCaps(decoded[0], decoded[1], bytes(decoded[2]))
-
-
-def describe_caps(caps: bytes) -> str:
-    decoded = decode_caps(caps)
-    if decoded is None:
-        return "none"
-    return f"RDMA qpn={decoded.qpn:#x} psn={decoded.psn:#x} gid={decoded.gid_text}"
-
-
-def negotiated_transport(client_caps: bytes, server_caps: bytes) -> str:
-    """Both sides must advertise caps for the connection to move to RDMA."""
-    return "RDMA" if any(client_caps) and any(server_caps) else "TCP"
-
+from rpcnet.transport.caps import decode_caps, describe_caps
 
 # ------------------------------------------------------------------------------------------------
 # `rpcnet caps HOST:PORT`: connect, negotiate like a llama.cpp client, report what happened
@@ -65,9 +25,9 @@ def probe(
 ) -> dict:
     """HELLO (offering RDMA when `provider` can), then the device queries over the transport the
     connection ended on. `provider` None offers no RDMA."""
+    from rpcnet.client import connect_client
     from rpcnet.protocol import messages as msg
     from rpcnet.protocol.commands import Cmd
-    from rpcnet.transport.negotiate import connect_client
 
     conn = connect_client(host, port, provider=provider, timeout=timeout)
     watchdog = threading.Timer(timeout, getattr(conn.transport, "stop", threading.Event()).set)

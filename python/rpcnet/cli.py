@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from rpcnet import __version__
-from rpcnet.protocol.commands import DEFAULT_PROTOCOL
+from rpcnet.protocol.commands import DEFAULT_PROTOCOL, SUPPORTED_PROTOCOLS
+from rpcnet.server.config import ServerConfig
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -52,14 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = ServerConfig()  # the one definition of every serve default
 
     serve = sub.add_parser("serve", help="serve devices to llama.cpp RPC clients")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=50052)
     serve.add_argument(
-        "--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL, help="protocol major version"
+        "--host", default=defaults.host, help="address to bind (default %(default)s)"
     )
-    serve.add_argument("--device", default="cpu", help="device to serve (cpu)")
+    serve.add_argument("--port", type=int, default=defaults.port)
+    serve.add_argument(
+        "--proto",
+        type=int,
+        choices=SUPPORTED_PROTOCOLS,
+        default=defaults.proto,
+        help="protocol major version",
+    )
+    serve.add_argument("--device", default=defaults.device, help="device to serve (%(default)s)")
     serve.add_argument(
         "--mem", type=parse_size, help="memory to report and enforce (default: physical RAM)"
     )
@@ -85,24 +93,38 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument(
         "--client-mem", type=parse_size, help="buffer memory one connection may hold"
     )
-    limits.add_argument("--max-clients", type=int, default=256, help="concurrent connections")
     limits.add_argument(
-        "--hello-timeout", type=float, default=10.0, help="seconds a connection has to send HELLO"
+        "--max-clients", type=int, default=defaults.max_clients, help="concurrent connections"
+    )
+    limits.add_argument(
+        "--hello-timeout",
+        type=float,
+        default=defaults.hello_timeout,
+        help="seconds a connection has to send HELLO",
     )
     limits.add_argument(
         "--comm-timeout",
         type=float,
-        default=30.0,
+        default=defaults.comm_timeout,
         help="seconds COMM_INIT rank 0 waits for its peer server (then answers ok = 0)",
     )
     limits.add_argument(
-        "--max-payload", type=parse_size, default=1 << 40, help="largest SET_TENSOR payload"
+        "--max-payload",
+        type=parse_size,
+        default=defaults.max_data,
+        help="largest SET_TENSOR payload",
     )
     limits.add_argument(
-        "--max-graph", type=parse_size, default=256 << 20, help="largest GRAPH_COMPUTE payload"
+        "--max-graph",
+        type=parse_size,
+        default=defaults.max_graph,
+        help="largest GRAPH_COMPUTE payload",
     )
     limits.add_argument(
-        "--max-graph-nodes", type=int, default=1 << 16, help="nodes and tensors per graph"
+        "--max-graph-nodes",
+        type=int,
+        default=defaults.max_graph_nodes,
+        help="nodes and tensors per graph",
     )
     serve.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -111,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="connect, HELLO, and show what was negotiated (or --local: this host's RDMA GIDs)",
     )
     caps.add_argument("endpoint", type=parse_endpoint, metavar="HOST:PORT", nargs="?")
-    caps.add_argument("--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL)
+    caps.add_argument("--proto", type=int, choices=SUPPORTED_PROTOCOLS, default=DEFAULT_PROTOCOL)
     caps.add_argument("--json", action="store_true")
     caps.add_argument("--no-rdma", action="store_true", help="advertise zero caps (TCP only)")
     caps.add_argument(
@@ -127,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rpcnet.server.app import ServerConfig, run
+    from rpcnet.server.app import run
     from rpcnet.server.cache import default_cache_dir
 
     level = logging.WARNING - 10 * min(args.verbose, 2) + (10 if args.verbose == 0 else 0)

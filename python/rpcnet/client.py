@@ -1,15 +1,34 @@
-"""An asyncio client for the ggml RPC protocol (used by `rpcnet caps`, tests and benchmarks)."""
+"""Clients for the ggml RPC protocol (a supported API; see the README's "Python client").
+
+* `RpcClient`: asyncio, TCP, one method per command (tests and benchmarks drive servers with it).
+* `connect_client` -> `ClientConnection`: blocking, negotiates the transport through HELLO's caps
+  like a llama.cpp client (RDMA when both sides offer it, else TCP), then raw `call`s over it;
+  `rpcnet caps HOST:PORT` is built on it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 from dataclasses import dataclass
 
 from rpcnet import _native
 from rpcnet.protocol import messages as msg
-from rpcnet.protocol.commands import HELLO_CAPS_SIZE, Cmd
+from rpcnet.protocol.commands import (
+    HELLO,
+    HELLO_CAPS_SIZE,
+    HELLO_RESPONSE_SIZE,
+    NO_CAPS,
+    Cmd,
+)
+from rpcnet.transport.base import Transport, TransportError
+from rpcnet.transport.negotiate import Outcome, caps_problem, decide
+from rpcnet.transport.rdma import RdmaActivationError, RdmaEndpoint, RdmaProvider, RdmaUnavailable
+from rpcnet.transport.tcp import TcpTransport
+
+log = logging.getLogger("rpcnet.transport")
 
 _SIZE = struct.Struct("<Q")
 
@@ -40,7 +59,7 @@ class RpcClient:
         port: int,
         proto: int = 8,
         hello: bool = True,
-        caps: bytes = bytes(HELLO_CAPS_SIZE),
+        caps: bytes = NO_CAPS,
     ) -> RpcClient:
         reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
         sock = writer.get_extra_info("socket")
@@ -90,8 +109,9 @@ class RpcClient:
 
     # ------------------------------------------------------------ commands
 
-    async def hello(self, caps: bytes = bytes(HELLO_CAPS_SIZE)) -> Hello:
-        version, server_caps = msg.parse_hello_response(await self.call(Cmd.HELLO, caps, 28))
+    async def hello(self, caps: bytes = NO_CAPS) -> Hello:
+        rsp = await self.call(Cmd.HELLO, caps, HELLO_RESPONSE_SIZE)
+        version, server_caps = msg.parse_hello_response(rsp)
         return Hello(version, server_caps, caps)
 
     async def device_count(self) -> int:
@@ -190,3 +210,117 @@ class RpcClient:
             Cmd.COMM_INIT, msg.comm_init_payload(device, rank, world, port, host), 1
         )
         return rsp != b"\0"
+
+
+# ------------------------------------------------------------------------------------------------
+# the blocking client that negotiates the transport (TCP or RDMA) like a llama.cpp client
+
+
+class HelloFailed(ConnectionError):
+    """The server did not answer HELLO as the protocol says."""
+
+
+@dataclass
+class ClientConnection:
+    """A connected, negotiated client: `transport` is TCP or RDMA; `tcp` stays open."""
+
+    tcp: TcpTransport
+    transport: Transport
+    version: tuple[int, int, int]
+    client_caps: bytes
+    server_caps: bytes
+    outcome: Outcome
+    offer_reason: str | None = None  # why the client advertised zero caps
+
+    def send_request(self, cmd: int, payload: bytes = b"") -> None:
+        # Three send_data() calls, like the reference client (spec §12: granularity matters).
+        self.transport.send(bytes([cmd]))
+        self.transport.send(_SIZE.pack(len(payload)))
+        if payload:
+            self.transport.send(payload)
+        self.transport.flush()
+
+    def recv_response(self, expected: int | None = None) -> bytes:
+        (size,) = _SIZE.unpack(self.transport.recv(_SIZE.size))
+        if expected is not None and size != expected:
+            raise HelloFailed(f"response size {size}, expected {expected}")
+        return self.transport.recv(size)
+
+    def call(self, cmd: int, payload: bytes = b"", expected: int | None = None) -> bytes:
+        self.send_request(cmd, payload)
+        return self.recv_response(expected)
+
+    def close(self) -> None:
+        if self.transport is not self.tcp:
+            self.transport.close()
+        self.tcp.close()
+
+    def __enter__(self) -> ClientConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect_client(
+    host: str,
+    port: int,
+    *,
+    provider: RdmaProvider | None = None,
+    timeout: float | None = 10.0,
+    strict: bool = False,
+) -> ClientConnection:
+    """Connect, HELLO (offering RDMA when `provider` can), and move to RDMA when both offered.
+
+    `strict`: the RDMA receiver refuses messages that do not line up with its reads, as the
+    reference receiver would (tests use it to check the server's message boundaries).
+    """
+    tcp = TcpTransport.connect(host, port, timeout)
+    endpoint: RdmaEndpoint | None = None
+    offer_reason: str | None = None
+    try:
+        if provider is None:
+            offer_reason = "RDMA not requested"
+        else:
+            try:
+                endpoint = provider.probe(tcp.local_address())
+            except RdmaUnavailable as exc:
+                offer_reason = str(exc)
+        client_caps = endpoint.caps if endpoint is not None else NO_CAPS
+        tcp.send(bytes([HELLO]))
+        tcp.send(_SIZE.pack(HELLO_CAPS_SIZE))
+        tcp.send(client_caps)
+        (size,) = _SIZE.unpack(tcp.recv(_SIZE.size))
+        if size != HELLO_RESPONSE_SIZE:
+            raise HelloFailed(f"HELLO response of {size} bytes, expected {HELLO_RESPONSE_SIZE}")
+        rsp = tcp.recv(HELLO_RESPONSE_SIZE)
+    except TransportError as exc:
+        if endpoint is not None:
+            endpoint.close()
+        tcp.close()
+        raise HelloFailed(f"HELLO failed: {exc}") from exc
+    except BaseException:
+        if endpoint is not None:
+            endpoint.close()
+        tcp.close()
+        raise
+    version, server_caps = msg.parse_hello_response(rsp)
+    transport: Transport = tcp
+    problem = caps_problem(server_caps)
+    if endpoint is not None and any(server_caps) and problem is not None:
+        endpoint.close()
+        outcome = decide(NO_CAPS, server_caps, remote="server", local_reason=problem)
+    elif endpoint is not None and any(server_caps):
+        try:
+            transport = endpoint.activate(server_caps, peer_closed=tcp.peer_closed, strict=strict)
+            outcome = decide(client_caps, server_caps, remote="server", detail=transport.describe())
+        except RdmaActivationError as exc:
+            outcome = decide(client_caps, server_caps, activation_error=str(exc))
+    else:
+        if endpoint is not None:
+            endpoint.close()
+        outcome = decide(client_caps, server_caps, remote="server", local_reason=offer_reason)
+    log.log(outcome.level, "%s", outcome.line(f"{host}:{port}"))
+    return ClientConnection(
+        tcp, transport, version, client_caps, server_caps, outcome, offer_reason
+    )

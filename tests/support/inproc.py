@@ -6,7 +6,7 @@ import asyncio
 import threading
 from typing import Any
 
-from rpcnet.server.app import Server, ServerConfig, install_event_loop_policy
+from rpcnet.server.app import Server, ServerConfig, run_loop
 
 
 class ServerThread:
@@ -21,9 +21,8 @@ class ServerThread:
         self._error: BaseException | None = None
 
     def _main(self) -> None:
-        install_event_loop_policy()
         try:
-            asyncio.run(self._serve())
+            run_loop(self._serve())
         except BaseException as exc:  # surfaced to the test by start()
             self._error = exc
             self._ready.set()

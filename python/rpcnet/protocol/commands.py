@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+from rpcnet import _native
+
 
 class Cmd(enum.IntEnum):
     ALLOC_BUFFER = 0
@@ -56,7 +58,18 @@ WAITS_FOR_GRAPH = frozenset(
 )
 
 HEADER_SIZE = 9  # cmd u8 + size u64
-HELLO_CAPS_SIZE = 24
+HELLO = Cmd.HELLO  # the first command of every connection (spec §2)
+
+
+def _fixed(size: int | None) -> int:
+    assert size is not None, "HELLO has fixed sizes in the codec's command table"
+    return size
+
+
+# From the codec's command table (rust/src/), the one place payload sizes are defined.
+HELLO_CAPS_SIZE = _fixed(_native.request_size(DEFAULT_PROTOCOL, HELLO))  # conn_caps: 24
+HELLO_RESPONSE_SIZE = _fixed(_native.response_size(DEFAULT_PROTOCOL, HELLO))  # 3 x u8, pad, caps
+NO_CAPS = bytes(HELLO_CAPS_SIZE)  # all-zero caps: "no RDMA", stay on TCP (spec §12)
 
 
 def version_triple(proto: int) -> tuple[int, int, int]:

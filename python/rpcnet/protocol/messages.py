@@ -9,6 +9,7 @@ import struct
 from typing import NamedTuple
 
 from rpcnet import _native
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, HELLO_RESPONSE_SIZE
 
 TENSOR = _native.RPC_TENSOR_SIZE
 
@@ -22,7 +23,8 @@ _OFF_SIZE = struct.Struct("<QQ")
 _OFF_SIZE_VAL = struct.Struct("<QQB")
 _2D = struct.Struct("<QQQQ")
 _COMM_INIT = struct.Struct("<IIII64s")
-_HELLO_RSP = struct.Struct("<BBBB24s")
+_HELLO_RSP = struct.Struct(f"<BBBB{HELLO_CAPS_SIZE}s")
+assert _HELLO_RSP.size == HELLO_RESPONSE_SIZE
 
 
 def u8(value: int) -> bytes:

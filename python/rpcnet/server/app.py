@@ -7,40 +7,20 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from rpcnet.compute.device import Device, cpu_device
-from rpcnet.protocol.commands import DEFAULT_PROTOCOL
-from rpcnet.server.access import Network, allowed, default_allow, is_loopback
+from rpcnet.server.access import allowed, default_allow, is_loopback
 from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
+from rpcnet.server.config import ServerConfig
 from rpcnet.server.connection import Connection
 from rpcnet.server.stream import StreamProtocol
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
-
-
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 50052
-    proto: int = DEFAULT_PROTOCOL
-    device: str = "cpu"
-    mem: int | None = None  # device capacity to report; default physical RAM
-    threads: int | None = None
-    cache_dir: Path | None = None
-    cache_max: int | None = None
-    max_data: int = 1 << 40  # SET_TENSOR payloads are also bounded by their buffer
-    max_graph: int = 256 << 20  # GRAPH_COMPUTE payload bytes
-    max_graph_nodes: int = 1 << 16  # nodes and tensors per graph
-    client_mem: int | None = None  # per-connection buffer quota; default: the device capacity
-    max_clients: int = 256
-    hello_timeout: float = 10.0  # seconds a new connection may take to send HELLO
-    allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
-    drain_timeout: float = 30.0
-    comm_timeout: float = 30.0  # COMM_INIT: rank 0's wait for its peer, each handshake
+T = TypeVar("T")
 
 
 def make_devices(config: ServerConfig) -> list[Device]:
@@ -171,19 +151,23 @@ class _AcceptingStream(StreamProtocol):
         self._owner._accepted(self)
 
 
-def install_event_loop_policy() -> str:
-    """uvloop when available (the default), plain asyncio otherwise."""
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on a new uvloop event loop when uvloop is installed (the default), else on a
+    plain asyncio one. Only this loop is affected: no global event-loop policy is set."""
     try:
         import uvloop
     except ImportError:
-        return "asyncio"
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return "uvloop"
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def event_loop_name() -> str:
+    """The running loop's kind: "uvloop" or "asyncio"."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.split(".")[0] == "uvloop" else "asyncio"
 
 
 def run(config: ServerConfig) -> None:
-    loop_name = install_event_loop_policy()
-
     async def main() -> None:
         server = Server(config)
         await server.start()
@@ -193,10 +177,10 @@ def run(config: ServerConfig) -> None:
             config.proto,
             config.host,
             server.port,
-            loop_name,
+            event_loop_name(),
             ", ".join(f"{d.name} ({d.memory.capacity >> 20} MiB)" for d in dev),
             config.cache_dir or "off",
         )
         await server.serve_forever()
 
-    asyncio.run(main())
+    run_loop(main())

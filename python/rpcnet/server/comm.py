@@ -46,17 +46,18 @@ import numpy as np
 
 from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
 from rpcnet.ggml_types import TYPE_TRAITS, GgmlType
-from rpcnet.protocol.commands import HELLO_CAPS_SIZE
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
 from rpcnet.server.access import Network, allowed
+from rpcnet.server.config import ServerConfig
 
 log = logging.getLogger("rpcnet.comm")
 
-PEER_CAPS = bytes(HELLO_CAPS_SIZE)  # TCP only (spec §11.2, §12)
+PEER_CAPS = NO_CAPS  # TCP only (spec §11.2, §12)
 BF16_MIN_ELEMENTS = 32768  # F32 tensors with at least this many elements travel as bf16
 CONNECT_ATTEMPTS = 100  # rank 1, like the reference: 100 tries, 50 ms apart (~5 s)
 CONNECT_DELAY = 0.05
 INLINE_BYTES = 256 << 10  # wire payloads up to this size are converted and added inline
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = ServerConfig.comm_timeout
 
 # types an allreduce can add -> bytes per element
 ELEMENT_SIZE = {t: TYPE_TRAITS[t].type_size for t in (GgmlType.F32, GgmlType.F16, GgmlType.BF16)}
@@ -322,10 +323,6 @@ class CommHub:
             raise
         _note_caps(peer, caps)
         return sock, peer
-
-    def close_all(self) -> None:
-        for link in list(self.links):
-            link.close()
 
 
 def _prepare(sock: socket.socket) -> None:

@@ -1,7 +1,9 @@
 """The per-connection task: reads frames, runs them through the session, writes responses.
 
-Only byte movement and ordering live here. Every client error ends in one log line naming the
-client, command and reason, and the session is freed; other connections never notice.
+Byte movement, ordering and every other I/O of a connection live here: HELLO's transport
+activation, the direct receive of SET_TENSOR, cache-file reads and writes, the COMM_* peer links.
+The session (sans-I/O) decides; this module does. Every client error ends in one log line naming
+the client, command and reason, and the session is freed; other connections never notice.
 """
 
 from __future__ import annotations
@@ -9,17 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rpcnet import _native
+from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HEADER_SIZE, WAITS_FOR_GRAPH, Cmd
-from rpcnet.server.session import SIMPLE_HANDLERS, ProtocolViolation, Session, SessionLimits
-from rpcnet.server.stream import ConnectionClosed, StreamProtocol
-
-if TYPE_CHECKING:
-    from rpcnet.server.app import Server
+from rpcnet.server.cache import HashCache
+from rpcnet.server.comm import CommError, CommHub, PeerLink
+from rpcnet.server.config import ServerConfig
+from rpcnet.server.session import (
+    SIMPLE_HANDLERS,
+    CacheLookup,
+    ProtocolViolation,
+    Session,
+    SessionLimits,
+)
+from rpcnet.transport.base import ByteStream, ConnectionClosed
+from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
 
@@ -29,6 +39,7 @@ CLIENT_ERRORS = (ProtocolViolation, ComputeError, _native.NativeError)
 LARGE_WRITE = 64 * 1024
 HELLO, SET_TENSOR, SET_TENSOR_HASH = int(Cmd.HELLO), int(Cmd.SET_TENSOR), int(Cmd.SET_TENSOR_HASH)
 COMM_INIT, COMM_ALLREDUCE = int(Cmd.COMM_INIT), int(Cmd.COMM_ALLREDUCE)
+COMM_FREE = int(Cmd.COMM_FREE)
 
 
 # By plain int: building an IntEnum per frame costs more than most handlers.
@@ -36,17 +47,27 @@ HANDLERS = {int(cmd): handler for cmd, handler in SIMPLE_HANDLERS.items()}
 WAITS = frozenset(int(cmd) for cmd in WAITS_FOR_GRAPH)
 
 
+class Host(Protocol):
+    """What a connection uses of its server (`rpcnet.server.app.Server`)."""
+
+    config: ServerConfig
+    devices: list[Device]
+    cache: HashCache | None
+    negotiation: ServerNegotiation
+    comm: CommHub
+
+
 class Connection:
-    def __init__(self, server: Server, stream: StreamProtocol, peer: str) -> None:
+    def __init__(self, server: Host, stream: ByteStream, peer: str) -> None:
         self.server = server
         self.stream = stream
         self.peer = peer
         config = server.config
         limits = SessionLimits(graph_nodes=config.max_graph_nodes, client_mem=config.client_mem)
         self.negotiation = server.negotiation.connection(stream, peer)  # HELLO caps, spec §12
-        self.session = Session(
-            config.proto, server.devices, server.cache, limits, caps=self.negotiation
-        )
+        self.cache = server.cache
+        self.session = Session(config.proto, server.devices, limits, caching=self.cache is not None)
+        self.links: dict[int, PeerLink] = {}  # COMM_INIT peer links by device (spec §11)
         self.cmd = int(Cmd.HELLO)
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
@@ -83,18 +104,30 @@ class Connection:
         finally:
             self.stream.close()
             await self._finish_graphs()
+            for link in self.links.values():  # also without COMM_FREE
+                link.close()
+            self.links.clear()
             released = self.session.close()
             log.debug("%s: released %d bytes", self.peer, released)
 
-    async def _serve(self) -> None:
+    # ------------------------------------------------------------ the frame loop
+
+    def _admit(self, cmd: int, size: int, *, first: bool = False) -> None:
+        """Header checks shared by every path that starts a frame (spec §3, §2)."""
         config = self.server.config
-        proto, max_data, max_graph = config.proto, config.max_data, config.max_graph
-        stream, session = self.stream, self.session
-        check_header = _native.check_header
-        hello = await asyncio.wait_for(self._read_hello(), config.hello_timeout)
-        self._respond(session.hello(hello))
-        stream = self.stream = await self.negotiation.after_hello(stream)  # RDMA or unchanged
-        handlers, waits = HANDLERS, WAITS
+        if first and cmd != HELLO:
+            name = _native.command_name(config.proto, cmd)
+            raise ProtocolViolation(f"first command must be HELLO, got {name}")
+        self.cmd = cmd
+        _native.check_header(config.proto, cmd, size, config.max_data, config.max_graph)
+        if not first and cmd == HELLO:
+            raise ProtocolViolation("HELLO is only allowed as the first command")
+
+    async def _serve(self) -> None:
+        client_caps = await asyncio.wait_for(self._read_hello(), self.server.config.hello_timeout)
+        # Transport activation happens here, before answering (see transport/negotiate.py).
+        self._respond(self.session.hello(self.negotiation.answer(client_caps)))
+        stream = self.stream = await self.negotiation.after_hello(self.stream)  # RDMA or same
         stream.fast_path = self._fast_path
         while True:
             self._idle = True
@@ -108,42 +141,27 @@ class Connection:
             # can change bytes still queued for sending.
             await stream.drain()
             cmd, size = await self._header()
-            self.cmd = cmd
-            check_header(proto, cmd, size, max_data, max_graph)
-            if cmd == HELLO:
-                raise ProtocolViolation("HELLO is only allowed as the first command")
-            if cmd in waits:
+            self._admit(cmd, size)
+            if cmd in WAITS:
                 await self._wait_graphs()
-            if cmd == SET_TENSOR:
-                await self._set_tensor(size)
-            elif cmd == SET_TENSOR_HASH:
-                payload = await stream.readexactly(size)
-                self._respond(await asyncio.to_thread(session.set_tensor_hash, payload))
-            elif cmd == COMM_INIT:  # may wait for the peer server; other clients carry on
-                payload = await stream.readexactly(size)
-                self._respond(await session.comm_init(payload, self.server.comm))
-            elif cmd == COMM_ALLREDUCE:  # this connection's graphs are done (WAITS_FOR_GRAPH)
-                await session.comm_allreduce(await stream.readexactly(size))
+            handler = HANDLERS.get(cmd)
+            if handler is not None:
+                self._respond(handler(self.session, await stream.readexactly(size)))
             else:
-                payload = await stream.readexactly(size)
-                self._respond(handlers[cmd](session, payload))
+                await self._io_command(cmd, size)
 
     async def _read_hello(self) -> bytes:
-        config = self.server.config
         cmd, size = await self._header()
-        if cmd != Cmd.HELLO:
-            name = _native.command_name(config.proto, cmd)
-            raise ProtocolViolation(f"first command must be HELLO, got {name}")
-        _native.check_header(config.proto, cmd, size, config.max_data, config.max_graph)
+        self._admit(cmd, size, first=True)
         return await self.stream.readexactly(size)
 
     def _fast_path(self) -> None:
         """Handle complete, simple frames already staged, from the protocol callback.
 
         Same semantics as the coroutine loop; anything that must wait (payload not all here,
-        SET_TENSOR's direct receive, cache I/O, an unfinished graph, a full socket) is left for it.
+        a command that needs I/O, an unfinished graph, a full socket) is left for it.
         """
-        config, stream, session = self.server.config, self.stream, self.session
+        stream, session = self.stream, self.session
         while stream.write_ready:
             data = stream.staged()
             if len(data) < HEADER_SIZE:
@@ -154,11 +172,59 @@ class Connection:
                 return
             if cmd in WAITS and session.has_pending():
                 return
-            self.cmd = cmd
-            _native.check_header(config.proto, cmd, size, config.max_data, config.max_graph)
+            self._admit(cmd, size)
             payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
             stream.consume(HEADER_SIZE + size)
             self._respond(handler(session, payload))
+
+    # ------------------------------------------------------------ commands that need I/O
+
+    async def _io_command(self, cmd: int, size: int) -> None:
+        stream, session = self.stream, self.session
+        if cmd == SET_TENSOR:
+            await self._set_tensor(size)
+        elif cmd == SET_TENSOR_HASH:
+            lookup = session.begin_set_tensor_hash(await stream.readexactly(size))
+            if isinstance(lookup, CacheLookup):
+                found = await self._cache_lookup(lookup)
+                lookup = session.set_tensor_hash_response(found)
+            self._respond(lookup)
+        elif cmd == COMM_INIT:  # may wait for the peer server; other clients carry on
+            req = session.begin_comm_init(await stream.readexactly(size))
+            if not isinstance(req, bytes):
+                link = await self.server.comm.open(req.device, req.rank, req.port, req.host)
+                if link is not None:
+                    self.links[req.device] = link
+                req = session.comm_init_done(req.device, link is not None)
+            self._respond(req)
+        elif cmd == COMM_ALLREDUCE:  # this connection's graphs are done (WAITS_FOR_GRAPH)
+            await self._allreduce(await stream.readexactly(size))
+        elif cmd == COMM_FREE:
+            link = self.links.pop(session.comm_free(await stream.readexactly(size)), None)
+            if link is not None:
+                link.close()
+        else:  # check_header admits only known commands
+            raise ProtocolViolation(f"no handler for command {cmd}")
+
+    async def _cache_lookup(self, lookup: CacheLookup) -> bool:
+        cache = self.cache
+        assert cache is not None  # the session asks for lookups only when there is a cache
+        # The file read and the hash check run on a thread; the entry lands in device memory.
+        return await asyncio.to_thread(cache.load_into, lookup.digest, lookup.target)
+
+    async def _allreduce(self, payload: bytes) -> None:
+        job = self.session.begin_comm_allreduce(payload)
+        if job is None:
+            return
+        link = self.links[job.device]
+        try:
+            await link.allreduce(job.region, job.type_id, job.ne)
+        except CommError as exc:
+            self.links.pop(job.device, None)
+            link.close()
+            raise self.session.comm_failed(job.device, str(exc)) from exc
+        finally:
+            job.done()
 
     async def _header(self) -> tuple[int, int]:
         return _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
@@ -180,7 +246,7 @@ class Connection:
         prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)
         target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
         await self.stream.readinto(target.view)  # straight into device memory
-        cache = self.session.cache
+        cache = self.cache
         if target.cache and cache is not None and cache.writable:
             # Hash and store straight from device memory on a thread (GIL released while
             # hashing); this connection waits, so nothing can change those bytes meanwhile.

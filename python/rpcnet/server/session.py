@@ -1,14 +1,18 @@
 """One client's session: its buffers, graph cache and command semantics (spec §7, §8).
 
-Sans-I/O: methods take payload bytes and return response payloads (or None). The connection
-layer moves bytes and awaits; nothing here touches a socket. Any client error raises
-`ProtocolViolation` (or a narrow native error), which closes this connection only.
+Sans-I/O: methods take payload bytes (or the result of I/O the connection did for them) and
+return response payloads (or None). The session never awaits and never touches a socket or a
+file: what needs I/O — HELLO's transport activation, the cache-file read of SET_TENSOR_HASH, the
+peer link of COMM_INIT/COMM_ALLREDUCE — is a `begin_*` that returns what to do, and the
+connection (`rpcnet.server.connection`) does it. Any client error raises `ProtocolViolation` (or
+a narrow native error), which closes this connection only.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -19,15 +23,13 @@ from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.graph import Plan, build_nodes, compile_plan
 from rpcnet.protocol import messages as msg
-from rpcnet.protocol.commands import HELLO_CAPS_SIZE, Cmd, version_triple
-from rpcnet.server import comm
+from rpcnet.protocol.commands import NO_CAPS, Cmd, version_triple
 from rpcnet.server.buffers import BufferTable
-from rpcnet.server.cache import HashCache
+from rpcnet.server.comm import ELEMENT_SIZE
 
 log = logging.getLogger("rpcnet.session")
 
 GRAPH_CACHE_MAX = 1024  # per device; must match the client's rule exactly (spec §8.4)
-NO_CAPS = bytes(HELLO_CAPS_SIZE)
 
 
 class ProtocolViolation(Exception):
@@ -42,6 +44,29 @@ class SetTensorTarget:
     cache: bool
 
 
+@dataclass
+class CacheLookup:
+    """SET_TENSOR_HASH with a cache: read entry `digest` into `target(size)` (which validates the
+    destination for that size, and may raise), then answer `set_tensor_hash_response(found)`."""
+
+    digest: int
+    target: Callable[[int], Any]
+
+
+@dataclass
+class Allreduce:
+    """COMM_ALLREDUCE: swap `region` with the peer of `device` and add its values; then `done()`."""
+
+    device: int
+    region: Any  # the tensor's bytes (uint8 device memory)
+    type_id: int
+    ne: int
+    buffer: DeviceBuffer
+
+    def done(self) -> None:
+        self.buffer.touched()  # derived caches must not trust what the add changed
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     graph_nodes: int = 1 << 16  # nodes and tensors per GRAPH_COMPUTE
@@ -53,20 +78,19 @@ class Session:
         self,
         proto: int,
         devices: list[Device],
-        cache: HashCache | None = None,
         limits: SessionLimits = SessionLimits(),
-        caps: Any = None,
+        caching: bool = False,
     ) -> None:
         self.proto = proto
-        self.caps = caps  # answers HELLO caps (rpcnet.transport.negotiate); None: TCP only
         self.limits = limits
         self.devices = devices
-        self.cache = cache
+        self.caching = caching  # the server has a hash cache (spec §7.12)
         self.buffers = BufferTable()
         self._graphs: list[OrderedDict[int, Plan]] = [OrderedDict() for _ in devices]
         self._last_graph: list[Plan | None] = [None for _ in devices]  # v7 keeps one per device
         self._pending: list[Future[None]] = []
-        self._comm: dict[int, comm.PeerLink] = {}  # peer links by device (spec §11)
+        self._linked: set[int] = set()  # devices with a peer link (spec §11; the connection
+        # holds the links themselves)
         self.hello_done = False
 
     # ---------------------------------------------------------------- helpers
@@ -100,13 +124,13 @@ class Session:
 
     # ---------------------------------------------------------------- handshake & queries
 
-    def hello(self, payload: bytes) -> bytes:
+    def hello(self, server_caps: bytes = NO_CAPS) -> bytes:
+        """The HELLO response; `server_caps` is what the transport negotiation answered to the
+        client's caps (zero caps on a TCP-only server, spec §2)."""
         if self.hello_done:
             raise ProtocolViolation("second HELLO")
         self.hello_done = True
-        # A TCP-only server answers zero caps and ignores the client's (spec §2).
-        caps = NO_CAPS if self.caps is None else self.caps.answer(payload)
-        return msg.hello_response(*version_triple(self.proto), caps)
+        return msg.hello_response(*version_triple(self.proto), server_caps)
 
     def device_count(self, payload: bytes) -> bytes:
         return msg.u32(len(self.devices))
@@ -182,13 +206,13 @@ class Session:
         )
         start = rel + head.offset
         buf.touched()
-        use_cache = head.cache and self.cache is not None
-        return SetTensorTarget(buf.region(start, data_len), use_cache)
+        return SetTensorTarget(buf.region(start, data_len), head.cache and self.caching)
 
-    def set_tensor_hash(self, payload: bytes) -> bytes:
+    def begin_set_tensor_hash(self, payload: bytes) -> CacheLookup | bytes:
+        """The cache lookup to do, or the response right away (no cache: "not found")."""
         req = msg.parse_set_tensor_hash(payload)
-        if self.cache is None:
-            return msg.u8(0)
+        if not self.caching:
+            return self.set_tensor_hash_response(False)
 
         def target(size: int) -> Any:
             # Only reached when the entry exists: a miss answers 0 without validating (spec §7.11).
@@ -199,7 +223,11 @@ class Session:
             buf.touched()
             return buf.region(rel + req.offset, size)
 
-        return msg.u8(1 if self.cache.load_into(req.hash, target) else 0)
+        return CacheLookup(req.hash, target)
+
+    @staticmethod
+    def set_tensor_hash_response(found: bool) -> bytes:
+        return msg.u8(1 if found else 0)
 
     def get_tensor(self, payload: bytes) -> Any:
         req = msg.parse_tensor_range(payload)
@@ -325,32 +353,33 @@ class Session:
 
     # ---------------------------------------------------------------- multi-host (spec §11)
 
-    async def comm_init(self, payload: bytes, hub: comm.CommHub) -> bytes:
-        """COMM_INIT: pair this connection's device with a peer server (waits; see comm.py)."""
+    def begin_comm_init(self, payload: bytes) -> msg.CommInit | bytes:
+        """COMM_INIT: the peer link to open (`comm_init_done` answers), or the answer now."""
         req = msg.parse_comm_init(payload)
         if req.device >= len(self.devices) or req.world != 2 or req.rank >= req.world:
             return msg.u8(0)
-        if req.device in self._comm:  # already linked: ok, other parameters ignored
+        if req.device in self._linked:  # already linked: ok, other parameters ignored
             return msg.u8(1)
-        link = await hub.open(req.device, req.rank, req.port, req.host)
-        if link is None:
-            return msg.u8(0)  # the client falls back to its own reduction
-        self._comm[req.device] = link
-        return msg.u8(1)
+        return req
 
-    async def comm_allreduce(self, payload: bytes) -> None:
-        """COMM_ALLREDUCE: tensor += the peer's tensor (the caller has waited for graphs)."""
+    def comm_init_done(self, device: int, linked: bool) -> bytes:
+        """`linked` False: the client falls back to its own reduction."""
+        if linked:
+            self._linked.add(device)
+        return msg.u8(1 if linked else 0)
+
+    def begin_comm_allreduce(self, payload: bytes) -> Allreduce | None:
+        """COMM_ALLREDUCE (the caller has waited for graphs): validated; None when empty."""
         device = msg.parse_u32(payload)
         self.device(device)
-        link = self._comm.get(device)
-        if link is None:
+        if device not in self._linked:
             raise ProtocolViolation("COMM_ALLREDUCE without a peer link")
         t = _native.decode_tensor(payload, 4)
         buf, rel = self.tensor_with_buffer(t)
         nbytes = t.nbytes()
         if nbytes == 0:
-            return
-        size = comm.ELEMENT_SIZE.get(t.type)
+            return None
+        size = ELEMENT_SIZE.get(t.type)
         ne = t.nelements()
         if size is None or nbytes != ne * size:  # no gaps: the add is elementwise
             raise ProtocolViolation(
@@ -358,21 +387,19 @@ class Session:
                 f"{_native.type_info(t.type)[0]} ne={t.ne} nb={t.nb}"
             )
         buf.touched()
-        try:
-            await link.allreduce(buf.region(rel, nbytes), t.type, ne)
-        except comm.CommError as exc:
-            self._comm.pop(device, None)
-            link.close()
-            raise ProtocolViolation(f"pairwise allreduce failed: {exc}") from exc
-        finally:
-            buf.touched()
+        return Allreduce(device, buf.region(rel, nbytes), t.type, ne, buf)
 
-    def comm_free(self, payload: bytes) -> None:
+    def comm_failed(self, device: int, reason: str) -> ProtocolViolation:
+        """The peer link of `device` broke (the connection closes it): the error to raise."""
+        self._linked.discard(device)
+        return ProtocolViolation(f"pairwise allreduce failed: {reason}")
+
+    def comm_free(self, payload: bytes) -> int:
+        """COMM_FREE: the device whose peer link (if any) the connection closes."""
         device = msg.parse_u32(payload)
         self.device(device)
-        link = self._comm.pop(device, None)
-        if link is not None:
-            link.close()
+        self._linked.discard(device)
+        return device
 
     # ---------------------------------------------------------------- teardown
 
@@ -381,9 +408,7 @@ class Session:
         for cache in self._graphs:
             cache.clear()
         self._last_graph = [None for _ in self.devices]
-        for link in self._comm.values():  # also without COMM_FREE
-            link.close()
-        self._comm.clear()
+        self._linked.clear()
         return self.buffers.free_all()
 
 
@@ -406,6 +431,6 @@ SIMPLE_HANDLERS = {
     Cmd.GET_TENSOR_2D: Session.get_tensor_2d,
     Cmd.GRAPH_COMPUTE: Session.graph_compute,
     Cmd.GRAPH_RECOMPUTE: Session.graph_recompute,
-    Cmd.COMM_FREE: Session.comm_free,
 }
-# COMM_INIT and COMM_ALLREDUCE wait on a peer server: the connection awaits them explicitly.
+# SET_TENSOR, SET_TENSOR_HASH and the COMM_* commands need I/O (a direct receive, a file read, a
+# peer link): the connection handles them explicitly with the session's begin_* methods.

@@ -12,12 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rpcnet._native import MAX_CHUNK, chunk_plan
+from rpcnet.transport.base import ConnectionClosed
 
 STAGING = 256 * 1024
-
-
-class ConnectionClosed(Exception):
-    """The peer closed (or reset) the connection."""
 
 
 class StreamProtocol(asyncio.BufferedProtocol):

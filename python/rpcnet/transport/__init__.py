@@ -4,19 +4,16 @@ See docs/rdma.md. Nothing here imports pyverbs at import time; `rpcnet.transport
 the first time a connection is offered RDMA.
 """
 
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
 from rpcnet.transport.base import (
-    CAPS_SIZE,
-    NO_CAPS,
     Transport,
     TransportClosed,
     TransportError,
 )
 from rpcnet.transport.negotiate import (
-    ClientConnection,
     ConnectionNegotiation,
     Outcome,
     ServerNegotiation,
-    connect_client,
     decide,
 )
 from rpcnet.transport.rdma import (
@@ -32,11 +29,10 @@ from rpcnet.transport.rdma import (
 from rpcnet.transport.tcp import TcpTransport
 
 __all__ = [
-    "CAPS_SIZE",
+    "HELLO_CAPS_SIZE",
     "NO_CAPS",
     "RDMA_CHUNK",
     "RX_DEPTH",
-    "ClientConnection",
     "ConnectionNegotiation",
     "Outcome",
     "PyverbsProvider",
@@ -50,6 +46,5 @@ __all__ = [
     "Transport",
     "TransportClosed",
     "TransportError",
-    "connect_client",
     "decide",
 ]

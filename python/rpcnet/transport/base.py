@@ -9,10 +9,13 @@ invisible; on the Linux RDMA transport one `send` becomes one or more SEND messa
 from __future__ import annotations
 
 import abc
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
-CAPS_SIZE = 24  # HELLO conn_caps (spec §2)
-NO_CAPS = bytes(CAPS_SIZE)  # all-zero: "no RDMA"
+
+class ConnectionClosed(Exception):
+    """The peer closed (or reset) the connection: what the server's streams raise to its
+    connection task (TCP's asyncio stream and the RDMA server stream alike)."""
 
 
 class TransportError(ConnectionError):
@@ -57,3 +60,44 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@runtime_checkable
+class ByteStream(Protocol):
+    """The asyncio server's view of one connection's bytes, whatever carries them.
+
+    `rpcnet.server.stream.StreamProtocol` (TCP) and `rpcnet.transport.rdma.RdmaServerStream`
+    satisfy it; the connection task is written against this and nothing else. Reads raise
+    `ConnectionClosed` when the peer goes away; `drain()` returns once every written byte left.
+    """
+
+    # Run at a frame boundary while the reader waits; it may consume complete frames from
+    # `staged()` (a no-op where nothing is staged, as on RDMA).
+    fast_path: Callable[[], None] | None
+
+    async def at_eof(self) -> bool:
+        """Wait for the next byte; True when the peer closed cleanly instead."""
+        ...
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+    async def readinto(self, dest: Any) -> None:
+        """Fill the writable buffer `dest` completely (straight into it where possible)."""
+        ...
+
+    def staged(self) -> memoryview:
+        """Bytes already received and not yet consumed (may be empty)."""
+        ...
+
+    def consume(self, n: int) -> None: ...
+
+    @property
+    def write_ready(self) -> bool:
+        """True while a write would not have to wait."""
+        ...
+
+    def write(self, data: Any) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...

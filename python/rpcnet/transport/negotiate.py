@@ -19,27 +19,20 @@ tell the difference except that a failing rpcnet server never leaves the client 
 from __future__ import annotations
 
 import logging
-import struct
 from dataclasses import dataclass, field
-from typing import Any
 
-from rpcnet.caps import describe_caps
-from rpcnet.transport.base import CAPS_SIZE, NO_CAPS, Transport, TransportError
+from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
+from rpcnet.transport.base import ByteStream
+from rpcnet.transport.caps import RdmaCaps, describe_caps
 from rpcnet.transport.rdma import (
     RdmaActivationError,
-    RdmaEndpoint,
     RdmaProvider,
     RdmaServerStream,
     RdmaTransport,
     RdmaUnavailable,
-    RemoteCaps,
 )
-from rpcnet.transport.tcp import TcpTransport
 
 log = logging.getLogger("rpcnet.transport")
-
-HELLO = 14
-_SIZE = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -94,7 +87,7 @@ def caps_problem(caps: bytes) -> str | None:
     UC queue pair and framed stream do not interoperate with the RC transport. Linux caps always
     carry psn == qpn & 0xFFFFFF, so anything else is treated as "not ours" and answered with TCP.
     """
-    remote = RemoteCaps.decode(caps)
+    remote = RdmaCaps.decode(caps)
     if remote is not None and remote.psn != remote.qpn & 0xFFFFFF:
         return (
             f"caps are not the Linux verbs layout (psn {remote.psn:#x} != qpn {remote.qpn:#x} "
@@ -122,7 +115,7 @@ class ServerNegotiation:
 
         return cls(PyverbsProvider())
 
-    def connection(self, stream: Any, peer: str) -> ConnectionNegotiation:
+    def connection(self, stream: ByteStream, peer: str) -> ConnectionNegotiation:
         return ConnectionNegotiation(self, stream, peer)
 
     def report(self, peer: str, outcome: Outcome) -> None:
@@ -138,11 +131,11 @@ class ServerNegotiation:
 
 @dataclass
 class ConnectionNegotiation:
-    """One server connection's negotiation: `answer` from Session.hello, `after_hello` from the
-    connection task once the HELLO response is written."""
+    """One server connection's negotiation, driven by its connection task: `answer` with the
+    client's HELLO caps (before the response), `after_hello` once the response is written."""
 
     policy: ServerNegotiation
-    stream: Any
+    stream: ByteStream
     peer: str
     outcome: Outcome | None = None
     link: RdmaTransport | None = field(default=None, repr=False)
@@ -159,7 +152,7 @@ class ConnectionNegotiation:
         return caps
 
     def _answer(self, client_caps: bytes) -> tuple[bytes, Outcome]:
-        if len(client_caps) != CAPS_SIZE or not any(client_caps):
+        if len(client_caps) != HELLO_CAPS_SIZE or not any(client_caps):
             return NO_CAPS, decide(NO_CAPS, NO_CAPS, remote="client")
         provider = self.policy.provider
         problem = caps_problem(client_caps)
@@ -185,124 +178,9 @@ class ConnectionNegotiation:
             endpoint.caps, client_caps, remote="client", detail=self.link.describe()
         )
 
-    async def after_hello(self, stream: Any) -> Any:
+    async def after_hello(self, stream: ByteStream) -> ByteStream:
         """The stream for the rest of the connection: `stream` itself, or its RDMA upgrade."""
         if self.link is None:
             return stream
         link, self.link = self.link, None
         return RdmaServerStream(link, stream, self.peer)
-
-
-# ------------------------------------------------------------------------------------------------
-# client side (blocking; `rpcnet caps` and tests)
-
-
-class HelloFailed(ConnectionError):
-    """The server did not answer HELLO as the protocol says."""
-
-
-@dataclass
-class ClientConnection:
-    """A connected, negotiated client: `transport` is TCP or RDMA; `tcp` stays open."""
-
-    tcp: TcpTransport
-    transport: Transport
-    version: tuple[int, int, int]
-    client_caps: bytes
-    server_caps: bytes
-    outcome: Outcome
-    offer_reason: str | None = None  # why the client advertised zero caps
-
-    def send_request(self, cmd: int, payload: bytes = b"") -> None:
-        # Three send_data() calls, like the reference client (spec §12: granularity matters).
-        self.transport.send(bytes([cmd]))
-        self.transport.send(_SIZE.pack(len(payload)))
-        if payload:
-            self.transport.send(payload)
-        self.transport.flush()
-
-    def recv_response(self, expected: int | None = None) -> bytes:
-        (size,) = _SIZE.unpack(self.transport.recv(_SIZE.size))
-        if expected is not None and size != expected:
-            raise HelloFailed(f"response size {size}, expected {expected}")
-        return self.transport.recv(size)
-
-    def call(self, cmd: int, payload: bytes = b"", expected: int | None = None) -> bytes:
-        self.send_request(cmd, payload)
-        return self.recv_response(expected)
-
-    def close(self) -> None:
-        if self.transport is not self.tcp:
-            self.transport.close()
-        self.tcp.close()
-
-    def __enter__(self) -> ClientConnection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def connect_client(
-    host: str,
-    port: int,
-    *,
-    provider: RdmaProvider | None = None,
-    timeout: float | None = 10.0,
-    strict: bool = False,
-) -> ClientConnection:
-    """Connect, HELLO (offering RDMA when `provider` can), and move to RDMA when both offered.
-
-    `strict`: the RDMA receiver refuses messages that do not line up with its reads, as the
-    reference receiver would (tests use it to check the server's message boundaries).
-    """
-    tcp = TcpTransport.connect(host, port, timeout)
-    endpoint: RdmaEndpoint | None = None
-    offer_reason: str | None = None
-    try:
-        if provider is None:
-            offer_reason = "RDMA not requested"
-        else:
-            try:
-                endpoint = provider.probe(tcp.local_address())
-            except RdmaUnavailable as exc:
-                offer_reason = str(exc)
-        client_caps = endpoint.caps if endpoint is not None else NO_CAPS
-        tcp.send(bytes([HELLO]))
-        tcp.send(_SIZE.pack(CAPS_SIZE))
-        tcp.send(client_caps)
-        (size,) = _SIZE.unpack(tcp.recv(_SIZE.size))
-        if size != 28:
-            raise HelloFailed(f"HELLO response of {size} bytes, expected 28")
-        rsp = tcp.recv(28)
-    except TransportError as exc:
-        if endpoint is not None:
-            endpoint.close()
-        tcp.close()
-        raise HelloFailed(f"HELLO failed: {exc}") from exc
-    except BaseException:
-        if endpoint is not None:
-            endpoint.close()
-        tcp.close()
-        raise
-    version = (rsp[0], rsp[1], rsp[2])
-    server_caps = bytes(rsp[4:28])
-    transport: Transport = tcp
-    problem = caps_problem(server_caps)
-    if endpoint is not None and any(server_caps) and problem is not None:
-        endpoint.close()
-        outcome = decide(NO_CAPS, server_caps, remote="server", local_reason=problem)
-    elif endpoint is not None and any(server_caps):
-        try:
-            transport = endpoint.activate(server_caps, peer_closed=tcp.peer_closed, strict=strict)
-            outcome = decide(client_caps, server_caps, remote="server", detail=transport.describe())
-        except RdmaActivationError as exc:
-            outcome = decide(client_caps, server_caps, activation_error=str(exc))
-    else:
-        if endpoint is not None:
-            endpoint.close()
-        outcome = decide(client_caps, server_caps, remote="server", local_reason=offer_reason)
-    log.log(outcome.level, "%s", outcome.line(f"{host}:{port}"))
-    return ClientConnection(
-        tcp, transport, version, client_caps, server_caps, outcome, offer_reason
-    )

@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnet import _native
-from rpcnet.transport.rdma import (
+from rpcnet.transport.caps import RdmaCaps
+from rpcnet.transport.rdma.endpoint import RdmaEndpoint, RdmaProvider
+from rpcnet.transport.rdma.queuepair import (
     MAX_SEND_WR,
     RDMA_CHUNK,
     RX_DEPTH,
     Completion,
     QueuePair,
-    RdmaEndpoint,
-    RdmaProvider,
     RdmaUnavailable,
-    RemoteCaps,
     wc_status_text,
 )
 
@@ -95,7 +94,7 @@ class FakeQueuePair(QueuePair):
         self.max_inline = max_inline
         self.fail_at = fail_at
         self.state = RESET
-        self.remote: RemoteCaps | None = None
+        self.remote: RdmaCaps | None = None
         self._rx = bytearray(RX_DEPTH * RDMA_CHUNK)
         self._tx = bytearray(RDMA_CHUNK)
         self._rxv = memoryview(self._rx)
@@ -121,7 +120,7 @@ class FakeQueuePair(QueuePair):
                 raise FakeVerbsError(f"RESET->INIT from {self.state}")
             self.state = INIT
 
-    def to_rtr(self, remote: RemoteCaps) -> None:
+    def to_rtr(self, remote: RdmaCaps) -> None:
         with self.fabric.lock:
             self._fail("rtr")
             if self.state != INIT:

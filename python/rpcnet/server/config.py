@@ -1,0 +1,33 @@
+"""The server's settings and their defaults (the one place they are defined; the CLI reads them).
+
+Importing this module stays cheap (no NumPy, no devices): `rpcnet --help` builds its parser from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rpcnet.protocol.commands import DEFAULT_PROTOCOL
+from rpcnet.server.access import Network
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50052
+    proto: int = DEFAULT_PROTOCOL
+    device: str = "cpu"
+    mem: int | None = None  # device capacity to report; default physical RAM
+    threads: int | None = None
+    cache_dir: Path | None = None
+    cache_max: int | None = None
+    max_data: int = 1 << 40  # SET_TENSOR payloads are also bounded by their buffer
+    max_graph: int = 256 << 20  # GRAPH_COMPUTE payload bytes
+    max_graph_nodes: int = 1 << 16  # nodes and tensors per graph
+    client_mem: int | None = None  # per-connection buffer quota; default: the device capacity
+    max_clients: int = 256
+    hello_timeout: float = 10.0  # seconds a new connection may take to send HELLO
+    allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
+    drain_timeout: float = 30.0
+    comm_timeout: float = 30.0  # COMM_INIT: rank 0's wait for its peer, each handshake
