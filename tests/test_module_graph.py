@@ -13,14 +13,6 @@ import rpcnet
 
 PACKAGE_DIR = Path(rpcnet.__file__).parent
 
-# Edges of cycles known when this test was written, outside compute, in code another change of
-# issue 13 restructures (the caps codec moves to transport/, caps.py keeps only the report).
-# Each entry is (importer, imported). Empty this set as the cycles go; an entry that no longer
-# exists in the graph fails test_known_cycle_edges_still_exist, so the set stays true.
-KNOWN_CYCLE_EDGES: set[tuple[str, str]] = {
-    ("rpcnet.transport.negotiate", "rpcnet.caps"),  # describe_caps; cycle with caps.probe
-}
-
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
@@ -122,16 +114,8 @@ def test_cycle_finder_finds_a_lazy_cycle():
     assert [n.names[0].name for n in _runtime_imports(tree)] == ["x"]
 
 
-def test_known_cycle_edges_still_exist():
-    graph = import_graph()
-    stale = sorted(edge for edge in KNOWN_CYCLE_EDGES if edge[1] not in graph.get(edge[0], ()))
-    assert not stale, f"remove from KNOWN_CYCLE_EDGES, they are gone: {stale}"
-
-
 def test_no_import_cycles():
     graph = import_graph()
-    for importer, imported in KNOWN_CYCLE_EDGES:
-        graph[importer].discard(imported)
     found = cycles(graph)
     detail = [
         f"{' <-> '.join(c)}: edges "
