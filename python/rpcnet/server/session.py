@@ -22,6 +22,7 @@ from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.graph import Plan, build_nodes, compile_plan
+from rpcnet.ggml_types import type_name
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import NO_CAPS, Cmd, version_triple
 from rpcnet.server.buffers import BufferTable
@@ -384,7 +385,7 @@ class Session:
         if size is None or nbytes != ne * size:  # no gaps: the add is elementwise
             raise ProtocolViolation(
                 f"COMM_ALLREDUCE needs a contiguous F32, F16 or BF16 tensor, got "
-                f"{_native.type_info(t.type)[0]} ne={t.ne} nb={t.nb}"
+                f"{type_name(t.type)} ne={t.ne} nb={t.nb}"
             )
         buf.touched()
         return Allreduce(device, buf.region(rel, nbytes), t.type, ne, buf)

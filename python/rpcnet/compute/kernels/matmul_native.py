@@ -17,7 +17,8 @@ from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view, row_bytes_view, storage
 from rpcnet.ggml_types import TYPE_TRAITS, GgmlType
 
-_, Q8_0_BLOCK, Q8_0_BYTES, _ = TYPE_TRAITS[GgmlType.Q8_0]
+Q8_0_BLOCK = TYPE_TRAITS[GgmlType.Q8_0].block_size
+Q8_0_BYTES = TYPE_TRAITS[GgmlType.Q8_0].type_size
 MAX_ROWS = 8  # activation rows the native kernel takes in one pass
 
 
@@ -55,6 +56,7 @@ def mul_mat_q8_0_native(node: Tensor) -> Step:
     x = plain_view(b_t)
     out = plain_view(node)
     out_flat = out.reshape(n, m) if out.flags.c_contiguous else None
+    assert node.buffer is not None  # plain_view(node) has checked it
     threads = max(1, int(getattr(node.buffer.device, "threads", 1) or 1))
 
     def run() -> None:
