@@ -129,10 +129,26 @@ class Session:
 
     # ---------------------------------------------------------------- buffers
 
+    def bytes_held(self) -> int:
+        """What this connection makes the server hold: buffers and its graph plans."""
+        plans = [p for cache in self._graphs for p in cache.values()]
+        plans += [p for p in self._last_graph if p is not None]
+        return self.buffers.bytes_held + sum(p.footprint for p in plans)
+
+    def _check_quota(self, extra: int, what: str) -> None:
+        """Non-buffer holdings over --client-mem close the connection (nothing to answer 0 to)."""
+        quota = self.limits.client_mem
+        held = self.bytes_held() + extra
+        if quota is not None and held > quota:
+            raise ProtocolViolation(
+                f"{what}: the connection would hold {held} bytes, over its quota of "
+                f"{quota} bytes (--client-mem)"
+            )
+
     def alloc_buffer(self, payload: bytes) -> bytes:
         req = msg.parse_alloc(payload)
         quota = self.limits.client_mem
-        if quota is not None and req.size > quota - self.buffers.bytes_held:
+        if quota is not None and req.size > quota - self.bytes_held():
             log.warning(
                 "allocation of %d bytes refused: connection quota of %d bytes (--client-mem)",
                 req.size,
@@ -277,7 +293,7 @@ class Session:
             )
         try:
             nodes = build_nodes(graph, self.locate)
-            plan = compile_plan(nodes)
+            plan = compile_plan(nodes, budget=device.scratch)
         except _native.TensorError as exc:
             raise ComputeError(f"invalid tensor in graph: {exc}") from exc
         if self.proto == 7:
@@ -287,6 +303,7 @@ class Session:
             if len(cache) >= GRAPH_CACHE_MAX:
                 cache.clear()
             cache[graph.uid] = plan
+        self._check_quota(0, f"graph cache (this graph: {plan.footprint} bytes)")
         self._launch(device, plan)
 
     def graph_recompute(self, payload: bytes) -> None:
