@@ -4,9 +4,10 @@ Kernels allocate temporaries (f32 conversions, score blocks, NumPy's overlap cop
 must never follow the *logical* size of a client-made view (zero strides, overlap) unchecked, so
 every node gets a conservative bound here, computed at plan time from shapes alone:
 
-* each operand the kernel converts or reads whole is charged its logical size in float32;
-* an operand whose layout overlaps itself (a zero stride, or rows laid over each other) is also
-  charged its logical size: NumPy copies such operands when they alias the output;
+* each operand the kernel converts or reads whole is charged its logical size in float32 (that
+  also covers NumPy's copy of an input that aliases the output);
+* an output whose layout overlaps itself (a zero stride, or rows laid over each other) is also
+  charged its logical size: NumPy computes into a temporary and copies back;
 * ops whose kernels work in bounded blocks (MUL_MAT per batch, GET_ROWS per output row,
   FLASH_ATTN_EXT per score block) charge what one run holds at once.
 
@@ -72,7 +73,16 @@ def overlaps_itself(t: Tensor) -> bool:
 
 
 def _overlap_charge(node: Tensor) -> int:
-    return sum(logical_f32(t) for t in (node, *node.src) if t is not None and overlaps_itself(t))
+    # An output that overlaps itself makes NumPy compute into a temporary of its logical size.
+    # (Inputs are charged by each op's bound: copies of them are at most their logical size.)
+    return logical_f32(node) if overlaps_itself(node) else 0
+
+
+def used_mask_f32(mask: Tensor | None, ne0: int, ne1: int) -> int:
+    """float32 bytes of the part of a mask the kernels convert (softmax.used_mask)."""
+    if mask is None:
+        return 0
+    return min(mask.ne[0], ne0) * min(mask.ne[1], ne1) * mask.ne[2] * mask.ne[3] * F32
 
 
 def _srcs(node: Tensor) -> list[Tensor]:
@@ -112,12 +122,16 @@ def _flash_attn(node: Tensor) -> int:
     if k.ne[2] != v.ne[2] or k.ne[3] != n3 or v.ne[3] != n3:  # K/V repeated to n_head heads
         expand = max(1, n_head // max(1, min(k.ne[2], v.ne[2]))) * max(1, n3 // max(1, k.ne[3]))
     kv = (logical_f32(k) + logical_f32(v)) * expand
-    return 2 * logical_f32(q) + kv + 2 * logical_f32(mask) + 4 * block + logical_f32(node)
+    masked = 2 * used_mask_f32(mask, n_kv, q.ne[1])
+    sinks = logical_f32(node.src[4]) if len(node.src) > 4 else 0
+    return sinks + 2 * logical_f32(q) + kv + masked + 4 * block + logical_f32(node)
 
 
 def _soft_max(node: Tensor) -> int:
     mask = node.src[1] if len(node.src) > 1 else None
-    return 4 * logical_f32(node) + 2 * logical_f32(mask) + logical_f32(node.src[0])
+    masked = 2 * used_mask_f32(mask, node.ne[0], node.ne[1])
+    sinks = logical_f32(node.src[2]) if len(node.src) > 2 else 0
+    return sinks + 4 * logical_f32(node) + masked + logical_f32(node.src[0])
 
 
 def _get_rows(node: Tensor) -> int:

@@ -125,8 +125,10 @@ class Connection:
             elif cmd == COMM_ALLREDUCE:  # this connection's graphs are done (WAITS_FOR_GRAPH)
                 await session.comm_allreduce(await stream.readexactly(size))
             else:
-                payload = await stream.readexactly(size)
-                self._respond(handlers[cmd](session, payload))
+                with session.staging(size):  # counted against --mem and --client-mem
+                    payload = await stream.readexactly(size)
+                    self._respond(handlers[cmd](session, payload))
+                del payload
 
     async def _read_hello(self) -> bytes:
         config = self.server.config

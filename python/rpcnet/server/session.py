@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,7 @@ log = logging.getLogger("rpcnet.session")
 
 GRAPH_CACHE_MAX = 1024  # per device; must match the client's rule exactly (spec §8.4)
 NO_CAPS = bytes(HELLO_CAPS_SIZE)
+STAGING_FREE = 1 << 20  # frame payloads up to this size are not counted (one at a time)
 
 
 class ProtocolViolation(Exception):
@@ -66,6 +69,8 @@ class Session:
         self._last_graph: list[Plan | None] = [None for _ in devices]  # v7 keeps one per device
         self._pending: list[Future[None]] = []
         self._comm: dict[int, comm.PeerLink] = {}  # peer links by device (spec §11)
+        self._comm_held: dict[int, int] = {}  # peer receive scratch counted, by device
+        self._staged = 0  # bytes of large frame payloads held while their command runs
         self.hello_done = False
 
     # ---------------------------------------------------------------- helpers
@@ -133,7 +138,37 @@ class Session:
         """What this connection makes the server hold: buffers and its graph plans."""
         plans = [p for cache in self._graphs for p in cache.values()]
         plans += [p for p in self._last_graph if p is not None]
-        return self.buffers.bytes_held + sum(p.footprint for p in plans)
+        comm_bytes = sum(self._comm_held.values())
+        return self.buffers.bytes_held + sum(p.footprint for p in plans) + comm_bytes + self._staged
+
+    def _hold(self, device: Device, nbytes: int, what: str) -> None:
+        """Count `nbytes` against --client-mem and the device's --mem, or close the connection."""
+        self._check_quota(nbytes, what)
+        if not device.memory.reserve(nbytes):
+            raise ProtocolViolation(f"{what} of {nbytes} bytes: device memory is full (--mem)")
+
+    @contextmanager
+    def staging(self, nbytes: int) -> Iterator[None]:
+        """Count a payload held whole in memory (GRAPH_COMPUTE, SET_TENSOR_2D, a 2-D read)."""
+        if nbytes <= STAGING_FREE:
+            yield
+            return
+        device = self.devices[0]
+        self._hold(device, nbytes, "receive staging")
+        self._staged += nbytes
+        try:
+            yield
+        finally:
+            self._staged -= nbytes
+            device.memory.release(nbytes)
+
+    def _drop_link(self, device: int) -> None:
+        link = self._comm.pop(device, None)
+        if link is not None:
+            link.close()
+        held = self._comm_held.pop(device, 0)
+        if held:
+            self.devices[device].memory.release(held)
 
     def _check_quota(self, extra: int, what: str) -> None:
         """Non-buffer holdings over --client-mem close the connection (nothing to answer 0 to)."""
@@ -275,10 +310,12 @@ class Session:
     def get_tensor_2d(self, payload: bytes) -> bytes:
         req = msg.parse_transfer_2d(payload)
         buf, base = self._rows_2d(req, None)
-        return b"".join(
-            buf.array[base + i * req.stride : base + i * req.stride + req.size].tobytes()
-            for i in range(req.n_copies)
-        )
+        # Rows may repeat (stride 0): the response is counted like a received payload.
+        with self.staging(req.size * req.n_copies):
+            return b"".join(
+                buf.array[base + i * req.stride : base + i * req.stride + req.size]
+                for i in range(req.n_copies)
+            )
 
     # ---------------------------------------------------------------- graphs
 
@@ -373,12 +410,15 @@ class Session:
                 f"COMM_ALLREDUCE needs a contiguous F32, F16 or BF16 tensor, got "
                 f"{_native.type_info(t.type)[0]} ne={t.ne} nb={t.nb}"
             )
+        held = self._comm_held.get(device, 0)
+        if nbytes > held:  # the link keeps a receive buffer as large as its largest tensor
+            self._hold(self.devices[device], nbytes - held, "COMM_ALLREDUCE receive buffer")
+            self._comm_held[device] = nbytes
         buf.touched()
         try:
             await link.allreduce(buf.region(rel, nbytes), t.type, ne)
         except comm.CommError as exc:
-            self._comm.pop(device, None)
-            link.close()
+            self._drop_link(device)
             raise ProtocolViolation(f"pairwise allreduce failed: {exc}") from exc
         finally:
             buf.touched()
@@ -386,9 +426,7 @@ class Session:
     def comm_free(self, payload: bytes) -> None:
         device = msg.parse_u32(payload)
         self.device(device)
-        link = self._comm.pop(device, None)
-        if link is not None:
-            link.close()
+        self._drop_link(device)
 
     # ---------------------------------------------------------------- teardown
 
@@ -397,9 +435,8 @@ class Session:
         for cache in self._graphs:
             cache.clear()
         self._last_graph = [None for _ in self.devices]
-        for link in self._comm.values():  # also without COMM_FREE
-            link.close()
-        self._comm.clear()
+        for device in list(self._comm):  # also without COMM_FREE
+            self._drop_link(device)
         return self.buffers.free_all()
 
 
