@@ -117,14 +117,15 @@ def _flash_attn(node: Tensor) -> int:
     n_head, n3 = q.ne[2], q.ne[3]
     n_kv = k.ne[1]
     row = n3 * n_head * n_kv  # scores of one query row over every head
-    block = max(SCORE_BLOCK_FLOATS, row) * F32
+    rows_per_block = min(q.ne[1], max(1, SCORE_BLOCK_FLOATS // max(1, row)))
+    block = row * rows_per_block * F32  # scores, their exp, the mask tile: one block each
     expand = 1
     if k.ne[2] != v.ne[2] or k.ne[3] != n3 or v.ne[3] != n3:  # K/V repeated to n_head heads
         expand = max(1, n_head // max(1, min(k.ne[2], v.ne[2]))) * max(1, n3 // max(1, k.ne[3]))
     kv = (logical_f32(k) + logical_f32(v)) * expand
     masked = 2 * used_mask_f32(mask, n_kv, q.ne[1])
     sinks = logical_f32(node.src[4]) if len(node.src) > 4 else 0
-    return sinks + 2 * logical_f32(q) + kv + masked + 4 * block + logical_f32(node)
+    return sinks + 2 * logical_f32(q) + kv + masked + 3 * block + 2 * logical_f32(node)
 
 
 def _soft_max(node: Tensor) -> int:
