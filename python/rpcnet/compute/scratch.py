@@ -63,7 +63,8 @@ def overlaps_itself(t: Tensor) -> bool:
     if span < dense:
         return True
     # Dims sorted by stride: each must step past everything the smaller dims cover.
-    dims = sorted((nb, ne) for ne, nb in zip(t.ne, t.nb, strict=True) if ne > 1)
+    counts = (t.ne[0] // max(block, 1), *t.ne[1:])  # dim 0 steps over blocks
+    dims = sorted((nb, ne) for ne, nb in zip(counts, t.nb, strict=True) if ne > 1)
     covered = size
     for nb, ne in dims:
         if nb < covered:
@@ -237,8 +238,8 @@ class ScratchBudget:
                 self.reserved = top
 
 
-# What a compiled plan holds per graph tensor (Tensor, array views, closure cells); measured
-# with tracemalloc at ~1.2 KiB on CPython 3.11 and rounded up.
+# What a compiled plan holds per graph tensor (Tensor, array views, closure cells): measured
+# with tracemalloc at 0.8 KiB (MUL_MAT chains) to 1.5 KiB (elementwise chains) on CPython 3.11.
 PLAN_BYTES_PER_TENSOR = 2048
 
 
