@@ -9,6 +9,7 @@ from rpcnet.compute import quant
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.memory import MemoryPool
+from rpcnet.compute.scratch import PLAN_BYTES_PER_TENSOR
 from support.opgraph import contiguous_nb
 
 Q8_0, F32, MUL_MAT = 8, 0, 29
@@ -47,7 +48,10 @@ async def test_weight_cache_hits_and_invalidation(server):
         held = server.call(lambda: server.server.devices[0].derived.held)
         assert held == 4 * 64 * 4  # the f32 copy is kept, and counted
         free, total = await c.device_memory()
-        assert total - free == 8192 + held
+        # The cached plan (3 tensors) and its compute scratch are counted too.
+        scratch = server.call(lambda: server.server.devices[0].scratch.reserved)
+        assert 0 < scratch < 1 << 20
+        assert total - free == 8192 + held + scratch + 3 * PLAN_BYTES_PER_TENSOR
 
         # Rewrite the weights: the next run must see the new bytes, not the cached copy.
         w2 = -w

@@ -143,8 +143,22 @@ def check_tensor(t: n.RpcTensor, raw: bytes) -> None:
         t.op_param_i32(16)
     outcome(n.TensorError, t.nbytes)
     ok, count = outcome(n.TensorError, t.nelements)
+    assert ok == ggml_nelements_ok(t.ne)
     if ok:
         assert count == t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3] <= I64_MAX
+
+
+def ggml_nelements_ok(ne: tuple[int, ...]) -> bool:
+    """ggml_new_tensor_impl's assert: from ne0, each dim > 1 needs INT64_MAX // n > product."""
+    running = ne[0]
+    if running > I64_MAX:
+        return False
+    for dim in ne[1:]:
+        if dim > 1:
+            if dim > I64_MAX or I64_MAX // dim <= running:
+                return False
+            running *= dim
+    return True
 
 
 def replay_rpc_tensor(data: bytes) -> None:

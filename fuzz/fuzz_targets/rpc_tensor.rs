@@ -92,19 +92,25 @@ fn check_tensor(t: &RpcTensor, raw: &[u8]) {
         (Ok(v), None) => panic!("nbytes {v} for invalid type {}", t.type_id),
     }
 
-    // nelements: any value returned is the exact product and fits int64; a non-zero product
-    // that fits int64 is always returned. (Zero products with an overflowing prefix may be
-    // refused: ggml asserts on some of them, spec §5.3.)
+    // nelements: Ok exactly when ggml_new_tensor_impl's int64 rule passes (spec §5.3), and
+    // then the exact product.
     let product = t.ne.iter().map(|&n| u128::from(n)).product::<u128>();
+    let max = i64::MAX as u128;
+    let mut running = u128::from(t.ne[0]);
+    let mut ggml_ok = running <= max;
+    for &n in &t.ne[1..] {
+        let n = u128::from(n);
+        if ggml_ok && n > 1 {
+            ggml_ok = n <= max && max / n > running;
+            running *= n;
+        }
+    }
     match t.nelements() {
         Ok(v) => {
+            assert!(ggml_ok, "nelements {v} accepted where ggml asserts");
             assert_eq!(u128::from(v), product);
-            assert!(v <= i64::MAX as u64);
         }
-        Err(e) => assert!(
-            product == 0 || product > i64::MAX as u128,
-            "nelements {product} rejected: {e}"
-        ),
+        Err(e) => assert!(!ggml_ok, "nelements {product} rejected: {e}"),
     }
 }
 

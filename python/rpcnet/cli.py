@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--client-mem", type=parse_size, help="buffer memory one connection may hold"
     )
     limits.add_argument(
+        "--max-scratch",
+        type=parse_size,
+        help="compute scratch per device; larger graphs are refused (default: min(1G, mem/10))",
+    )
+    limits.add_argument(
         "--max-clients", type=int, default=defaults.max_clients, help="concurrent connections"
     )
     limits.add_argument(
@@ -172,6 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache_max=args.cache_max,
         allow=args.allow,
         client_mem=args.client_mem,
+        max_scratch=args.max_scratch,
         max_clients=args.max_clients,
         hello_timeout=args.hello_timeout,
         comm_timeout=args.comm_timeout,

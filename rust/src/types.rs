@@ -137,12 +137,28 @@ pub fn nbytes(type_id: u64, ne: [u64; 4], nb: [u64; 4]) -> Result<u64, TensorErr
     })
 }
 
-/// Element count `ne0·ne1·ne2·ne3`; fails past i64::MAX (ggml counts in int64, spec §5.3).
+/// Element count `ne0·ne1·ne2·ne3`, refused where ggml_new_tensor_impl asserts (spec §5.3):
+/// from ne0 on, each dim > 1 needs `INT64_MAX / ne[i] > running product` (strict; dims of 0
+/// and 1 are skipped), so a later 0 does not rescue an overflowing prefix.
 pub fn nelements(ne: &[u64]) -> Result<u64, TensorError> {
-    ne.iter()
-        .try_fold(1u64, |acc, &n| acc.checked_mul(n))
-        .filter(|&n| n <= i64::MAX as u64)
-        .ok_or_else(|| TensorError::new("element count overflows int64"))
+    const MAX: u64 = i64::MAX as u64;
+    let err = || TensorError::new("element count overflows int64");
+    let Some((&first, rest)) = ne.split_first() else {
+        return Ok(1);
+    };
+    if first > MAX {
+        return Err(err());
+    }
+    let mut running = first;
+    for &n in rest {
+        if n > 1 {
+            if n > MAX || MAX / n <= running {
+                return Err(err());
+            }
+            running *= n;
+        }
+    }
+    Ok(if rest.contains(&0) { 0 } else { running })
 }
 
 /// Strides of a contiguous tensor: nb0 = type_size, nb1 = nb0·ne0/block_size, nb[i] = nb[i-1]·ne[i-1].
@@ -241,6 +257,26 @@ mod tests {
         assert_eq!(nelements(&[1 << 31, 1 << 31, 1, 1]).unwrap(), 1 << 62);
         assert_eq!(nelements(&[i64::MAX as u64]).unwrap(), i64::MAX as u64);
         assert!(nelements(&[i64::MAX as u64 + 1]).is_err());
+    }
+
+    /// ggml_new_tensor_impl's rule (docs/fuzzing.md): dims <= 1 after ne0 are skipped, and each
+    /// other dim needs INT64_MAX / ne[i] > the running product (strict), whatever comes later.
+    #[test]
+    fn nelements_follows_ggml_int64_rule() {
+        let big = u32::MAX as u64;
+        assert!(nelements(&[big, big, big, 0]).is_err()); // ggml asserts before reaching the 0
+        assert!(nelements(&[big, big, 0, big]).is_err());
+        assert_eq!(nelements(&[0, big, big, big]).unwrap(), 0); // 0 * ... never overflows
+        assert!(nelements(&[1 << 31, big, 1, 1]).is_err()); // 2^63 - 2^31 fits, but not strictly
+        assert_eq!(
+            nelements(&[(1 << 31) - 1, big, 1, 1]).unwrap(),
+            ((1u64 << 31) - 1) * big
+        );
+        assert_eq!(nelements(&[5, 0, 1, 1]).unwrap(), 0);
+        assert_eq!(nelements(&[7, 1, 1, 3]).unwrap(), 21);
+        // The order of dims matters exactly as in ggml: a 0 early stops nothing either.
+        assert!(nelements(&[big, 0, big, big]).is_err());
+        assert_eq!(nelements(&[0, 0, 0, 0]).unwrap(), 0);
     }
 
     #[test]

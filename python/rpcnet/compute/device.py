@@ -36,12 +36,19 @@ class Device:
     _worker: ThreadPoolExecutor = field(init=False, repr=False)
 
     derived_limit: int | None = None  # bytes for dequantized weight copies; default capacity / 4
+    max_scratch: int | None = None  # compute scratch per plan; default min(1 GiB, capacity / 10)
 
     def __post_init__(self) -> None:
         # One worker per device: plans of all clients run in FIFO order, never concurrently.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rpcnet-{self.name}")
         limit = self.derived_limit if self.derived_limit is not None else self.memory.capacity // 4
         self.derived = DerivedCache(self.memory, limit)
+        from rpcnet.compute.scratch import ScratchBudget, default_max_scratch
+
+        scratch = self.max_scratch
+        self.scratch = ScratchBudget(
+            self.memory, default_max_scratch(self.memory.capacity) if scratch is None else scratch
+        )
 
     def allocate(self, nbytes: int) -> Any | None:
         """Raw device memory, or None when the device cannot hold it."""
@@ -87,7 +94,12 @@ def avoid_hugepage_stalls() -> None:
             return
 
 
-def cpu_device(index: int = 0, capacity: int | None = None, threads: int | None = None) -> Device:
+def cpu_device(
+    index: int = 0,
+    capacity: int | None = None,
+    threads: int | None = None,
+    max_scratch: int | None = None,
+) -> Device:
     total = capacity if capacity is not None else physical_memory()
     avoid_hugepage_stalls()
     n_threads = threads or max(1, os.cpu_count() or 1)
@@ -98,4 +110,5 @@ def cpu_device(index: int = 0, capacity: int | None = None, threads: int | None 
         description=f"rpcnet CPU ({n_threads} threads, NumPy)",
         memory=MemoryPool(total),
         threads=n_threads,
+        max_scratch=max_scratch,
     )

@@ -10,6 +10,7 @@ from rpcnet import _native
 from rpcnet.compute import (
     kernels,  # noqa: F401 - registers the kernels
     profile,
+    scratch,
 )
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels import registry
@@ -74,6 +75,8 @@ class Plan:
     buffers: frozenset[int] = field(default_factory=frozenset)  # handles it touches
     n_nodes: int = 0
     written: tuple[Any, ...] = ()  # buffers its nodes write into
+    scratch: Any = None  # rpcnet.compute.scratch.ScratchLease, released when the plan is dropped
+    footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
 
     def run(self) -> None:
         for buf in self.written:
@@ -86,11 +89,13 @@ def needs_compute(node: Tensor) -> bool:
     return node.is_computed and node.op not in VIEW_OPS and node.nelements > 0
 
 
-def compile_plan(nodes: list[Tensor], device: str = "cpu") -> Plan:
+def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -> Plan:
+    """Compile nodes into a plan; with a ScratchBudget, refuse plans whose scratch exceeds it."""
     computed = [n for n in nodes if needs_compute(n)]
     written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
     steps = []
     handles: set[int] = set()
+    need, needy = 0, None  # largest per-node scratch bound, and that node
     for node in nodes:
         for t in (node, *node.src):
             if t is not None and t.buffer is not None:
@@ -102,8 +107,18 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu") -> Plan:
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
         kernel = registry.select(node, device)
+        if budget is not None and (bound := scratch.scratch_bytes(node)) > need:
+            # Checked before build: builders may already allocate index arrays per shape.
+            budget.check(bound, registry.describe_node(node))
+            need, needy = bound, node
         step = kernel.build(node)
         if profile.enabled():
             step = profile.timed(f"{op_name(node.op)} {'/'.join(registry.types_of(node))}", step)
         steps.append(step)
-    return Plan(steps, frozenset(handles), len(nodes), tuple(written.values()))
+    plan = Plan(steps, frozenset(handles), len(nodes), tuple(written.values()))
+    plan.footprint = scratch.plan_footprint(nodes)
+    if budget is not None:
+        what = registry.describe_node(needy) if needy is not None else "no node"
+        plan.scratch = budget.admit(need, plan.footprint, what)
+        plan.scratch.bind(plan)
+    return plan

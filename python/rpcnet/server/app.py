@@ -26,7 +26,9 @@ T = TypeVar("T")
 def make_devices(config: ServerConfig) -> list[Device]:
     if config.device != "cpu":
         raise ValueError(f"unknown device {config.device!r} (available: cpu)")
-    return [cpu_device(0, capacity=config.mem, threads=config.threads)]
+    return [
+        cpu_device(0, capacity=config.mem, threads=config.threads, max_scratch=config.max_scratch)
+    ]
 
 
 class Server:

@@ -26,6 +26,7 @@ class ServerConfig:
     max_graph: int = 256 << 20  # GRAPH_COMPUTE payload bytes
     max_graph_nodes: int = 1 << 16  # nodes and tensors per graph
     client_mem: int | None = None  # per-connection buffer quota; default: the device capacity
+    max_scratch: int | None = None  # compute scratch per device; default min(1 GiB, mem / 10)
     max_clients: int = 256
     hello_timeout: float = 10.0  # seconds a new connection may take to send HELLO
     allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind

@@ -146,7 +146,10 @@ class Connection:
                 await self._wait_graphs()
             handler = HANDLERS.get(cmd)
             if handler is not None:
-                self._respond(handler(self.session, await stream.readexactly(size)))
+                with self.session.staging(size):  # counted against --mem and --client-mem
+                    payload = await stream.readexactly(size)
+                    self._respond(handler(self.session, payload))
+                del payload
             else:
                 await self._io_command(cmd, size)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from rpcnet.server.comm import ELEMENT_SIZE
 log = logging.getLogger("rpcnet.session")
 
 GRAPH_CACHE_MAX = 1024  # per device; must match the client's rule exactly (spec §8.4)
+STAGING_FREE = 1 << 20  # frame payloads up to this size are not counted (one at a time)
 
 
 class ProtocolViolation(Exception):
@@ -92,6 +94,8 @@ class Session:
         self._pending: list[Future[None]] = []
         self._linked: set[int] = set()  # devices with a peer link (spec §11; the connection
         # holds the links themselves)
+        self._comm_held: dict[int, int] = {}  # peer receive scratch counted, by device
+        self._staged = 0  # bytes of large frame payloads held while their command runs
         self.hello_done = False
 
     # ---------------------------------------------------------------- helpers
@@ -155,10 +159,55 @@ class Session:
 
     # ---------------------------------------------------------------- buffers
 
+    def bytes_held(self) -> int:
+        """What this connection makes the server hold: buffers and its graph plans."""
+        plans = [p for cache in self._graphs for p in cache.values()]
+        plans += [p for p in self._last_graph if p is not None]
+        comm_bytes = sum(self._comm_held.values())
+        return self.buffers.bytes_held + sum(p.footprint for p in plans) + comm_bytes + self._staged
+
+    def _hold(self, device: Device, nbytes: int, what: str) -> None:
+        """Count `nbytes` against --client-mem and the device's --mem, or close the connection."""
+        self._check_quota(nbytes, what)
+        if not device.memory.reserve(nbytes):
+            raise ProtocolViolation(f"{what} of {nbytes} bytes: device memory is full (--mem)")
+
+    @contextmanager
+    def staging(self, nbytes: int) -> Iterator[None]:
+        """Count a payload held whole in memory (GRAPH_COMPUTE, SET_TENSOR_2D, a 2-D read)."""
+        if nbytes <= STAGING_FREE:
+            yield
+            return
+        device = self.devices[0]
+        self._hold(device, nbytes, "receive staging")
+        self._staged += nbytes
+        try:
+            yield
+        finally:
+            self._staged -= nbytes
+            device.memory.release(nbytes)
+
+    def _drop_link(self, device: int) -> None:
+        """Forget `device`'s peer link (the connection closes it) and release its receive buffer."""
+        self._linked.discard(device)
+        held = self._comm_held.pop(device, 0)
+        if held:
+            self.devices[device].memory.release(held)
+
+    def _check_quota(self, extra: int, what: str) -> None:
+        """Non-buffer holdings over --client-mem close the connection (nothing to answer 0 to)."""
+        quota = self.limits.client_mem
+        held = self.bytes_held() + extra
+        if quota is not None and held > quota:
+            raise ProtocolViolation(
+                f"{what}: the connection would hold {held} bytes, over its quota of "
+                f"{quota} bytes (--client-mem)"
+            )
+
     def alloc_buffer(self, payload: bytes) -> bytes:
         req = msg.parse_alloc(payload)
         quota = self.limits.client_mem
-        if quota is not None and req.size > quota - self.buffers.bytes_held:
+        if quota is not None and req.size > quota - self.bytes_held():
             log.warning(
                 "allocation of %d bytes refused: connection quota of %d bytes (--client-mem)",
                 req.size,
@@ -289,10 +338,12 @@ class Session:
     def get_tensor_2d(self, payload: bytes) -> bytes:
         req = msg.parse_transfer_2d(payload)
         buf, base = self._rows_2d(req, None)
-        return b"".join(
-            buf.array[base + i * req.stride : base + i * req.stride + req.size].tobytes()
-            for i in range(req.n_copies)
-        )
+        # Rows may repeat (stride 0): the response is counted like a received payload.
+        with self.staging(req.size * req.n_copies):
+            return b"".join(
+                buf.array[base + i * req.stride : base + i * req.stride + req.size]
+                for i in range(req.n_copies)
+            )
 
     # ---------------------------------------------------------------- graphs
 
@@ -307,7 +358,7 @@ class Session:
             )
         try:
             nodes = build_nodes(graph, self.locate)
-            plan = compile_plan(nodes)
+            plan = compile_plan(nodes, budget=device.scratch)
         except _native.TensorError as exc:
             raise ComputeError(f"invalid tensor in graph: {exc}") from exc
         if self.proto == 7:
@@ -317,6 +368,7 @@ class Session:
             if len(cache) >= GRAPH_CACHE_MAX:
                 cache.clear()
             cache[graph.uid] = plan
+        self._check_quota(0, f"graph cache (this graph: {plan.footprint} bytes)")
         self._launch(device, plan)
 
     def graph_recompute(self, payload: bytes) -> None:
@@ -387,19 +439,23 @@ class Session:
                 f"COMM_ALLREDUCE needs a contiguous F32, F16 or BF16 tensor, got "
                 f"{type_name(t.type)} ne={t.ne} nb={t.nb}"
             )
+        held = self._comm_held.get(device, 0)
+        if nbytes > held:  # the link keeps a receive buffer as large as its largest tensor
+            self._hold(self.devices[device], nbytes - held, "COMM_ALLREDUCE receive buffer")
+            self._comm_held[device] = nbytes
         buf.touched()
         return Allreduce(device, buf.region(rel, nbytes), t.type, ne, buf)
 
     def comm_failed(self, device: int, reason: str) -> ProtocolViolation:
         """The peer link of `device` broke (the connection closes it): the error to raise."""
-        self._linked.discard(device)
+        self._drop_link(device)
         return ProtocolViolation(f"pairwise allreduce failed: {reason}")
 
     def comm_free(self, payload: bytes) -> int:
         """COMM_FREE: the device whose peer link (if any) the connection closes."""
         device = msg.parse_u32(payload)
         self.device(device)
-        self._linked.discard(device)
+        self._drop_link(device)
         return device
 
     # ---------------------------------------------------------------- teardown
@@ -409,7 +465,8 @@ class Session:
         for cache in self._graphs:
             cache.clear()
         self._last_graph = [None for _ in self.devices]
-        self._linked.clear()
+        for device in self._linked | set(self._comm_held):  # also without COMM_FREE
+            self._drop_link(device)
         return self.buffers.free_all()
 
 

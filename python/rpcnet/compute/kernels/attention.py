@@ -23,7 +23,7 @@ from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
-from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads
+from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads, used_mask
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
@@ -99,6 +99,7 @@ def flash_attn_ext(node: Tensor) -> Step:
     round_q = not tiled and k_t.type != GgmlType.F32
     out = plain_view(node).transpose(0, 2, 1, 3)  # (ne3, n_head, n_q, DV) view of the output
     qv = plain_view(q_t)
+    mask_used = used_mask(mask_t, n_kv, n_q)
     # query rows per block, bounding the score matrix at ~16M floats
     step = max(1, _SCORE_LIMIT // max(1, n3 * n_head * n_kv))
 
@@ -111,7 +112,7 @@ def flash_attn_ext(node: Tensor) -> Step:
         groups = k.shape[1]
         per_group = n_head // groups  # q heads sharing one kv head (GQA)
         kt = k.swapaxes(-1, -2)
-        m_all = convert.load_f32(mask_t)[:, :, :n_q, :n_kv] if mask_t is not None else None
+        m_all = convert.load_f32(mask_used) if mask_used is not None else None
         sk = None
         if sinks_t is not None:
             sk = convert.load_f32(sinks_t).reshape(-1)[:n_head].reshape(1, n_head, 1, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.operands import vec_dot_operand
@@ -35,14 +36,26 @@ def _supported(node: Tensor) -> bool:
     )
 
 
-def broadcast_weights(a: Any, ne2: int, ne3: int) -> Any:
-    """ggml maps output batch i2 to weight batch i2 / (ne2 / a.ne2): repeat, not tile."""
-    r3, r2 = ne3 // a.shape[0], ne2 // a.shape[1]
-    if r2 > 1:
-        a = np.repeat(a, r2, axis=1)
-    if r3 > 1:
-        a = np.repeat(a, r3, axis=0)
-    return a
+def split_batches(x: Any, r3: int, r2: int) -> Any:
+    """View (ne3, ne2, ...) as (ne3 / r3, r3, ne2 / r2, r2, ...) without copying."""
+    s3, s2 = x.strides[:2]
+    shape = (x.shape[0] // r3, r3, x.shape[1] // r2, r2, *x.shape[2:])
+    strides = (s3 * r3, s3, s2 * r2, s2, *x.strides[2:])
+    return as_strided(x, shape, strides, writeable=x.flags.writeable)
+
+
+def batched_matmul(b: Any, a: Any, out: Any) -> None:
+    """out[i3, i2] = b[i3, i2] · a[i3 / r3, i2 / r2]ᵀ (ggml's weight broadcast: repeat, not tile).
+
+    The weights are broadcast through a zero-stride axis, never repeated in memory, so a batch
+    of any logical size costs no more than its output.
+    """
+    r3, r2 = out.shape[0] // a.shape[0], out.shape[1] // a.shape[1]
+    if r3 == 1 and r2 == 1:
+        np.matmul(b, a.swapaxes(-1, -2), out=out)
+        return
+    a6 = a[:, None, :, None]  # (a3, 1, a2, 1, M, K)
+    np.matmul(split_batches(b, r3, r2), a6.swapaxes(-1, -2), out=split_batches(out, r3, r2))
 
 
 @kernel(Op.MUL_MAT, "f32|f16|bf16|quantized x f32|f16 -> f32", _supported)
@@ -52,8 +65,8 @@ def mul_mat(node: Tensor) -> Step:
     out = plain_view(node)
 
     def run() -> None:
-        a = broadcast_weights(convert.load_weight_f32(a_t), node.ne[2], node.ne[3])
+        a = convert.load_weight_f32(a_t)
         b = vec_dot_operand(convert.load_f32(b_t), a_t.type)
-        np.matmul(b, a.swapaxes(-1, -2), out=out)
+        batched_matmul(b, a, out)
 
     return run

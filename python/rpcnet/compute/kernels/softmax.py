@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -43,6 +44,15 @@ def tile_heads(values: Any, n3: int, n2: int) -> Any:
     return values
 
 
+def used_mask(mask: Tensor | None, ne0: int, ne1: int) -> Tensor | None:
+    """The mask narrowed to the columns and rows a kernel reads (it may be padded, or a view
+    that repeats rows many times): only those are converted."""
+    if mask is None:
+        return None
+    ne = (min(mask.ne[0], ne0), min(mask.ne[1], ne1), mask.ne[2], mask.ne[3])
+    return dataclasses.replace(mask, ne=ne, src=())
+
+
 def _supported(node: Tensor) -> bool:
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
@@ -82,11 +92,12 @@ def soft_max(node: Tensor) -> Step:
     slopes = alibi_slopes(n2, max_bias).reshape(1, n2, 1, 1)
     use_slopes = max_bias > 0.0
     av, out = plain_view(a_t), plain_view(node)
+    mask_rows = used_mask(mask_t, a_t.ne[0], n1)
 
     def run() -> None:
         w = av * scale
         if mask_t is not None:
-            m = tile_heads(convert.load_f32(mask_t)[:, :, :n1, :], n3, n2)
+            m = tile_heads(convert.load_f32(mask_rows), n3, n2)
             w += slopes * m if use_slopes else m
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             mx = w.max(axis=-1, keepdims=True)
