@@ -16,6 +16,9 @@ from rpcnet.server.access import Network, allowed, default_allow, is_loopback
 from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
 from rpcnet.server.connection import Connection
+from rpcnet.server.metrics import MetricsServer
+from rpcnet.server.modeldir import ModelDirs, weight_sources
+from rpcnet.server.stats import ServerStats
 from rpcnet.server.stream import StreamProtocol
 from rpcnet.transport.negotiate import ServerNegotiation
 
@@ -41,6 +44,8 @@ class ServerConfig:
     allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
     drain_timeout: float = 30.0
     comm_timeout: float = 30.0  # COMM_INIT: rank 0's wait for its peer, each handshake
+    metrics: tuple[str, int] | None = None  # --metrics HOST:PORT: /metrics and /status
+    model_dirs: tuple[Path, ...] = ()  # --model-dir: GGUF files whose tensors answer hashes
 
 
 def make_devices(config: ServerConfig) -> list[Device]:
@@ -53,7 +58,10 @@ class Server:
     def __init__(self, config: ServerConfig, devices: list[Device] | None = None) -> None:
         self.config = config
         self.devices = devices if devices is not None else make_devices(config)
-        self.cache = open_cache(config)
+        self.stats = ServerStats(config.proto)  # rpcnet.server.metrics reads it
+        self.models = ModelDirs.open(config.model_dirs)  # --model-dir: weights from local GGUFs
+        self.cache = weight_sources(open_cache(config), self.models)
+        self.metrics: MetricsServer | None = None
         self.allow = default_allow(config.host, config.allow)
         self.negotiation = ServerNegotiation.from_env()  # HELLO caps: RDMA via pyverbs, or TCP
         # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers.
@@ -82,6 +90,9 @@ class Server:
             reuse_address=True,
             backlog=128,
         )
+        if self.config.metrics is not None:
+            self.metrics = await MetricsServer.start(self, *self.config.metrics)
+        self.models.start()
 
     def _protocol_factory(self) -> StreamProtocol:
         stream = _AcceptingStream(self)
@@ -97,11 +108,13 @@ class Server:
         name = f"{peer[0]}:{peer[1]}" if peer else "?"
         if peer is None or not allowed(peer[0], self.allow):
             log.warning("%s: refused: address not in the allowlist", name)
+            self.stats.refuse("allowlist")
             transport.abort()
             return
         if self.draining or len(self.connections) >= self.config.max_clients:
             why = "shutting down" if self.draining else f"{self.config.max_clients} clients"
             log.warning("%s: refused: %s", name, why)
+            self.stats.refuse("draining" if self.draining else "max_clients")
             transport.abort()
             return
         log.debug("%s: connected", name)
@@ -135,6 +148,9 @@ class Server:
         self.draining = True
         if self._server is not None:
             self._server.close()
+        if self.metrics is not None:
+            await self.metrics.close()
+        self.models.close()
         for conn in list(self.connections.values()):
             conn.stop_after_command()
         if self.connections:

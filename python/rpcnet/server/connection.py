@@ -47,6 +47,7 @@ class Connection:
         self.session = Session(
             config.proto, server.devices, server.cache, limits, caps=self.negotiation
         )
+        self.stats = server.stats.open_connection(peer, self.session)  # metrics, close log
         self.cmd = int(Cmd.HELLO)
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
@@ -83,6 +84,7 @@ class Connection:
         finally:
             self.stream.close()
             await self._finish_graphs()
+            self.stats.close()
             released = self.session.close()
             log.debug("%s: released %d bytes", self.peer, released)
 
@@ -93,6 +95,7 @@ class Connection:
         check_header = _native.check_header
         hello = await asyncio.wait_for(self._read_hello(), config.hello_timeout)
         self._respond(session.hello(hello))
+        self.stats.end()
         stream = self.stream = await self.negotiation.after_hello(stream)  # RDMA or unchanged
         handlers, waits = HANDLERS, WAITS
         stream.fast_path = self._fast_path
@@ -127,6 +130,7 @@ class Connection:
             else:
                 payload = await stream.readexactly(size)
                 self._respond(handlers[cmd](session, payload))
+            self.stats.end()
 
     async def _read_hello(self) -> bytes:
         config = self.server.config
@@ -158,15 +162,20 @@ class Connection:
             _native.check_header(config.proto, cmd, size, config.max_data, config.max_graph)
             payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
             stream.consume(HEADER_SIZE + size)
+            self.stats.begin(cmd, size)
             self._respond(handler(session, payload))
+            self.stats.end()
 
     async def _header(self) -> tuple[int, int]:
-        return _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
+        cmd, size = _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
+        self.stats.begin(cmd, size)
+        return cmd, size
 
     def _respond(self, payload: object) -> None:
         if payload is None:
             return
         view = memoryview(payload)  # type: ignore[arg-type]
+        self.stats.responded(view)
         header = _SIZE.pack(view.nbytes)
         if view.nbytes < LARGE_WRITE:
             self.stream.write(
