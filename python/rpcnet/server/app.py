@@ -205,13 +205,14 @@ def run(config: ServerConfig) -> None:
         await server.start()
         dev = server.devices
         log.info(
-            "rpcnet serving ggml RPC v%d.0.0 on %s:%d (%s), devices: %s, cache: %s",
+            "rpcnet serving ggml RPC v%d.0.0 on %s:%d (%s), devices: %s, cache: %s, model dirs: %s",
             config.proto,
             config.host,
             server.port,
             loop_name,
             ", ".join(f"{d.name} ({d.memory.capacity >> 20} MiB)" for d in dev),
             config.cache_dir or "off",
+            ", ".join(map(str, config.model_dirs)) or "none",
         )
         await server.serve_forever()
 
