@@ -130,6 +130,10 @@ def test_metrics_and_status_follow_a_real_client(tmp_path, tiny_model):
         assert proxy.to_server >= weight_bytes(tiny_model)
         assert m[("rpcnet_graph_computes_total", ())] >= 1
         assert m[("rpcnet_graph_recomputes_total", ())] >= 20  # the single-token decodes
+        # Kernel time by op: every decode step ran matrix products on the CPU device.
+        matmul = (("device", "cpu"), ("op", "MUL_MAT"))
+        assert m[("rpcnet_kernel_calls_total", matmul)] >= 32
+        assert m[("rpcnet_kernel_seconds_total", matmul)] > 0
         sets = m[("rpcnet_commands_total", (("command", "SET_TENSOR"),))]
         assert sets >= len(gguf.GGUFReader(str(tiny_model)).tensors)
         hist = m[("rpcnet_command_seconds_count", (("command", "SET_TENSOR"),))]

@@ -25,7 +25,7 @@ from support.tinymodel import write_tiny_llama
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME_DEPS = ("numpy", "threadpoolctl", "uvloop", "prometheus_client")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def no_rust_env() -> dict[str, str]:

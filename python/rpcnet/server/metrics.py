@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 
 from rpcnet import __version__, _native
+from rpcnet.compute import profile
 from rpcnet.server.access import allowed
 from rpcnet.server.modeldir import hash_cache_of
 from rpcnet.server.stats import LATENCY_BUCKETS
@@ -100,11 +101,31 @@ class ServerCollector:
             "rpcnet_graph_recomputes", "GRAPH_RECOMPUTE commands", value=stats.recomputes
         )
 
+        yield from self._kernels()
         yield from self._devices()
         yield from self._clients()
         yield from self._cache()
         yield from self._comm()
         yield from self._models()
+
+    def _kernels(self) -> Iterator[Any]:
+        seconds = CounterMetricFamily(
+            "rpcnet_kernel_seconds", "Kernel time by op and device", labels=["op", "device"]
+        )
+        calls = CounterMetricFamily(
+            "rpcnet_kernel_calls", "Kernel runs by op and device", labels=["op", "device"]
+        )
+        by_op: dict[str, list[float]] = {}
+        for label, (secs, n) in profile.totals().items():
+            entry = by_op.setdefault(label.split(" ", 1)[0], [0.0, 0])
+            entry[0] += secs
+            entry[1] += n
+        device = self.server.config.device  # plans are compiled for the served device kind
+        for op, (secs, n) in sorted(by_op.items()):
+            seconds.add_metric([op, device], secs)
+            calls.add_metric([op, device], n)
+        yield seconds
+        yield calls
 
     def _devices(self) -> Iterator[Any]:
         fams = {
@@ -260,6 +281,7 @@ class MetricsServer:
     @classmethod
     async def start(cls, server: Server, host: str, port: int) -> MetricsServer:
         self = cls(server)
+        profile.collect()  # kernel seconds by op: timed from the first plan on
         self._listener = await asyncio.start_server(self._handle, host, port, reuse_address=True)
         log.info("metrics on http://%s:%d/metrics and /status", host, self.port)
         return self
