@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import re
 import sys
 from pathlib import Path
@@ -38,6 +37,11 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host or "127.0.0.1", int(port)
+
+
+def parse_metrics_endpoint(text: str) -> tuple[str, int]:
+    """'9100' or ':9100' -> loopback; 'HOST:PORT' as given."""
+    return ("127.0.0.1", int(text)) if text.isdigit() else parse_endpoint(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,7 +135,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.max_graph_nodes,
         help="nodes and tensors per graph",
     )
-    serve.add_argument("-v", "--verbose", action="count", default=0)
+    serve.add_argument(
+        "--metrics",
+        type=parse_metrics_endpoint,
+        metavar="[HOST:]PORT",
+        help="serve Prometheus /metrics and JSON /status here (default host 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--model-dir",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="answer SET_TENSOR_HASH from the tensors of the *.gguf files under DIR (repeatable)",
+    )
+    serve.add_argument(
+        "-v", "--verbose", action="count", default=0, help="-v debug, -vv every command"
+    )
+
+    from rpcnet import cachecli, statuscli
+
+    statuscli.add_parser(sub, parse_endpoint)
+    cachecli.add_parser(sub, parse_size)
 
     caps = sub.add_parser(
         "caps",
@@ -154,15 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from rpcnet import logsetup
     from rpcnet.server.app import run
     from rpcnet.server.cache import default_cache_dir
 
-    level = logging.WARNING - 10 * min(args.verbose, 2) + (10 if args.verbose == 0 else 0)
-    logging.basicConfig(
-        level=min(level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if args.verbose >= 2:
-        logging.getLogger().setLevel(logging.DEBUG)
+    logsetup.configure(args.verbose)
     cache_dir = None
     if args.cache is not None:
         cache_dir = Path(args.cache) if args.cache else default_cache_dir()
@@ -184,6 +205,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_data=args.max_payload,
         max_graph=args.max_graph,
         max_graph_nodes=args.max_graph_nodes,
+        metrics=args.metrics,
+        model_dirs=tuple(args.model_dir),
     )
     try:
         run(config)
@@ -233,7 +256,15 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"serve": cmd_serve, "caps": cmd_caps, "ops": cmd_ops}[args.command]
+    from rpcnet import cachecli, statuscli
+
+    handler = {
+        "serve": cmd_serve,
+        "caps": cmd_caps,
+        "ops": cmd_ops,
+        "status": statuscli.run,
+        "cache": cachecli.run,
+    }[args.command]
     return handler(args)
 
 

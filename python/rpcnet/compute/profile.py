@@ -17,8 +17,23 @@ _totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
 _lock = threading.Lock()
 
 
+_collect = False  # `serve --metrics`: totals feed rpcnet_kernel_seconds_total
+
+
+def collect() -> None:
+    """Time every kernel of plans compiled from now on (for the metrics endpoint)."""
+    global _collect
+    _collect = True
+
+
 def enabled() -> bool:
-    return bool(_PATH)
+    return bool(_PATH) or _collect
+
+
+def totals() -> dict[str, tuple[float, int]]:
+    """{"OP types": (seconds, calls)} so far."""
+    with _lock:
+        return {label: (v[0], int(v[1])) for label, v in _totals.items()}
 
 
 def timed(label: str, step: Callable[[], None]) -> Callable[[], None]:

@@ -16,6 +16,9 @@ from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
 from rpcnet.server.config import ServerConfig
 from rpcnet.server.connection import Connection
+from rpcnet.server.metrics import MetricsServer
+from rpcnet.server.modeldir import ModelDirs, weight_sources
+from rpcnet.server.stats import ServerStats
 from rpcnet.server.stream import StreamProtocol
 from rpcnet.transport.negotiate import ServerNegotiation
 
@@ -35,7 +38,10 @@ class Server:
     def __init__(self, config: ServerConfig, devices: list[Device] | None = None) -> None:
         self.config = config
         self.devices = devices if devices is not None else make_devices(config)
-        self.cache = open_cache(config)
+        self.stats = ServerStats(config.proto)  # rpcnet.server.metrics reads it
+        self.models = ModelDirs.open(config.model_dirs)  # --model-dir: weights from local GGUFs
+        self.cache = weight_sources(open_cache(config), self.models)
+        self.metrics: MetricsServer | None = None
         self.allow = default_allow(config.host, config.allow)
         self.negotiation = ServerNegotiation.from_env()  # HELLO caps: RDMA via pyverbs, or TCP
         # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers.
@@ -64,6 +70,9 @@ class Server:
             reuse_address=True,
             backlog=128,
         )
+        if self.config.metrics is not None:
+            self.metrics = await MetricsServer.start(self, *self.config.metrics)
+        self.models.start()
 
     def _protocol_factory(self) -> StreamProtocol:
         stream = _AcceptingStream(self)
@@ -79,11 +88,13 @@ class Server:
         name = f"{peer[0]}:{peer[1]}" if peer else "?"
         if peer is None or not allowed(peer[0], self.allow):
             log.warning("%s: refused: address not in the allowlist", name)
+            self.stats.refuse("allowlist")
             transport.abort()
             return
         if self.draining or len(self.connections) >= self.config.max_clients:
             why = "shutting down" if self.draining else f"{self.config.max_clients} clients"
             log.warning("%s: refused: %s", name, why)
+            self.stats.refuse("draining" if self.draining else "max_clients")
             transport.abort()
             return
         log.debug("%s: connected", name)
@@ -117,6 +128,9 @@ class Server:
         self.draining = True
         if self._server is not None:
             self._server.close()
+        if self.metrics is not None:
+            await self.metrics.close()
+        self.models.close()
         for conn in list(self.connections.values()):
             conn.stop_after_command()
         if self.connections:
@@ -175,13 +189,14 @@ def run(config: ServerConfig) -> None:
         await server.start()
         dev = server.devices
         log.info(
-            "rpcnet serving ggml RPC v%d.0.0 on %s:%d (%s), devices: %s, cache: %s",
+            "rpcnet serving ggml RPC v%d.0.0 on %s:%d (%s), devices: %s, cache: %s, model dirs: %s",
             config.proto,
             config.host,
             server.port,
             event_loop_name(),
             ", ".join(f"{d.name} ({d.memory.capacity >> 20} MiB)" for d in dev),
             config.cache_dir or "off",
+            ", ".join(map(str, config.model_dirs)) or "none",
         )
         await server.serve_forever()
 

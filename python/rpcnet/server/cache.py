@@ -43,6 +43,8 @@ class HashCache:
         self._lock = threading.Lock()  # stores and eviction run on worker threads
         self._verified: dict[str, tuple[int, int, int]] = {}
         self.writable = True  # cleared after a failed write (disk full, unwritable)
+        # Counters for metrics (rpcnet.server.metrics).
+        self.hits = self.misses = self.bytes_written = self.evictions = 0
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def path_for(self, digest: int) -> Path:
@@ -80,6 +82,7 @@ class HashCache:
                         break
                     got += n
         except FileNotFoundError:
+            self.misses += 1
             return False
         except OSError as exc:
             log.warning("cache: cannot read %s: %s", path, exc)
@@ -90,7 +93,9 @@ class HashCache:
             log.warning("cache: %s does not match its hash; removing it", path.name)
             self._verified.pop(path.name, None)
             self._remove(path)
+            self.misses += 1
             return False
+        self.hits += 1
         try:
             os.utime(path)
             self._verified[path.name] = self._identity(path.stat())
@@ -116,6 +121,7 @@ class HashCache:
             except BaseException:
                 self._remove(Path(tmp))
                 raise
+            self.bytes_written += view.nbytes
             self._verified[path.name] = self._identity(path.stat())
         if self.max_bytes is not None:
             self.evict(self.max_bytes, keep=path.name)
@@ -145,6 +151,7 @@ class HashCache:
                 if name == keep:
                     continue
                 self._remove(self.directory / name)
+                self.evictions += 1
                 total -= size
 
     @staticmethod

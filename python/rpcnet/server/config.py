@@ -32,3 +32,5 @@ class ServerConfig:
     allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
     drain_timeout: float = 30.0
     comm_timeout: float = 30.0  # COMM_INIT: rank 0's wait for its peer, each handshake
+    metrics: tuple[str, int] | None = None  # --metrics HOST:PORT: /metrics and /status
+    model_dirs: tuple[Path, ...] = ()  # --model-dir: GGUF files whose tensors answer hashes

@@ -68,6 +68,7 @@ class Connection:
         self.cache = server.cache
         self.session = Session(config.proto, server.devices, limits, caching=self.cache is not None)
         self.links: dict[int, PeerLink] = {}  # COMM_INIT peer links by device (spec §11)
+        self.stats = server.stats.open_connection(peer, self.session)  # metrics, close log
         self.cmd = int(Cmd.HELLO)
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
@@ -107,6 +108,7 @@ class Connection:
             for link in self.links.values():  # also without COMM_FREE
                 link.close()
             self.links.clear()
+            self.stats.close()
             released = self.session.close()
             log.debug("%s: released %d bytes", self.peer, released)
 
@@ -127,6 +129,7 @@ class Connection:
         client_caps = await asyncio.wait_for(self._read_hello(), self.server.config.hello_timeout)
         # Transport activation happens here, before answering (see transport/negotiate.py).
         self._respond(self.session.hello(self.negotiation.answer(client_caps)))
+        self.stats.end()
         stream = self.stream = await self.negotiation.after_hello(self.stream)  # RDMA or same
         stream.fast_path = self._fast_path
         while True:
@@ -152,6 +155,7 @@ class Connection:
                 del payload
             else:
                 await self._io_command(cmd, size)
+            self.stats.end()
 
     async def _read_hello(self) -> bytes:
         cmd, size = await self._header()
@@ -178,7 +182,9 @@ class Connection:
             self._admit(cmd, size)
             payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
             stream.consume(HEADER_SIZE + size)
+            self.stats.begin(cmd, size)
             self._respond(handler(session, payload))
+            self.stats.end()
 
     # ------------------------------------------------------------ commands that need I/O
 
@@ -230,12 +236,15 @@ class Connection:
             job.done()
 
     async def _header(self) -> tuple[int, int]:
-        return _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
+        cmd, size = _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
+        self.stats.begin(cmd, size)
+        return cmd, size
 
     def _respond(self, payload: object) -> None:
         if payload is None:
             return
         view = memoryview(payload)  # type: ignore[arg-type]
+        self.stats.responded(view)
         header = _SIZE.pack(view.nbytes)
         if view.nbytes < LARGE_WRITE:
             self.stream.write(

@@ -1,0 +1,240 @@
+"""Counters the server keeps for operators: per connection and server-wide.
+
+Plain ints bumped on the event-loop thread; metrics.py turns them into Prometheus families and
+the /status snapshot at scrape time, so the serving path never touches the exposition library.
+A connection logs one INFO line with its totals when it closes, and a progress line every few
+seconds while it uploads more than UPLOAD_REPORT_MIN bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from rpcnet import _native
+from rpcnet.logsetup import TRACE
+from rpcnet.protocol.commands import HEADER_SIZE, Cmd
+
+log = logging.getLogger("rpcnet.server")
+
+# Upper bounds (seconds) of the command latency histogram.
+LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+UPLOAD_REPORT_MIN = 256 << 20  # progress lines only for uploads larger than this
+UPLOAD_REPORT_EVERY = 5.0  # seconds between progress lines
+SET_TENSOR, SET_TENSOR_HASH = int(Cmd.SET_TENSOR), int(Cmd.SET_TENSOR_HASH)
+GRAPH_COMPUTE, GRAPH_RECOMPUTE = int(Cmd.GRAPH_COMPUTE), int(Cmd.GRAPH_RECOMPUTE)
+MEMORY_CHANGES = frozenset({int(Cmd.ALLOC_BUFFER), int(Cmd.FREE_BUFFER)})
+UPLOADS = frozenset({SET_TENSOR, SET_TENSOR_HASH, int(Cmd.SET_TENSOR_2D)})
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class CommandLatency:
+    """Histogram state of one command type (cumulative buckets are built at scrape time)."""
+
+    __slots__ = ("buckets", "count", "total")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.count += 1
+        self.total += seconds
+
+
+class ConnectionStats:
+    """One client's totals; `begin`/`end` bracket every command the connection handles."""
+
+    def __init__(self, server: ServerStats, peer: str, session: Any) -> None:
+        self.server = server
+        self.peer = peer
+        self.session = session  # read at scrape time: buffers held
+        self.since = time.time()
+        self.started = time.monotonic()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.commands = 0
+        self.graphs = 0
+        self.recomputes = 0
+        self.hash_hits = 0
+        self.hash_misses = 0
+        self.peak_held = 0
+        self.cmd: int | None = None  # the command in progress, None while waiting for one
+        self.cmd_started = 0.0
+        self.uploaded = 0  # SET_TENSOR* payload bytes since the upload began
+        self._upload_started = 0.0
+        self._upload_reported = 0.0
+        self._upload_hits = 0
+
+    # ------------------------------------------------------------ per command
+
+    def begin(self, cmd: int, size: int) -> None:
+        now = time.perf_counter()
+        self.cmd, self.cmd_started = cmd, now
+        self.commands += 1
+        nbytes = HEADER_SIZE + size
+        self.bytes_in += nbytes
+        self.server.bytes_in += nbytes
+        if cmd in UPLOADS:
+            self._upload(size, now)
+        elif cmd == GRAPH_COMPUTE:
+            self.graphs += 1
+            self._upload_done(now)
+        elif cmd == GRAPH_RECOMPUTE:
+            self.recomputes += 1
+
+    def responded(self, view: memoryview) -> None:
+        nbytes = 8 + view.nbytes
+        self.bytes_out += nbytes
+        self.server.bytes_out += nbytes
+        if self.cmd == SET_TENSOR_HASH and view.nbytes == 1:
+            if view[0]:
+                self.hash_hits += 1
+                self._upload_hits += 1
+            else:
+                self.hash_misses += 1
+
+    def end(self) -> None:
+        cmd = self.cmd
+        if cmd is None:
+            return
+        elapsed = time.perf_counter() - self.cmd_started
+        self.cmd = None
+        self.server.command_done(cmd, elapsed)
+        if cmd in MEMORY_CHANGES:
+            self.peak_held = max(self.peak_held, self.held())
+        if log.isEnabledFor(TRACE):
+            log.log(TRACE, "%s: %s in %.3f ms", self.peer, self.name(cmd), elapsed * 1e3)
+
+    def name(self, cmd: int) -> str:
+        return _native.command_name(self.server.proto, cmd)
+
+    def held(self) -> int:
+        buffers = getattr(self.session, "buffers", None)
+        return buffers.bytes_held if buffers is not None else 0
+
+    def buffer_count(self) -> int:
+        buffers = getattr(self.session, "buffers", None)
+        return len(buffers) if buffers is not None else 0
+
+    # ------------------------------------------------------------ upload progress
+
+    def _upload(self, size: int, now: float) -> None:
+        if not self._upload_started:
+            self._upload_started = self._upload_reported = now
+            self._upload_hits = 0
+        self.uploaded += size
+        if self.uploaded > UPLOAD_REPORT_MIN and now - self._upload_reported >= UPLOAD_REPORT_EVERY:
+            self._upload_reported = now
+            log.info("%s: uploading: %s", self.peer, self._upload_summary(now))
+
+    def _upload_done(self, now: float) -> None:
+        if self._upload_started and self.uploaded > UPLOAD_REPORT_MIN:
+            log.info("%s: upload done: %s", self.peer, self._upload_summary(now))
+        self._upload_started = 0.0
+        self.uploaded = 0
+
+    def _upload_summary(self, now: float) -> str:
+        elapsed = max(now - self._upload_started, 1e-6)
+        mb = self.uploaded / 1e6
+        return (
+            f"{mb:.0f} MB received in {elapsed:.1f} s ({mb / elapsed:.0f} MB/s), "
+            f"{self._upload_hits} weights served by the cache or --model-dir"
+        )
+
+    # ------------------------------------------------------------ close
+
+    def close(self) -> None:
+        self.end()
+        self._upload_done(time.perf_counter())
+        self.server.connection_closed(self)
+        log.info(
+            "%s: closed after %.1f s: %s in, %s out, %d graphs (%d recomputes), "
+            "peak %s held, hash hits %d/%d",
+            self.peer,
+            time.monotonic() - self.started,
+            human_bytes(self.bytes_in),
+            human_bytes(self.bytes_out),
+            self.graphs,
+            self.recomputes,
+            human_bytes(self.peak_held),
+            self.hash_hits,
+            self.hash_hits + self.hash_misses,
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.perf_counter()
+        return {
+            "peer": self.peer,
+            "connected_since": self.since,
+            "connected_s": round(time.monotonic() - self.started, 3),
+            "buffers": self.buffer_count(),
+            "bytes_held": self.held(),
+            "peak_bytes_held": max(self.peak_held, self.held()),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "commands": self.commands,
+            "graphs": self.graphs,
+            "recomputes": self.recomputes,
+            "hash_hits": self.hash_hits,
+            "hash_misses": self.hash_misses,
+            "command": None if self.cmd is None else self.name(self.cmd),
+            "command_s": None if self.cmd is None else round(now - self.cmd_started, 6),
+        }
+
+
+class ServerStats:
+    """Server-wide counters plus the open connections' stats."""
+
+    def __init__(self, proto: int) -> None:
+        self.proto = proto
+        self.started = time.time()
+        self.open: dict[int, ConnectionStats] = {}
+        self.accepted = 0
+        self.refused: Counter[str] = Counter()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.latency: dict[int, CommandLatency] = {}
+        # Totals of closed connections, so per-client sums never go backwards.
+        self.closed_graphs = 0
+        self.closed_recomputes = 0
+
+    def open_connection(self, peer: str, session: Any) -> ConnectionStats:
+        conn = ConnectionStats(self, peer, session)
+        self.open[id(conn)] = conn
+        self.accepted += 1
+        return conn
+
+    def connection_closed(self, conn: ConnectionStats) -> None:
+        if self.open.pop(id(conn), None) is not None:
+            self.closed_graphs += conn.graphs
+            self.closed_recomputes += conn.recomputes
+
+    def refuse(self, reason: str) -> None:
+        self.refused[reason] += 1
+
+    def command_done(self, cmd: int, seconds: float) -> None:
+        hist = self.latency.get(cmd)
+        if hist is None:
+            hist = self.latency[cmd] = CommandLatency()
+        hist.observe(seconds)
+
+    @property
+    def graphs(self) -> int:
+        return self.closed_graphs + sum(c.graphs for c in self.open.values())
+
+    @property
+    def recomputes(self) -> int:
+        return self.closed_recomputes + sum(c.recomputes for c in self.open.values())
