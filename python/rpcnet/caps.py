@@ -155,7 +155,9 @@ def local_report(to: str | None = None, *, root: str | None = None, environ: Any
         except _native.RdmaError as exc:
             info["no_rdma"] = str(exc)
     for p in ports:
-        chosen = selection is not None and (selection.device, selection.port) == (p.device, p.port)
+        chosen_gid = None  # the GID index a connection would use on this port, if any
+        if selection is not None and (selection.device, selection.port) == (p.device, p.port):
+            chosen_gid = selection.gid_index
         info["ports"].append(
             {
                 "device": p.device,
@@ -169,7 +171,7 @@ def local_report(to: str | None = None, *, root: str | None = None, environ: Any
                         "address": g.address,
                         "kind": g.kind,
                         "ndev": g.ndev,
-                        "selected": chosen and g.index == selection.gid_index,
+                        "selected": g.index == chosen_gid,
                     }
                     for g in p.gids
                 ],

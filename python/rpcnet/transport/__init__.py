@@ -1,11 +1,14 @@
 """Transports: TCP and RDMA (pyverbs, optional), and their negotiation through HELLO's caps.
 
-See docs/rdma.md. Nothing here imports pyverbs at import time; `rpcnet.transport.rdma` does it
-the first time a connection is offered RDMA.
+See docs/rdma.md. Nothing here imports pyverbs at import time; `rpcnet.transport.rdma.verbs`
+does it the first time a connection is offered RDMA. The blocking client that negotiates is
+`rpcnet.client.connect_client`.
 """
 
 from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
 from rpcnet.transport.base import (
+    ByteStream,
+    ConnectionClosed,
     Transport,
     TransportClosed,
     TransportError,
@@ -29,6 +32,8 @@ from rpcnet.transport.rdma import (
 from rpcnet.transport.tcp import TcpTransport
 
 __all__ = [
+    "ByteStream",
+    "ConnectionClosed",
     "HELLO_CAPS_SIZE",
     "NO_CAPS",
     "RDMA_CHUNK",

@@ -116,8 +116,8 @@ class RdmaServerStream:
         if waiter.done() and waiter.exception() is None and waiter.result():
             self._used = True
             return False
-        if waiter.done() and waiter.exception() is not None:
-            exc = waiter.exception()
+        exc = waiter.exception() if waiter.done() else None
+        if exc is not None:
             raise self._closed_by(exc) from exc
         if not self._tcp_watch.done():  # stopped by close()
             return True

@@ -127,8 +127,8 @@ def pyverbs_ports(pv: Any) -> list[_native.RdmaPort]:
                             ndev = socket.if_indextoname(entry.ndev_ifindex)
                     except Exception:  # noqa: BLE001 - older rdma-core: no ibv_query_gid_ex
                         try:  # enum ibv_gid_type_sysfs: 0 "IB/RoCE v1", 1 "RoCE v2"
-                            kind = {0: "RoCE v1", 1: "RoCE v2"}.get(ctx.query_gid_type(port, idx))
-                            kind = kind or "unknown"
+                            sysfs_kinds = {0: "RoCE v1", 1: "RoCE v2"}
+                            kind = sysfs_kinds.get(ctx.query_gid_type(port, idx), "unknown")
                         except Exception:  # noqa: BLE001
                             pass
                     if link == "InfiniBand" and kind == "RoCE v1":
