@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -30,7 +30,27 @@ from rpcnet.server.modeldir import hash_cache_of
 from rpcnet.server.stats import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
-    from rpcnet.server.app import Server
+    from rpcnet.compute.device import Device
+    from rpcnet.server.access import Network
+    from rpcnet.server.comm import CommHub
+    from rpcnet.server.config import ServerConfig
+    from rpcnet.server.modeldir import ModelDirs
+    from rpcnet.server.stats import ServerStats
+
+
+class Server(Protocol):
+    """What the metrics endpoint reads of its server (`rpcnet.server.app.Server`)."""
+
+    config: ServerConfig
+    devices: list[Device]
+    cache: Any
+    comm: CommHub
+    models: ModelDirs
+    stats: ServerStats
+    allow: tuple[Network, ...]
+
+    @property
+    def port(self) -> int: ...
 
 log = logging.getLogger("rpcnet.metrics")
 MAX_REQUEST = 8192
