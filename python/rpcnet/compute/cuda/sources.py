@@ -1,0 +1,71 @@
+"""The CUDA C sources of the cuda backend: where they are and the compile options they need.
+
+One `.cu` file is one CuPy RawModule (one NVRTC program); the `.cuh`/`.h` files next to them are
+found through the include path. Nothing here needs CuPy or a driver.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SRC_DIR = Path(__file__).resolve().parent / "src"
+
+#: NVRTC options every module is compiled with (the architecture is added per device).
+COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++14", f"--include-path={SRC_DIR}")
+
+
+def module_names() -> list[str]:
+    """Every kernel module (a `.cu` file's stem), sorted."""
+    return sorted(p.stem for p in SRC_DIR.glob("*.cu"))
+
+
+def module_path(name: str) -> Path:
+    return SRC_DIR / f"{name}.cu"
+
+
+def module_source(name: str) -> str:
+    return module_path(name).read_text()
+
+
+def arch_option(major: int, minor: int) -> str:
+    """The virtual architecture flag for compute capability major.minor (e.g. compute_90)."""
+    return f"--gpu-architecture=compute_{major}{minor}"
+
+
+#: ggml type name -> kernel-name suffix, as in blocks.cuh's RPC_FOR_*_TYPES.
+FLOAT_TYPES: dict[str, str] = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+QUANT_TYPES: dict[str, str] = {
+    "Q4_0": "q4_0",
+    "Q4_1": "q4_1",
+    "Q5_0": "q5_0",
+    "Q5_1": "q5_1",
+    "Q8_0": "q8_0",
+    "Q2_K": "q2_K",
+    "Q3_K": "q3_K",
+    "Q4_K": "q4_K",
+    "Q5_K": "q5_K",
+    "Q6_K": "q6_K",
+    "IQ4_NL": "iq4_nl",
+    "IQ4_XS": "iq4_xs",
+    "MXFP4": "mxfp4",
+}
+WEIGHT_TYPES: dict[str, str] = {**FLOAT_TYPES, **QUANT_TYPES}
+
+
+def matvec_kernel(type_name: str) -> str:
+    """The decode matvec kernel for a weight type: MMVQ (q8_1 activations) or float."""
+    suffix = WEIGHT_TYPES[type_name]
+    return f"rpc_mmv_{suffix}" if type_name in FLOAT_TYPES else f"rpc_mmvq_{suffix}"
+
+
+def dequantize_kernel(type_name: str, out: str = "f16") -> str:
+    return f"rpc_dequantize_{WEIGHT_TYPES[type_name]}_{out}"
+
+
+def expected_kernels() -> dict[str, set[str]]:
+    """Per module, the kernel entry points the host side launches (checked against the PTX)."""
+    return {
+        "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES},
+        "quantize": {"rpc_quantize_q8_1"},
+        "dequantize": {dequantize_kernel(t, o) for t in WEIGHT_TYPES for o in ("f16", "f32")},
+    }
