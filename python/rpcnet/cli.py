@@ -59,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--proto", type=int, choices=(8, 7), default=DEFAULT_PROTOCOL, help="protocol major version"
     )
-    serve.add_argument("--device", default="cpu", help="device to serve (cpu)")
+    serve.add_argument(
+        "--device",
+        default="cpu",
+        help="device to serve: cpu, cuda (every GPU), cuda:0,cuda:1, cuda:0,cpu (docs/gpu.md)",
+    )
     serve.add_argument(
         "--mem", type=parse_size, help="memory to report and enforce (default: physical RAM)"
     )
