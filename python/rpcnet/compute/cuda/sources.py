@@ -50,6 +50,7 @@ QUANT_TYPES: dict[str, str] = {
     "MXFP4": "mxfp4",
 }
 WEIGHT_TYPES: dict[str, str] = {**FLOAT_TYPES, **QUANT_TYPES}
+FLOAT_SUFFIXES = tuple(FLOAT_TYPES.values())
 
 
 def matvec_kernel(type_name: str) -> str:
@@ -68,4 +69,12 @@ def expected_kernels() -> dict[str, set[str]]:
         "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES},
         "quantize": {"rpc_quantize_q8_1"},
         "dequantize": {dequantize_kernel(t, o) for t in WEIGHT_TYPES for o in ("f16", "f32")},
+        "norm": {"rpc_rms_norm_f32", "rpc_rms_norm_mul_f32", "rpc_norm_f32"},
+        "softmax": {"rpc_soft_max_f32"},
+        "rope": {"rpc_rope_f32", "rpc_rope_f16"},
+        "glu": {"rpc_glu_f32"},
+        "rows": {f"rpc_get_rows_{s}" for s in WEIGHT_TYPES.values()}
+        | {f"rpc_set_rows_{s}" for s in ("f32", "f16", "bf16", "q8_0")},
+        "cpy": {f"rpc_cpy_{a}_{b}" for a in FLOAT_SUFFIXES for b in FLOAT_SUFFIXES},
+        "flash_attn": {f"rpc_flash_attn_{k}_{v}" for k in ("f16", "q8_0") for v in ("f16", "q8_0")},
     }

@@ -45,3 +45,27 @@ __device__ __forceinline__ float rpc_block_max(float v, float* scratch32) {
     v = lane < nwarps ? scratch32[lane] : -3.402823466e38f;
     return rpc_warp_max(v);
 }
+
+// ggml rows: a row index r over ne1*ne2*ne3 rows -> element offset with strides s1..s3.
+__device__ __forceinline__ long long rpc_row_offset(long long r, int ne1, int ne2, long long s1,
+                                                    long long s2, long long s3) {
+    const long long i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / ((long long)ne1 * ne2);
+    return i1 * s1 + i2 * s2 + i3 * s3;
+}
+
+// Element type adapters for kernels that run on f32, f16 and bf16 data.
+struct RpcF32 {
+    typedef float T;
+    static __device__ __forceinline__ float load(const float* p) { return *p; }
+    static __device__ __forceinline__ void store(float* p, float v) { *p = v; }
+};
+struct RpcF16 {
+    typedef uint16_t T;
+    static __device__ __forceinline__ float load(const uint16_t* p) { return rpc_half_to_float(*p); }
+    static __device__ __forceinline__ void store(uint16_t* p, float v) { *p = rpc_float_to_half(v); }
+};
+struct RpcBF16 {
+    typedef uint16_t T;
+    static __device__ __forceinline__ float load(const uint16_t* p) { return rpc_bf16_to_float(*p); }
+    static __device__ __forceinline__ void store(uint16_t* p, float v) { *p = rpc_float_to_bf16(v); }
+};
