@@ -10,40 +10,24 @@ reference definition, and float64 dot products of the dequantized values.
 from __future__ import annotations
 
 import ctypes
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support import refenv
-from support.models import ZOO, ensure_model
+from support.cuda_quant import (
+    FLOAT_TYPES,
+    FTYPES,
+    QUANT_TYPES,
+    dequant_q8_1,
+    q8_1_oracle,
+    real_quantized_rows,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "python" / "rpcnet" / "compute" / "cuda" / "src"
 HARNESS = ROOT / "tests" / "support" / "cuda_blockmath_harness.cpp"
-
-# ggml type name -> (llama ftype to quantize with, a zoo model whose f32 base is quantized).
-FTYPES = {
-    "Q4_0": ("Q4_0", "llama256-q8_0"),
-    "Q4_1": ("Q4_1", "llama256-q8_0"),
-    "Q5_0": ("Q5_0", "llama256-q8_0"),
-    "Q5_1": ("Q5_1", "llama256-q8_0"),
-    "Q8_0": ("Q8_0", "llama256-q8_0"),
-    "Q2_K": ("Q2_K", "llama256-q8_0"),
-    "Q3_K": ("Q3_K_M", "llama256-q8_0"),
-    "Q4_K": ("Q4_K_M", "llama256-q8_0"),
-    "Q5_K": ("Q5_K_M", "llama256-q8_0"),
-    "Q6_K": ("Q6_K", "llama256-q8_0"),
-    "IQ4_NL": ("IQ4_NL", "llama256-q8_0"),
-    "IQ4_XS": ("IQ4_XS", "llama256-q8_0"),
-    "MXFP4": ("MXFP4_MOE", "qwen3moe256-Q4_K_M"),
-    "F16": ("F16", "llama256-q8_0"),
-    "BF16": ("BF16", "llama256-q8_0"),
-}
-FLOAT_TYPES = ("F32", "F16", "BF16")
-QUANT_TYPES = [t for t in FTYPES if t not in FLOAT_TYPES]
 
 
 @pytest.fixture(scope="session")
@@ -92,41 +76,8 @@ def _f32(a: np.ndarray):
 
 
 @pytest.fixture(scope="session")
-def zoo_dir(tmp_path_factory):
-    return os.environ.get("RPCNET_E2E_CACHE") or tmp_path_factory.mktemp("zoo")
-
-
-@pytest.fixture(scope="session")
-def real_tensors(zoo_dir, tmp_path_factory):
-    """Per ggml type name: rows of one real tensor of that type, as (raw uint8 [rows, bytes], n)."""
-    import gguf
-
-    assert refenv.available(), "reference env missing: run tools/refenv.sh"
-    out_dir = tmp_path_factory.mktemp("cuda_quant")
-    found: dict[str, tuple[np.ndarray, int]] = {}
-
-    def take(path: Path, wanted: set[str]) -> None:
-        for t in gguf.GGUFReader(str(path)).tensors:
-            name = t.tensor_type.name
-            if name in wanted and name not in found and len(t.shape) >= 2:
-                n = int(t.shape[0])
-                raw = np.asarray(t.data).view(np.uint8).reshape(-1)
-                rows = np.ascontiguousarray(raw.reshape(-1, raw.size // int(np.prod(t.shape[1:]))))
-                found[name] = (rows[:24], n)
-
-    take(ensure_model(ZOO["llama256-q8_0"].base, zoo_dir), {"F32"})
-    for type_name, (ftype, base) in FTYPES.items():
-        if type_name in found:
-            continue
-        dst = out_dir / f"{ftype}.gguf"
-        args = ["--model", ensure_model(ZOO[base].base, zoo_dir), "--out", dst, "--type", ftype]
-        if ftype != "MXFP4_MOE":
-            args.append("--pure")
-        refenv.run_probe("v8", "quantize", *args, timeout=300)
-        take(dst, set(FTYPES) | {"F32"})
-    missing = sorted(set(FTYPES) - set(found))
-    assert not missing, f"the quantizer produced no tensor of {missing}"
-    return found
+def real_tensors(tmp_path_factory):
+    return real_quantized_rows(tmp_path_factory)
 
 
 def _type_id(name: str) -> int:
@@ -171,23 +122,6 @@ def _gguf_type(name: str):
     return gguf.GGMLQuantizationType[name]
 
 
-def q8_1_oracle(x: np.ndarray) -> np.ndarray:
-    """ggml's reference q8_1 quantizer (quantize_row_q8_1_ref) in NumPy: bytes per 32 floats."""
-    blocks = x.astype(np.float32).reshape(-1, 32)
-    amax = np.abs(blocks).max(axis=1)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    v = (blocks * inv[:, None]).astype(np.float32).astype(np.float64)
-    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)  # C roundf: half away from 0
-    s = (q.astype(np.int32).sum(axis=1).astype(np.float32) * d).astype(np.float32)
-    out = np.empty((blocks.shape[0], 36), np.uint8)
-    out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    out[:, 2:4] = s.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    out[:, 4:] = q.view(np.uint8)
-    return out.reshape(-1)
-
-
 def _quantize_q8_1(lib, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty(x.size // 32 * 36, np.uint8)
@@ -205,12 +139,6 @@ def test_quantize_q8_1_matches_ggml_definition(lib):
     np.testing.assert_array_equal(ours, q8_1_oracle(x))
 
 
-def _dequant_q8_1(y: np.ndarray) -> np.ndarray:
-    b = y.reshape(-1, 36)
-    d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
-    return (b[:, 4:].view(np.int8).astype(np.float64) * d).reshape(-1)
-
-
 @pytest.mark.parametrize("type_name", QUANT_TYPES)
 def test_dot_q8_1_matches_float64(lib, real_tensors, type_name):
     """Weight-row x q8_1-activation dot products (dp4a path) vs float64 of the same values, and
@@ -224,7 +152,7 @@ def test_dot_q8_1_matches_float64(lib, real_tensors, type_name):
         got = ctypes.c_float()
         row = np.ascontiguousarray(raw[r])
         assert lib.rpc_dot_q8_1(_type_id(type_name), _u8(row), _u8(y), n, ctypes.byref(got)) == 0
-        yq = _dequant_q8_1(y)
+        yq = dequant_q8_1(y)
         exact_q = float(np.dot(w[r], yq))
         scale = float(np.abs(w[r] * yq).sum())
         assert abs(got.value - exact_q) <= 2e-6 * scale + 1e-30, (type_name, r)

@@ -163,3 +163,17 @@ def test_sticky_errors_are_told_apart():
     assert isinstance(errors.classify(2, "graph"), errors.CudaGraphError)  # out of memory
     assert isinstance(errors.classify(701, "graph"), errors.CudaGraphError)
     assert "cudaErrorIllegalAddress" in str(errors.classify(700, "graph compute"))
+
+
+def test_kernel_type_table_matches_ggml():
+    import gguf
+    from rpcnet.compute.cuda import sources
+
+    assert set(sources.WEIGHT_TYPES) == set(sources.TYPE_IDS)
+    assert len(sources.WEIGHT_TYPES) == 16
+    for name, type_id in sources.TYPE_IDS.items():
+        assert int(gguf.GGMLQuantizationType[name]) == type_id, name
+    # blocks.cuh's RpcType enum carries the same ids
+    header = (sources.SRC_DIR / "blocks.cuh").read_text()
+    for name, type_id in sources.TYPE_IDS.items():
+        assert f"RPC_{name} = {type_id}," in header, name

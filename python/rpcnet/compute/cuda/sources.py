@@ -51,6 +51,25 @@ QUANT_TYPES: dict[str, str] = {
 }
 WEIGHT_TYPES: dict[str, str] = {**FLOAT_TYPES, **QUANT_TYPES}
 FLOAT_SUFFIXES = tuple(FLOAT_TYPES.values())
+#: ggml type ids (rust/src/types.rs is the source of truth; blocks.cuh's RpcType mirrors these)
+TYPE_IDS: dict[str, int] = {
+    "F32": 0,
+    "F16": 1,
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q2_K": 10,
+    "Q3_K": 11,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+    "IQ4_NL": 20,
+    "IQ4_XS": 23,
+    "BF16": 30,
+    "MXFP4": 39,
+}
 
 
 def matvec_kernel(type_name: str) -> str:
