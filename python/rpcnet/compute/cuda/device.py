@@ -75,7 +75,8 @@ class KernelLibrary:
 
     def __init__(self, cupy: ModuleType, capability: tuple[int, int]) -> None:
         self.cp = cupy
-        self.options = (*sources.COMPILE_OPTIONS, sources.arch_option(*capability))
+        self.capability = capability  # CuPy compiles for the current device's architecture
+        self.options = sources.COMPILE_OPTIONS
         self._modules: dict[str, Any] = {}
         self._functions: dict[str, Any] = {}
         self._lock = threading.Lock()

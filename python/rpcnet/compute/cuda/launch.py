@@ -23,6 +23,12 @@ FA_WARPS = 4
 i32, i64, f32 = np.int32, np.int64, np.float32
 
 
+def _launch(be: CudaBackend, fn: Any, grid: tuple, block: tuple, args: tuple) -> None:
+    """Launch on the backend's stream (CuPy launches on the current stream)."""
+    with be.device, be.stream:
+        fn(grid, block, args)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -39,7 +45,7 @@ def q8_1_bytes(k: int, ncols: int) -> int:
 
 def quantize_q8_1(be: CudaBackend, x: Any, out: Any, k: int, ncols: int, x_col: int) -> None:
     fn = be.kernels.function("quantize", "rpc_quantize_q8_1")
-    fn((_cdiv(k // 32, 8), ncols), (32, 8), (x, out, i32(k), i64(x_col)), stream=be.stream)
+    _launch(be, fn, (_cdiv(k // 32, 8), ncols), (32, 8), (x, out, i32(k), i64(x_col)))
 
 
 def matvec(
@@ -70,18 +76,19 @@ def matvec(
         quantize_q8_1(be, y, yq_scratch, k, ncols, k)
         yb = k // 32 * Q8_1_BYTES
         args = (w, yq_scratch, dst, i32(k), i32(m), i32(ncols), *tail, i64(yb), i64(yb * ncols))
-    fn(grid, block, (*args, i64(m), i64(m * ncols), i32(1)), stream=be.stream)
+    _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
 
 
 def dequantize(
     be: CudaBackend, type_name: str, w: Any, out: Any, k: int, rows: int, out_type: str = "f16"
 ) -> None:
     fn = be.kernels.function("dequantize", sources.dequantize_kernel(type_name, out_type))
-    fn(
+    _launch(
+        be,
+        fn,
         (_cdiv(k, 256), rows),
         (256,),
         (w, out, i32(k), i64(row_bytes(type_name, k))),
-        stream=be.stream,
     )
 
 
@@ -91,7 +98,7 @@ def matmul_prefill(
     """y [n, k] f32 -> [n, m] f32 through an f16 copy of W in `scratch_f16` and cuBLAS."""
     cp = be.cp
     dequantize(be, type_name, w, scratch_f16, k, m, "f16")
-    with be.stream:
+    with be.device, be.stream:  # cuBLAS runs on the current stream
         wf = scratch_f16[: m * k].view(cp.float16).reshape(m, k)
         return cp.matmul(y.astype(cp.float16), wf.T).astype(cp.float32)
 
@@ -112,11 +119,11 @@ def rms_norm(be: CudaBackend, x: Any, dst: Any, eps: float, weight: Any | None =
     )
     if weight is None:
         fn = be.kernels.function("norm", "rpc_rms_norm_f32")
-        fn((rows,), (256,), (x, dst, *common, f32(eps)), stream=be.stream)
+        _launch(be, fn, (rows,), (256,), (x, dst, *common, f32(eps)))
     else:
         fn = be.kernels.function("norm", "rpc_rms_norm_mul_f32")
         wargs = (i32(n), i32(1), i32(1), i32(1), i64(n), i64(n), i64(n))
-        fn((rows,), (256,), (x, weight, dst, *common, *wargs, f32(eps)), stream=be.stream)
+        _launch(be, fn, (rows,), (256,), (x, weight, dst, *common, *wargs, f32(eps)))
 
 
 def soft_max(
@@ -154,7 +161,7 @@ def soft_max(
         f32(1),
         i32(1),
     )
-    fn((rows * heads,), (256,), args, stream=be.stream)
+    _launch(be, fn, (rows * heads,), (256,), args)
 
 
 def rope_neox_or_normal(
@@ -188,7 +195,7 @@ def rope_neox_or_normal(
         f32(0),
         f32(0),
     )
-    fn((_cdiv(d // 2, 256), heads * tokens), (256,), args, stream=be.stream)
+    _launch(be, fn, (_cdiv(d // 2, 256), heads * tokens), (256,), args)
 
 
 def glu(
@@ -198,7 +205,7 @@ def glu(
     fn = be.kernels.function("glu", "rpc_glu_f32")
     s = (i64(n), i64(n * rows), i64(n * rows))
     args = (a, b, dst, i32(n), i32(rows), i32(1), *s, *s, *s, i32(op), f32(alpha), f32(limit))
-    fn((_cdiv(n, 256), rows), (256,), args, stream=be.stream)
+    _launch(be, fn, (_cdiv(n, 256), rows), (256,), args)
 
 
 def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: int) -> None:
@@ -222,7 +229,7 @@ def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: i
         i64(0),
         i64(0),
     )
-    fn((_cdiv(k, 256), n, 1), (256,), args, stream=be.stream)
+    _launch(be, fn, (_cdiv(k, 256), n, 1), (256,), args)
 
 
 def flash_attn_decode(
@@ -279,4 +286,4 @@ def flash_attn_decode(
         i32(1),
         f32(softcap),
     )
-    fn((n_q, heads, 1), (32, FA_WARPS), args, stream=be.stream)
+    _launch(be, fn, (n_q, heads, 1), (32, FA_WARPS), args)
