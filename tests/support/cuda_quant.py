@@ -37,7 +37,7 @@ def real_quantized_rows(tmp_path_factory) -> dict[str, tuple[np.ndarray, int]]:
     """Per ggml type name: rows of one real tensor of that type, as (raw uint8 [rows, bytes], n)."""
     import gguf
 
-    assert refenv.available(), "reference env missing: run tools/refenv.sh"
+    assert refenv.available("v8"), "reference env missing: run tools/refenv.sh"
     zoo_dir = os.environ.get("RPCNET_E2E_CACHE") or tmp_path_factory.mktemp("zoo")
     out_dir = tmp_path_factory.mktemp("cuda_quant")
     found: dict[str, tuple[np.ndarray, int]] = {}
