@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -177,3 +178,18 @@ def test_kernel_type_table_matches_ggml():
     header = (sources.SRC_DIR / "blocks.cuh").read_text()
     for name, type_id in sources.TYPE_IDS.items():
         assert f"RPC_{name} = {type_id}," in header, name
+
+
+def test_weight_alignment_table_matches_block_layouts():
+    """A type's row alignment divides its block size (so every block of an aligned row is
+    aligned) and matches the rpc_ld_u32a<A> the header uses for it."""
+    import gguf
+    from rpcnet.compute.cuda import sources
+
+    header = (sources.SRC_DIR / "blocks.cuh").read_text().split("// ---- activations", 1)[0]
+    for name, align in sources.WEIGHT_ALIGN.items():
+        _, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+        assert nbytes % align == 0, name
+        body = header.split(f"struct Blk<RPC_{name}>", 1)[1].split("template <> struct Blk<", 1)[0]
+        used = {int(a) for a in re.findall(r"rpc_ld_u32a<(\d)>", body)}
+        assert all(a <= align for a in used), (name, used)

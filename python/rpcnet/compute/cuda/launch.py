@@ -65,6 +65,9 @@ def matvec(
     if not 1 <= ncols <= MV_MAXCOLS:
         raise ValueError(f"matvec takes 1..{MV_MAXCOLS} columns, not {ncols}")
     rb = row_bytes(type_name, k)
+    align = sources.WEIGHT_ALIGN[type_name]
+    if int(w.data.ptr) % align or rb % align:
+        raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
     grid, block = (_cdiv(m, MV_WARPS), 1), (32, MV_WARPS)
     name = sources.matvec_kernel(type_name)
     fn = be.kernels.function("matvec", name)

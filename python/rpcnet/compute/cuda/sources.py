@@ -52,6 +52,25 @@ QUANT_TYPES: dict[str, str] = {
 }
 WEIGHT_TYPES: dict[str, str] = {**FLOAT_TYPES, **QUANT_TYPES}
 FLOAT_SUFFIXES = tuple(FLOAT_TYPES.values())
+#: Byte alignment the kernels assume for a weight row's start (blocks.cuh's rpc_ld_u32a<A>).
+WEIGHT_ALIGN: dict[str, int] = {
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "Q4_0": 2,
+    "Q4_1": 4,
+    "Q5_0": 2,
+    "Q5_1": 4,
+    "Q8_0": 2,
+    "Q2_K": 4,
+    "Q3_K": 2,
+    "Q4_K": 4,
+    "Q5_K": 4,
+    "Q6_K": 2,
+    "IQ4_NL": 1,
+    "IQ4_XS": 1,
+    "MXFP4": 1,
+}
 #: ggml type ids (rust/src/types.rs is the source of truth; blocks.cuh's RpcType mirrors these)
 TYPE_IDS: dict[str, int] = {
     "F32": 0,

@@ -35,6 +35,38 @@ RPC_HD uint32_t rpc_ld_u32(const uint8_t* p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+// Word loads where the field's alignment is known: the device issues one 32-bit load (A=4) or
+// two 16-bit loads (A=2) instead of four byte loads. A block's alignment is the gcd of its size
+// and its fields' offsets; ggml places tensors at aligned offsets, so rows start aligned too.
+template <int A> RPC_HD uint32_t rpc_ld_u32a(const uint8_t* p) {
+#ifdef RPC_DEVICE_BUILD
+    if (A % 4 == 0) return *(const uint32_t*)p;
+    if (A % 2 == 0) {
+        const uint16_t* h = (const uint16_t*)p;
+        return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+    }
+    return rpc_ld_u32(p);
+#else
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+#endif
+}
+
+// Bits 0..3 of `bits` moved to bit 4 of bytes 0..3 (the fifth bit of four Q5 quants).
+RPC_HD uint32_t rpc_spread4_bit4(uint32_t bits) {
+    return ((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25);
+}
+
+// Aligned 16-bit load (halves and bf16 values of F16/BF16 rows are 2-aligned).
+RPC_HD uint16_t rpc_ld_u16a(const uint8_t* p) {
+#ifdef RPC_DEVICE_BUILD
+    return *(const uint16_t*)p;
+#else
+    return rpc_ld_u16(p);
+#endif
+}
+
 // The 16-entry non-linear tables of IQ4_NL/IQ4_XS and of MXFP4's e2m1 (values doubled).
 RPC_HD int rpc_kvalue_iq4nl(int q) {
     const int8_t t[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -91,17 +123,17 @@ template <int T> struct Blk;
 
 template <> struct Blk<RPC_F32> {
     static const int QK = 1, BYTES = 4;
-    static RPC_HD float value(const uint8_t* b, int) { return rpc_bits_to_float(rpc_ld_u32(b)); }
+    static RPC_HD float value(const uint8_t* b, int) { return rpc_bits_to_float(rpc_ld_u32a<4>(b)); }
 };
 
 template <> struct Blk<RPC_F16> {
     static const int QK = 1, BYTES = 2;
-    static RPC_HD float value(const uint8_t* b, int) { return rpc_ld_half(b); }
+    static RPC_HD float value(const uint8_t* b, int) { return rpc_half_to_float(rpc_ld_u16a(b)); }
 };
 
 template <> struct Blk<RPC_BF16> {
     static const int QK = 1, BYTES = 2;
-    static RPC_HD float value(const uint8_t* b, int) { return rpc_bf16_to_float(rpc_ld_u16(b)); }
+    static RPC_HD float value(const uint8_t* b, int) { return rpc_bf16_to_float(rpc_ld_u16a(b)); }
 };
 
 // Q4_0: half d, 16 bytes of nibbles; element j<16 is the low nibble of byte j, j>=16 the high
@@ -116,7 +148,7 @@ template <> struct Blk<RPC_Q4_0> {
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
         for (int k = 0; k < 4; ++k) {
-            const uint32_t v = rpc_ld_u32(b + 2 + 4 * k);
+            const uint32_t v = rpc_ld_u32a<2>(b + 2 + 4 * k);
             s.w[k] = (int)(v & 0x0F0F0F0Fu);
             s.w[k + 4] = (int)((v >> 4) & 0x0F0F0F0Fu);
         }
@@ -137,7 +169,7 @@ template <> struct Blk<RPC_Q4_1> {
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
         for (int k = 0; k < 4; ++k) {
-            const uint32_t v = rpc_ld_u32(b + 4 + 4 * k);
+            const uint32_t v = rpc_ld_u32a<4>(b + 4 + 4 * k);
             s.w[k] = (int)(v & 0x0F0F0F0Fu);
             s.w[k + 4] = (int)((v >> 4) & 0x0F0F0F0Fu);
         }
@@ -157,8 +189,11 @@ template <> struct Blk<RPC_Q5_0> {
     static RPC_HD float value(const uint8_t* b, int i) { return rpc_ld_half(b) * (q(b, i) - 16); }
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
-        for (int i = 0; i < 32; i += 4) {
-            s.w[i / 4] = rpc_pack4(q(b, i), q(b, i + 1), q(b, i + 2), q(b, i + 3));
+        const uint32_t qh = rpc_ld_u32a<2>(b + 2);
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t v = rpc_ld_u32a<2>(b + 6 + 4 * k);
+            s.w[k] = (int)((v & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (4 * k)));
+            s.w[k + 4] = (int)(((v >> 4) & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (16 + 4 * k)));
         }
         const float d = rpc_ld_half(b);
         rpc_sub_uniform(&s, d, -16.0f * d);
@@ -179,8 +214,11 @@ template <> struct Blk<RPC_Q5_1> {
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
-        for (int i = 0; i < 32; i += 4) {
-            s.w[i / 4] = rpc_pack4(q(b, i), q(b, i + 1), q(b, i + 2), q(b, i + 3));
+        const uint32_t qh = rpc_ld_u32a<4>(b + 4);
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t v = rpc_ld_u32a<4>(b + 8 + 4 * k);
+            s.w[k] = (int)((v & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (4 * k)));
+            s.w[k + 4] = (int)(((v >> 4) & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (16 + 4 * k)));
         }
         rpc_sub_uniform(&s, rpc_ld_half(b), rpc_ld_half(b + 2));
         return s;
@@ -193,7 +231,7 @@ template <> struct Blk<RPC_Q8_0> {
     static RPC_HD float value(const uint8_t* b, int i) { return rpc_ld_half(b) * (int8_t)b[2 + i]; }
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
-        for (int k = 0; k < 8; ++k) s.w[k] = (int)rpc_ld_u32(b + 2 + 4 * k);
+        for (int k = 0; k < 8; ++k) s.w[k] = (int)rpc_ld_u32a<2>(b + 2 + 4 * k);
         rpc_sub_uniform(&s, rpc_ld_half(b), 0.0f);
         return s;
     }
@@ -256,7 +294,7 @@ template <> struct Blk<RPC_Q2_K> {
         RpcSub r;
         const int n = s >> 2, j = s & 3;
         for (int k = 0; k < 8; ++k) {
-            r.w[k] = (int)((rpc_ld_u32(b + 16 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u);
+            r.w[k] = (int)((rpc_ld_u32a<4>(b + 16 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u);
         }
         const float d = rpc_ld_half(b + 80), dmin = rpc_ld_half(b + 82);
         for (int h = 0; h < 2; ++h) {
@@ -282,8 +320,8 @@ template <> struct Blk<RPC_Q3_K> {
         RpcSub r;
         const int n = s >> 2, j = s & 3;
         for (int k = 0; k < 8; ++k) {
-            const uint32_t lo = (rpc_ld_u32(b + 32 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u;
-            const uint32_t hi = (rpc_ld_u32(b + 4 * k) >> (4 * n + j)) & 0x01010101u;
+            const uint32_t lo = (rpc_ld_u32a<2>(b + 32 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u;
+            const uint32_t hi = (rpc_ld_u32a<2>(b + 4 * k) >> (4 * n + j)) & 0x01010101u;
             r.w[k] = (int)(lo | (hi << 2));  // q + 4 in 0..7; the -4 goes into m
         }
         const float d = rpc_ld_half(b + 108);
@@ -311,7 +349,7 @@ template <> struct Blk<RPC_Q4_K> {
         RpcSub r;
         const int shift = 4 * (s & 1);
         for (int k = 0; k < 8; ++k) {
-            r.w[k] = (int)((rpc_ld_u32(b + 16 + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu);
+            r.w[k] = (int)((rpc_ld_u32a<4>(b + 16 + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu);
         }
         int sc, mn;
         rpc_scale_min_k4(s, b + 4, &sc, &mn);
@@ -336,8 +374,8 @@ template <> struct Blk<RPC_Q5_K> {
         RpcSub r;
         const int shift = 4 * (s & 1);
         for (int k = 0; k < 8; ++k) {
-            const uint32_t lo = (rpc_ld_u32(b + 48 + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu;
-            const uint32_t hi = (rpc_ld_u32(b + 16 + 4 * k) >> s) & 0x01010101u;
+            const uint32_t lo = (rpc_ld_u32a<4>(b + 48 + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu;
+            const uint32_t hi = (rpc_ld_u32a<4>(b + 16 + 4 * k) >> s) & 0x01010101u;
             r.w[k] = (int)(lo | (hi << 4));
         }
         int sc, mn;
@@ -363,9 +401,9 @@ template <> struct Blk<RPC_Q6_K> {
         RpcSub r;
         const int n = s >> 2, j = s & 3;
         for (int k = 0; k < 8; ++k) {
-            const uint32_t v = rpc_ld_u32(b + 64 * n + 32 * (j & 1) + 4 * k);
+            const uint32_t v = rpc_ld_u32a<2>(b + 64 * n + 32 * (j & 1) + 4 * k);
             const uint32_t lo = (j >= 2 ? (v >> 4) : v) & 0x0F0F0F0Fu;
-            const uint32_t hi = (rpc_ld_u32(b + 128 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u;
+            const uint32_t hi = (rpc_ld_u32a<2>(b + 128 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u;
             r.w[k] = (int)(lo | (hi << 4));  // q + 32 in 0..63; the -32 goes into m
         }
         const float d = rpc_ld_half(b + 208);
@@ -436,7 +474,7 @@ RPC_HD float rpc_dot_sub_q8_1(const RpcSub& s, const uint8_t* y) {
     for (int h = 0; h < 2; ++h) {
         int dot = 0, sum = 0;
         for (int k = 0; k < 4; ++k) {
-            const int yv = (int)rpc_ld_u32(y + 4 + 16 * h + 4 * k);
+            const int yv = (int)rpc_ld_u32a<4>(y + 4 + 16 * h + 4 * k);
             dot = rpc_dp4a(s.w[4 * h + k], yv, dot);
             sum = rpc_dp4a(0x01010101, yv, sum);
         }
