@@ -71,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.proto,
         help="protocol major version",
     )
-    serve.add_argument("--device", default=defaults.device, help="device to serve (%(default)s)")
+    serve.add_argument(
+        "--device",
+        default=defaults.device,
+        help="device to serve: cpu, cuda (every GPU), cuda:0,cuda:1, cuda:0,cpu (docs/gpu.md)",
+    )
     serve.add_argument(
         "--mem", type=parse_size, help="memory to report and enforce (default: physical RAM)"
     )

@@ -28,7 +28,9 @@ T = TypeVar("T")
 
 def make_devices(config: ServerConfig) -> list[Device]:
     if config.device != "cpu":
-        raise ValueError(f"unknown device {config.device!r} (available: cpu)")
+        from rpcnet.compute.cuda.serve import make_cuda_devices  # one line if CuPy/GPU missing
+
+        return make_cuda_devices(config.device, config.mem, config.threads)
     return [
         cpu_device(0, capacity=config.mem, threads=config.threads, max_scratch=config.max_scratch)
     ]

@@ -1,0 +1,200 @@
+"""The CUDA backend on CuPy: allocations, views at byte offsets, transfers, kernels, one stream.
+
+Everything here imports CuPy lazily (through `probe.check_cuda`), so `import
+rpcnet.compute.cuda.device` works on machines without CuPy; constructing a backend there raises
+`CudaUnavailable` with one line saying what is missing.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from rpcnet.compute.cuda import sources
+from rpcnet.compute.cuda.errors import CudaGraphError, classify, error_status
+from rpcnet.compute.cuda.probe import check_cuda
+from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, Staging
+
+# cudaMemcpyKind
+_H2D, _D2H, _D2D = 1, 2, 3
+
+#: True once the server's buffers and graphs go through the backend seam (see docs/gpu.md).
+SERVING_READY = False
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str  # e.g. "NVIDIA H200"
+    capability: tuple[int, int]
+    total: int
+    free: int
+
+
+class CupyCopier:
+    """staging.Copier on one CuPy stream: pinned host memory and async copies with events."""
+
+    def __init__(self, cupy: ModuleType, stream: Any) -> None:
+        self.cp = cupy
+        self.stream = stream
+        self._keep: list[Any] = []  # the pinned allocations backing the slot views
+
+    def pinned(self, nbytes: int) -> memoryview:
+        mem = self.cp.cuda.alloc_pinned_memory(nbytes)
+        self._keep.append(mem)
+        import numpy as np
+
+        return memoryview(np.frombuffer(mem, dtype=np.uint8, count=nbytes))
+
+    def _host_ptr(self, view: memoryview) -> int:
+        import numpy as np
+
+        return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+    def _event(self) -> Any:
+        event = self.cp.cuda.Event(block=False, disable_timing=True)
+        event.record(self.stream)
+        return event
+
+    def to_device_async(self, dst: int, src: memoryview, nbytes: int) -> object:
+        self.cp.cuda.runtime.memcpyAsync(dst, self._host_ptr(src), nbytes, _H2D, self.stream.ptr)
+        return self._event()
+
+    def to_host_async(self, dst: memoryview, src: int, nbytes: int) -> object:
+        self.cp.cuda.runtime.memcpyAsync(self._host_ptr(dst), src, nbytes, _D2H, self.stream.ptr)
+        return self._event()
+
+    def wait(self, token: object) -> None:
+        token.synchronize()  # type: ignore[attr-defined]
+
+
+class KernelLibrary:
+    """The CUDA C modules of src/, compiled with NVRTC (CuPy's RawModule) on first use."""
+
+    def __init__(self, cupy: ModuleType, capability: tuple[int, int]) -> None:
+        self.cp = cupy
+        self.capability = capability  # CuPy compiles for the current device's architecture
+        self.options = sources.COMPILE_OPTIONS
+        self._modules: dict[str, Any] = {}
+        self._functions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def module(self, name: str) -> Any:
+        with self._lock:
+            mod = self._modules.get(name)
+            if mod is None:
+                mod = self.cp.RawModule(
+                    code=sources.module_source(name), options=self.options, backend="nvrtc"
+                )
+                self._modules[name] = mod
+            return mod
+
+    def function(self, module: str, kernel: str) -> Any:
+        key = f"{module}.{kernel}"
+        fn = self._functions.get(key)
+        if fn is None:
+            fn = self.module(module).get_function(kernel)
+            self._functions[key] = fn
+        return fn
+
+    def warm(self) -> None:
+        """Compile every module now (server start), not during a client's first graph."""
+        for name in sources.module_names():
+            self.module(name)
+
+
+class CudaBackend:
+    """One GPU: the small interface the compute layer uses (allocate, view, copy, fill, sync)."""
+
+    def __init__(self, index: int, cupy: ModuleType | None = None) -> None:
+        if cupy is None:
+            cupy, _ = check_cuda([index])
+        self.cp = cupy
+        self.index = index
+        self.device = cupy.cuda.Device(index)
+        with self.device:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            props = cupy.cuda.runtime.getDeviceProperties(index)
+            free, total = cupy.cuda.runtime.memGetInfo()
+        name = props["name"]
+        self.info = GpuInfo(
+            index=index,
+            name=name.decode() if isinstance(name, bytes) else str(name),
+            capability=(int(props["major"]), int(props["minor"])),
+            total=int(total),
+            free=int(free),
+        )
+        self.kernels = KernelLibrary(cupy, self.info.capability)
+        self._staging: Staging | None = None
+
+    # ---- memory -----------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> Any | None:
+        """One cudaMalloc of `nbytes` (not CuPy's pool, not managed memory), as a uint8 array;
+        None when the GPU cannot hold it."""
+        cp = self.cp
+        try:
+            with self.device:
+                mem = cp.cuda.Memory(max(nbytes, 1))
+        except cp.cuda.memory.OutOfMemoryError:
+            return None
+        except cp.cuda.runtime.CUDARuntimeError as exc:
+            if error_status(exc) == 2:  # cudaErrorMemoryAllocation
+                return None
+            raise
+        return cp.ndarray((nbytes,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def view(
+        self, buf: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
+    ) -> Any:
+        """A typed view of `buf` at byte `offset` with byte `strides` (ggml's nb, reversed)."""
+        return self.cp.ndarray(shape, dtype=dtype, memptr=buf.data + offset, strides=strides)
+
+    def free_memory(self) -> tuple[int, int]:
+        with self.device:
+            free, total = self.cp.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
+    # ---- transfers --------------------------------------------------------------------
+    @property
+    def staging(self) -> Staging:
+        if self._staging is None:
+            with self.device:
+                self._staging = Staging(CupyCopier(self.cp, self.stream), DEFAULT_CHUNK)
+        return self._staging
+
+    def upload(self, buf: Any, offset: int, total: int, fill: Any) -> None:
+        with self.device:
+            self.staging.upload(int(buf.data.ptr) + offset, total, fill)
+
+    def download(self, buf: Any, offset: int, total: int, emit: Any) -> None:
+        with self.device:
+            self.staging.download(int(buf.data.ptr) + offset, total, emit)
+
+    def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
+        self.cp.cuda.runtime.memcpyAsync(
+            int(dst.data.ptr) + dst_offset,
+            int(src.data.ptr) + src_offset,
+            nbytes,
+            _D2D,
+            self.stream.ptr,
+        )
+
+    def fill(self, buf: Any, offset: int, nbytes: int, value: int) -> None:
+        self.cp.cuda.runtime.memsetAsync(int(buf.data.ptr) + offset, value, nbytes, self.stream.ptr)
+
+    def synchronize(self, what: str = "synchronize") -> None:
+        try:
+            self.stream.synchronize()
+        except self.cp.cuda.runtime.CUDARuntimeError as exc:
+            status = error_status(exc)
+            raise (
+                classify(status, what) if status is not None else CudaGraphError(str(exc))
+            ) from exc
+
+
+def probe_devices(indices: list[int | None]) -> list[GpuInfo]:
+    """The GPUs `--device` asks for, or CudaUnavailable (one line) when they cannot be served."""
+    cupy, chosen = check_cuda(indices)
+    return [CudaBackend(i, cupy).info for i in chosen]

@@ -1,0 +1,292 @@
+"""Host-side launchers of the CUDA kernels (src/*.cu): grid shapes and argument packing.
+
+Arguments are packed as NumPy scalars of the exact C types the kernels declare (int ->
+int32, long long -> int64, float -> float32); pointers are CuPy arrays, or `NULL` for absent
+optional operands. All launches go to the backend's stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rpcnet.compute.cuda import sources
+from rpcnet.compute.cuda.device import CudaBackend
+
+NULL = np.uint64(0)
+MV_WARPS = 4  # RPC_MV_WARPS in matvec.cu
+MV_MAXCOLS = 8  # RPC_MV_MAXCOLS
+Q8_1_BYTES = 36
+FA_WARPS = 4
+
+i32, i64, f32 = np.int32, np.int64, np.float32
+
+
+def _launch(be: CudaBackend, fn: Any, grid: tuple, block: tuple, args: tuple) -> None:
+    """Launch on the backend's stream (CuPy launches on the current stream)."""
+    with be.device, be.stream:
+        fn(grid, block, args)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def row_bytes(type_name: str, k: int) -> int:
+    from rpcnet.compute import quant
+
+    return quant.row_bytes(sources.TYPE_IDS[type_name], k)
+
+
+def q8_1_bytes(k: int, ncols: int) -> int:
+    return k // 32 * Q8_1_BYTES * ncols
+
+
+def quantize_q8_1(be: CudaBackend, x: Any, out: Any, k: int, ncols: int, x_col: int) -> None:
+    fn = be.kernels.function("quantize", "rpc_quantize_q8_1")
+    _launch(be, fn, (_cdiv(k // 32, 8), ncols), (32, 8), (x, out, i32(k), i64(x_col)))
+
+
+def matvec(
+    be: CudaBackend,
+    type_name: str,
+    w: Any,
+    y: Any,
+    dst: Any,
+    k: int,
+    m: int,
+    ncols: int,
+    yq_scratch: Any | None = None,
+) -> None:
+    """dst[c, :m] = W[m, k] @ y[c, :k] for c < ncols (<= 8); contiguous y and dst, one channel.
+
+    Quantized W: y is quantized to q8_1 into `yq_scratch` (q8_1_bytes(k, ncols) bytes) first."""
+    if not 1 <= ncols <= MV_MAXCOLS:
+        raise ValueError(f"matvec takes 1..{MV_MAXCOLS} columns, not {ncols}")
+    rb = row_bytes(type_name, k)
+    align = sources.WEIGHT_ALIGN[type_name]
+    if int(w.data.ptr) % align or rb % align:
+        raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
+    grid, block = (_cdiv(m, MV_WARPS), 1), (32, MV_WARPS)
+    name = sources.matvec_kernel(type_name)
+    fn = be.kernels.function("matvec", name)
+    tail = (i64(rb), i64(rb * m))
+    if type_name in sources.FLOAT_TYPES:
+        args = (w, y, dst, i32(k), i32(m), i32(ncols), *tail, i64(k), i64(k * ncols))
+    else:
+        assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
+        quantize_q8_1(be, y, yq_scratch, k, ncols, k)
+        yb = k // 32 * Q8_1_BYTES
+        args = (w, yq_scratch, dst, i32(k), i32(m), i32(ncols), *tail, i64(yb), i64(yb * ncols))
+    _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
+
+
+def dequantize(
+    be: CudaBackend, type_name: str, w: Any, out: Any, k: int, rows: int, out_type: str = "f16"
+) -> None:
+    fn = be.kernels.function("dequantize", sources.dequantize_kernel(type_name, out_type))
+    _launch(
+        be,
+        fn,
+        (_cdiv(k, 256), rows),
+        (256,),
+        (w, out, i32(k), i64(row_bytes(type_name, k))),
+    )
+
+
+def matmul_prefill(
+    be: CudaBackend, type_name: str, w: Any, y: Any, k: int, m: int, scratch_f16: Any
+) -> Any:
+    """y [n, k] f32 -> [n, m] f32 through an f16 copy of W in `scratch_f16` and cuBLAS."""
+    cp = be.cp
+    dequantize(be, type_name, w, scratch_f16, k, m, "f16")
+    with be.device, be.stream:  # cuBLAS runs on the current stream
+        wf = scratch_f16[: m * k].view(cp.float16).reshape(m, k)
+        return cp.matmul(y.astype(cp.float16), wf.T).astype(cp.float32)
+
+
+def rms_norm(be: CudaBackend, x: Any, dst: Any, eps: float, weight: Any | None = None) -> None:
+    """Contiguous [rows, n] f32; optional weight [n] fused as ggml's RMS_NORM + MUL."""
+    rows, n = x.shape
+    common = (
+        i32(n),
+        i32(rows),
+        i32(1),
+        i64(n),
+        i64(n * rows),
+        i64(n * rows),
+        i64(n),
+        i64(n * rows),
+        i64(n * rows),
+    )
+    if weight is None:
+        fn = be.kernels.function("norm", "rpc_rms_norm_f32")
+        _launch(be, fn, (rows,), (256,), (x, dst, *common, f32(eps)))
+    else:
+        fn = be.kernels.function("norm", "rpc_rms_norm_mul_f32")
+        wargs = (i32(n), i32(1), i32(1), i32(1), i64(n), i64(n), i64(n))
+        _launch(be, fn, (rows,), (256,), (x, weight, dst, *common, *wargs, f32(eps)))
+
+
+def soft_max(
+    be: CudaBackend,
+    x: Any,
+    dst: Any,
+    scale: float,
+    mask: Any | None = None,
+    sinks: Any | None = None,
+) -> None:
+    """x [heads, rows, n] f32 contiguous; mask [rows, n] f32 or f16 (broadcast over heads)."""
+    heads, rows, n = x.shape
+    mask_type = 0 if mask is None else (1 if mask.dtype == be.cp.float32 else 2)
+    fn = be.kernels.function("softmax", "rpc_soft_max_f32")
+    strides = (i64(n), i64(n * rows), i64(n * rows * heads))
+    args = (
+        x,
+        NULL if mask is None else mask,
+        i32(mask_type),
+        NULL if sinks is None else sinks,
+        dst,
+        i32(n),
+        i32(rows),
+        i32(heads),
+        *strides,
+        *strides,
+        i64(n),
+        i64(0),
+        i64(0),
+        i32(1),
+        i32(1),
+        f32(scale),
+        f32(0),
+        f32(1),
+        f32(1),
+        i32(1),
+    )
+    _launch(be, fn, (rows * heads,), (256,), args)
+
+
+def rope_neox_or_normal(
+    be: CudaBackend, x: Any, pos: Any, dst: Any, n_dims: int, mode: int, freq_base: float
+) -> None:
+    """x [tokens, heads, d] f32 contiguous, plain RoPE (no YaRN, no freq factors)."""
+    tokens, heads, d = x.shape
+    fn = be.kernels.function("rope", "rpc_rope_f32")
+    theta_scale = float(np.float32(freq_base) ** np.float32(-2.0 / n_dims))
+    strides = (i64(d), i64(d * heads), i64(d * heads * tokens))
+    args = (
+        x,
+        pos,
+        NULL,
+        dst,
+        i32(d),
+        i32(heads),
+        i32(tokens),
+        *strides,
+        *strides,
+        i32(n_dims),
+        i32(mode),
+        i32(0),
+        i32(0),
+        i32(0),
+        i32(0),
+        f32(theta_scale),
+        f32(1),
+        f32(0),
+        f32(1),
+        f32(0),
+        f32(0),
+    )
+    _launch(be, fn, (_cdiv(d // 2, 256), heads * tokens), (256,), args)
+
+
+def glu(
+    be: CudaBackend, a: Any, b: Any, dst: Any, op: int, alpha: float = 1.702, limit: float = 7.0
+) -> None:
+    rows, n = a.shape
+    fn = be.kernels.function("glu", "rpc_glu_f32")
+    s = (i64(n), i64(n * rows), i64(n * rows))
+    args = (a, b, dst, i32(n), i32(rows), i32(1), *s, *s, *s, i32(op), f32(alpha), f32(limit))
+    _launch(be, fn, (_cdiv(n, 256), rows), (256,), args)
+
+
+def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: int) -> None:
+    """src: rows of k elements of `type_name`; ids int32 [n]; dst f32 [n, k]."""
+    n = int(ids.size)
+    rb = row_bytes(type_name, k)
+    fn = be.kernels.function("rows", f"rpc_get_rows_{sources.WEIGHT_TYPES[type_name]}")
+    args = (
+        src,
+        ids,
+        dst,
+        i32(k),
+        i32(1),
+        i64(rb),
+        i64(0),
+        i64(0),
+        i64(4),
+        i64(0),
+        i64(0),
+        i64(4 * k),
+        i64(0),
+        i64(0),
+    )
+    _launch(be, fn, (_cdiv(k, 256), n, 1), (256,), args)
+
+
+def flash_attn_decode(
+    be: CudaBackend,
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any | None,
+    dst: Any,
+    kv_type: str,
+    scale: float,
+    softcap: float = 0.0,
+    sinks: Any | None = None,
+) -> None:
+    """q [H, n_q, D] f32; k, v [H_kv, n_kv, D] rows of `kv_type` (F16 or Q8_0); mask f16
+    [n_q, n_kv]; dst [n_q, H, D] f32 (ggml's FA output order)."""
+    heads, n_q, d = q.shape
+    kv_heads = int(k.shape[0])
+    n_kv = int(k.shape[1])
+    rb = row_bytes(kv_type, d)
+    suffix = {"F16": "f16", "Q8_0": "q8_0"}[kv_type]
+    fn = be.kernels.function("flash_attn", f"rpc_flash_attn_{suffix}_{suffix}")
+    args = (
+        q,
+        k,
+        v,
+        NULL if mask is None else mask,
+        NULL if sinks is None else sinks,
+        dst,
+        i32(d),
+        i32(d),
+        i32(n_q),
+        i32(n_kv),
+        i32(heads),
+        i32(kv_heads),
+        i64(d),
+        i64(d * n_q),
+        i64(d * n_q * heads),
+        i64(rb),
+        i64(rb * n_kv),
+        i64(0),
+        i64(rb),
+        i64(rb * n_kv),
+        i64(0),
+        i64(n_kv),
+        i64(0),
+        i64(0),
+        i32(1),
+        i32(1),
+        f32(scale),
+        f32(0),
+        f32(1),
+        f32(1),
+        i32(1),
+        f32(softcap),
+    )
+    _launch(be, fn, (n_q, heads, 1), (32, FA_WARPS), args)

@@ -1,0 +1,90 @@
+"""Pinned host staging for uploads/downloads: bounded, double-buffered, chunked.
+
+An upload of N bytes is cut into chunks of at most `chunk` bytes. Chunk i is received into
+pinned slot i % 2 while chunk i-1 is still being copied to the device from the other slot; a slot
+is reused only after the copy out of it has finished (its event). So at most 2 * chunk bytes of
+pinned memory are held per transfer, and the socket and the copy engine overlap.
+
+The copy engine is behind `Copier`, so this bookkeeping runs (and is tested) without a GPU; the
+CuPy implementation is `rpcnet.compute.cuda.device.CupyCopier`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+DEFAULT_CHUNK = 8 << 20  # 8 MiB: large enough to reach copy-engine speed, small to overlap
+
+
+def chunks(total: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """(offset, size) pieces covering [0, total), each at most `chunk` bytes."""
+    if chunk <= 0:
+        raise ValueError("chunk must be positive")
+    offset = 0
+    while offset < total:
+        size = min(chunk, total - offset)
+        yield offset, size
+        offset += size
+
+
+class Copier(Protocol):
+    def pinned(self, nbytes: int) -> memoryview: ...
+    def to_device_async(self, dst: int, src: memoryview, nbytes: int) -> object: ...
+    def to_host_async(self, dst: memoryview, src: int, nbytes: int) -> object: ...
+    def wait(self, token: object) -> None: ...
+
+
+class Staging:
+    """Two pinned slots of `chunk` bytes, reused across transfers (one transfer at a time)."""
+
+    def __init__(self, copier: Copier, chunk: int = DEFAULT_CHUNK) -> None:
+        self.copier = copier
+        self.chunk = chunk
+        self.slots = [copier.pinned(chunk), copier.pinned(chunk)]
+        self.pending: list[object | None] = [None, None]
+
+    @property
+    def pinned_bytes(self) -> int:
+        return 2 * self.chunk
+
+    def _take(self, slot: int) -> memoryview:
+        token = self.pending[slot]
+        if token is not None:
+            self.copier.wait(token)
+            self.pending[slot] = None
+        return self.slots[slot]
+
+    def upload(self, dst: int, total: int, fill: Callable[[memoryview], None]) -> None:
+        """Copy `total` bytes to device address `dst`; `fill(view)` must fill the whole view
+        (e.g. socket.recv_into until full) with the next bytes of the payload."""
+        for i, (offset, size) in enumerate(chunks(total, self.chunk)):
+            slot = i % 2
+            view = self._take(slot)[:size]
+            fill(view)
+            self.pending[slot] = self.copier.to_device_async(dst + offset, view, size)
+        self.drain()
+
+    def download(self, src: int, total: int, emit: Callable[[memoryview], None]) -> None:
+        """Copy `total` bytes from device address `src`, handing each chunk to `emit` in order.
+        The copy of chunk i+1 is started before chunk i is emitted."""
+        pieces = list(chunks(total, self.chunk))
+        if not pieces:
+            return
+        for i, (offset, size) in enumerate(pieces[:2]):
+            view = self._take(i % 2)[:size]
+            self.pending[i % 2] = self.copier.to_host_async(view, src + offset, size)
+        for i in range(len(pieces)):
+            slot = i % 2
+            view = self._take(slot)[: pieces[i][1]]
+            emit(view)
+            nxt = i + 2
+            if nxt < len(pieces):
+                offset, size = pieces[nxt]
+                self.pending[slot] = self.copier.to_host_async(
+                    self.slots[slot][:size], src + offset, size
+                )
+
+    def drain(self) -> None:
+        for slot in (0, 1):
+            self._take(slot)

@@ -1,0 +1,89 @@
+"""Shared by the CUDA tests: weights from the REAL llama.cpp quantizer for every type the
+kernels serve, and NumPy oracles of q8_1 written from ggml's reference definition."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from support import refenv
+from support.models import ZOO, ensure_model
+
+# ggml type name -> (llama ftype to quantize with, a zoo model whose f32 base is quantized).
+FTYPES = {
+    "Q4_0": ("Q4_0", "llama256-q8_0"),
+    "Q4_1": ("Q4_1", "llama256-q8_0"),
+    "Q5_0": ("Q5_0", "llama256-q8_0"),
+    "Q5_1": ("Q5_1", "llama256-q8_0"),
+    "Q8_0": ("Q8_0", "llama256-q8_0"),
+    "Q2_K": ("Q2_K", "llama256-q8_0"),
+    "Q3_K": ("Q3_K_M", "llama256-q8_0"),
+    "Q4_K": ("Q4_K_M", "llama256-q8_0"),
+    "Q5_K": ("Q5_K_M", "llama256-q8_0"),
+    "Q6_K": ("Q6_K", "llama256-q8_0"),
+    "IQ4_NL": ("IQ4_NL", "llama256-q8_0"),
+    "IQ4_XS": ("IQ4_XS", "llama256-q8_0"),
+    "MXFP4": ("MXFP4_MOE", "qwen3moe256-Q4_K_M"),
+    "F16": ("F16", "llama256-q8_0"),
+    "BF16": ("BF16", "llama256-q8_0"),
+}
+FLOAT_TYPES = ("F32", "F16", "BF16")
+QUANT_TYPES = [t for t in FTYPES if t not in FLOAT_TYPES]
+
+
+def real_quantized_rows(tmp_path_factory) -> dict[str, tuple[np.ndarray, int]]:
+    """Per ggml type name: rows of one real tensor of that type, as (raw uint8 [rows, bytes], n)."""
+    import gguf
+
+    assert refenv.available("v8"), "reference env missing: run tools/refenv.sh"
+    zoo_dir = os.environ.get("RPCNET_E2E_CACHE") or tmp_path_factory.mktemp("zoo")
+    out_dir = tmp_path_factory.mktemp("cuda_quant")
+    found: dict[str, tuple[np.ndarray, int]] = {}
+
+    def take(path: Path, wanted: set[str]) -> None:
+        for t in gguf.GGUFReader(str(path)).tensors:
+            name = t.tensor_type.name
+            if name in wanted and name not in found and len(t.shape) >= 2:
+                n = int(t.shape[0])
+                raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+                rows = np.ascontiguousarray(raw.reshape(-1, raw.size // int(np.prod(t.shape[1:]))))
+                found[name] = (rows[:24], n)
+
+    take(ensure_model(ZOO["llama256-q8_0"].base, zoo_dir), {"F32"})
+    for type_name, (ftype, base) in FTYPES.items():
+        if type_name in found:
+            continue
+        dst = out_dir / f"{ftype}.gguf"
+        args = ["--model", ensure_model(ZOO[base].base, zoo_dir), "--out", dst, "--type", ftype]
+        if ftype != "MXFP4_MOE":
+            args.append("--pure")
+        refenv.run_probe("v8", "quantize", *args, timeout=300)
+        take(dst, set(FTYPES) | {"F32"})
+    missing = sorted(set(FTYPES) - set(found))
+    assert not missing, f"the quantizer produced no tensor of {missing}"
+    return found
+
+
+def q8_1_oracle(x: np.ndarray) -> np.ndarray:
+    """ggml's reference q8_1 quantizer (quantize_row_q8_1_ref) in NumPy: bytes per 32 floats."""
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = (blocks * inv[:, None]).astype(np.float32).astype(np.float64)
+    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)  # C roundf: half away from 0
+    s = (q.astype(np.int32).sum(axis=1).astype(np.float32) * d).astype(np.float32)
+    out = np.empty((blocks.shape[0], 36), np.uint8)
+    out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = s.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 4:] = q.view(np.uint8)
+    return out.reshape(-1)
+
+
+def dequant_q8_1(y: np.ndarray) -> np.ndarray:
+    b = y.reshape(-1, 36)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
+    return (b[:, 4:].view(np.int8).astype(np.float64) * d).reshape(-1)

@@ -1,0 +1,299 @@
+"""The CUDA kernels on a real GPU (marked `gpu`: run by bench/gpu_check.sh with `pytest -m gpu`).
+
+Oracles are independent of the kernels: `gguf.quants.dequantize` on weights from the REAL
+llama.cpp quantizer, the NumPy q8_1 quantizer written from ggml's definition, and float64 NumPy
+formulas of each op. Without CuPy or a GPU these tests fail (CudaUnavailable), never skip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.cuda_quant import FTYPES, QUANT_TYPES, dequant_q8_1, q8_1_oracle, real_quantized_rows
+
+pytestmark = pytest.mark.gpu
+
+ALL_TYPES = ["F32", *FTYPES]
+
+
+@pytest.fixture(scope="module")
+def be():
+    from rpcnet.compute.cuda.device import CudaBackend
+
+    backend = CudaBackend(0)
+    backend.kernels.warm()
+    return backend
+
+
+@pytest.fixture(scope="module")
+def cp(be):
+    return be.cp
+
+
+@pytest.fixture(scope="module")
+def real_tensors(tmp_path_factory):
+    return real_quantized_rows(tmp_path_factory)
+
+
+def _gguf_dequant(type_name: str, raw: np.ndarray, n: int) -> np.ndarray:
+    import gguf
+    from gguf.quants import dequantize
+
+    out = dequantize(raw, gguf.GGMLQuantizationType[type_name])
+    return np.asarray(out, np.float32).reshape(raw.shape[0], n)
+
+
+def test_quantize_q8_1_kernel_matches_ggml_definition(be, cp):
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(5)
+    k, ncols = 4096, 3
+    x = (rng.standard_normal((ncols, k)) * rng.uniform(0.01, 30, (ncols, k))).astype(np.float32)
+    x[0, :32] = 0.0
+    out = cp.zeros(launch.q8_1_bytes(k, ncols), cp.uint8)
+    launch.quantize_q8_1(be, cp.asarray(x), out, k, ncols, k)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), q8_1_oracle(x.reshape(-1)))
+
+
+@pytest.mark.parametrize("ncols", [1, 3, 8])
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_matvec_matches_float64(be, cp, real_tensors, type_name, ncols):
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    raw = raw[:22]  # not a multiple of the warps per block
+    m = raw.shape[0]
+    w = _gguf_dequant(type_name, raw, k).astype(np.float64)
+    rng = np.random.default_rng(ncols)
+    y = rng.standard_normal((ncols, k)).astype(np.float32)
+    dst = cp.full((ncols, m), np.nan, cp.float32)
+    scratch = cp.zeros(launch.q8_1_bytes(k, ncols), cp.uint8)
+    launch.matvec(be, type_name, cp.asarray(raw), cp.asarray(y), dst, k, m, ncols, scratch)
+    be.synchronize()
+    got = cp.asnumpy(dst).astype(np.float64)
+    if type_name in QUANT_TYPES:
+        yq = np.stack([dequant_q8_1(q8_1_oracle(y[c])) for c in range(ncols)])
+        want = yq @ w.T
+        scale = np.abs(yq) @ np.abs(w).T
+    else:
+        want = y.astype(np.float64) @ w.T
+        scale = np.abs(y.astype(np.float64)) @ np.abs(w).T
+    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), type_name
+
+
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_dequantize_kernels_match_gguf(be, cp, real_tensors, type_name):
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    rows = raw.shape[0]
+    oracle = _gguf_dequant(type_name, raw, k)
+    out32 = cp.zeros((rows, k), cp.float32)
+    out16 = cp.zeros((rows, k), cp.float16)
+    launch.dequantize(be, type_name, cp.asarray(raw), out32, k, rows, "f32")
+    launch.dequantize(be, type_name, cp.asarray(raw), out16, k, rows, "f16")
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out32), oracle)
+    np.testing.assert_array_equal(cp.asnumpy(out16), oracle.astype(np.float16))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0", "F16"])
+def test_prefill_matmul_through_f16_scratch(be, cp, real_tensors, type_name):
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    m = raw.shape[0]
+    w = _gguf_dequant(type_name, raw, k).astype(np.float64)
+    y = np.random.default_rng(9).standard_normal((64, k)).astype(np.float32)
+    scratch = cp.zeros(m * k * 2, cp.uint8)
+    got = cp.asnumpy(
+        launch.matmul_prefill(be, type_name, cp.asarray(raw), cp.asarray(y), k, m, scratch)
+    )
+    want = y.astype(np.float64) @ w.T
+    scale = np.abs(y.astype(np.float64)) @ np.abs(w).T
+    assert np.all(np.abs(got - want) <= 2e-3 * scale)  # f16 operands
+
+
+def test_rms_norm_and_fused_mul(be, cp):
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((7, 4096)).astype(np.float32)
+    wt = rng.standard_normal(4096).astype(np.float32)
+    eps = 1e-6
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + eps)
+    out = cp.zeros_like(cp.asarray(x))
+    launch.rms_norm(be, cp.asarray(x), out, eps)
+    fused = cp.zeros_like(out)
+    launch.rms_norm(be, cp.asarray(x), fused, eps, weight=cp.asarray(wt))
+    be.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(out), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cp.asnumpy(fused), want * wt, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float16])
+def test_soft_max_with_mask_and_sinks(be, cp, mask_dtype):
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(7)
+    heads, rows, n = 4, 5, 300
+    x = rng.standard_normal((heads, rows, n)).astype(np.float32)
+    mask = None
+    logits = x.astype(np.float64) * 0.125
+    if mask_dtype is not None:
+        mask = np.where(rng.random((rows, n)) < 0.3, -np.inf, 0.0).astype(mask_dtype)
+        mask[:, 0] = 0
+        logits = logits + mask.astype(np.float64)[None]
+    sinks = rng.standard_normal(heads).astype(np.float32)
+    mx = np.maximum(logits.max(axis=2, keepdims=True), sinks[:, None, None])
+    e = np.exp(logits - mx)
+    want = e / (e.sum(axis=2, keepdims=True) + np.exp(sinks[:, None, None] - mx))
+    out = cp.zeros((heads, rows, n), cp.float32)
+    launch.soft_max(
+        be, cp.asarray(x), out, 0.125, None if mask is None else cp.asarray(mask), cp.asarray(sinks)
+    )
+    be.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(out), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_rope_normal_and_neox(be, cp, mode):
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(8)
+    tokens, heads, d, n_dims, base = 5, 3, 128, 96, 10000.0
+    x = rng.standard_normal((tokens, heads, d)).astype(np.float32)
+    pos = np.array([0, 1, 7, 300, 4095], np.int32)
+    k = np.arange(n_dims // 2)
+    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * k / n_dims)  # ggml: p * base^(-2k/n)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    want = x.astype(np.float64).copy()
+    if mode == 0:
+        a, b = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+        want[..., 0:n_dims:2], want[..., 1:n_dims:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., : n_dims // 2], x[..., n_dims // 2 : n_dims]
+        want[..., : n_dims // 2], want[..., n_dims // 2 : n_dims] = a * c - b * s, a * s + b * c
+    out = cp.zeros_like(cp.asarray(x))
+    launch.rope_neox_or_normal(be, cp.asarray(x), cp.asarray(pos), out, n_dims, mode, base)
+    be.synchronize()
+    # Angles are float32 (as in ggml): one ulp of p * base^(-2k/n) is ~1.2e-7 * p radians, so
+    # the tolerance grows with the position (strict for small ones, where mode bugs would show).
+    tol = (1e-5 + 2e-6 * pos.astype(np.float64))[:, None, None]
+    assert np.all(np.abs(cp.asnumpy(out) - want) <= tol)
+
+
+GLU_ORACLES = {
+    0: lambda a, b: np.maximum(a, 0) * b,
+    1: lambda a, b: 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * a * (1 + 0.044715 * a * a))) * b,
+    2: lambda a, b: a / (1 + np.exp(-a)) * b,
+    4: lambda a, b: a / (1 + np.exp(-1.702 * a)) * b,
+}
+
+
+@pytest.mark.parametrize("op", sorted(GLU_ORACLES))
+def test_glu(be, cp, op):
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(op)
+    a = (rng.standard_normal((6, 1000)) * 3).astype(np.float32)
+    b = rng.standard_normal((6, 1000)).astype(np.float32)
+    out = cp.zeros_like(cp.asarray(a))
+    launch.glu(be, cp.asarray(a), cp.asarray(b), out, op)
+    be.synchronize()
+    want = GLU_ORACLES[op](a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(cp.asnumpy(out), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_get_rows(be, cp, real_tensors, type_name):
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    ids = np.array([3, 0, 3, raw.shape[0] - 1], np.int32)
+    out = cp.zeros((ids.size, k), cp.float32)
+    launch.get_rows(be, type_name, cp.asarray(raw), cp.asarray(ids), out, k)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), _gguf_dequant(type_name, raw, k)[ids])
+
+
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize("kv_type", ["F16", "Q8_0"])
+def test_flash_attn_decode(be, cp, kv_type, softcap):
+    import gguf
+    from gguf.quants import dequantize, quantize
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(10)
+    heads, kv_heads, n_q, n_kv, d = 8, 2, 2, 200, 128
+    q = rng.standard_normal((heads, n_q, d)).astype(np.float32)
+    kf = rng.standard_normal((kv_heads, n_kv, d)).astype(np.float32)
+    vf = rng.standard_normal((kv_heads, n_kv, d)).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[kv_type]
+    k_raw, v_raw = quantize(kf, qtype), quantize(vf, qtype)  # gguf's own quantizer
+    k64 = np.asarray(dequantize(k_raw, qtype), np.float64).reshape(kf.shape)
+    v64 = np.asarray(dequantize(v_raw, qtype), np.float64).reshape(vf.shape)
+    mask = np.where(np.arange(n_kv)[None, :] > 150 + np.arange(n_q)[:, None], -np.inf, 0)
+    mask = mask.astype(np.float16)
+    sinks = rng.standard_normal(heads).astype(np.float32)
+    scale = 1 / np.sqrt(d)
+
+    group = heads // kv_heads
+    want = np.zeros((n_q, heads, d))
+    for h in range(heads):
+        s = q[h].astype(np.float64) @ k64[h // group].T * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        s = s + mask.astype(np.float64)
+        mx = np.maximum(s.max(axis=1, keepdims=True), sinks[h])
+        e = np.exp(s - mx)
+        p = e / (e.sum(axis=1, keepdims=True) + np.exp(sinks[h] - mx))
+        want[:, h, :] = p @ v64[h // group]
+    out = cp.zeros((n_q, heads, d), cp.float32)
+    launch.flash_attn_decode(
+        be,
+        cp.asarray(q),
+        cp.asarray(np.ascontiguousarray(k_raw)),
+        cp.asarray(np.ascontiguousarray(v_raw)),
+        cp.asarray(mask),
+        out,
+        kv_type,
+        scale,
+        softcap,
+        cp.asarray(sinks),
+    )
+    be.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(out), want, rtol=1e-4, atol=1e-5)
+
+
+def test_allocation_failure_returns_none(be):
+    assert be.allocate(1 << 50) is None
+
+
+def test_views_and_staged_round_trip(be, cp):
+    nbytes = (64 << 20) + 12345  # several staging chunks and a ragged tail
+    buf = be.allocate(nbytes + 4096)
+    assert buf is not None
+    payload = np.random.default_rng(11).integers(0, 256, nbytes, dtype=np.uint8)
+    fed = 0
+
+    def fill(view):
+        nonlocal fed
+        view[:] = payload[fed : fed + len(view)].tobytes()
+        fed += len(view)
+
+    be.upload(buf, 4096, nbytes, fill)
+    be.synchronize()
+    view = be.view(buf, 4096, (nbytes,), (1,), cp.uint8)
+    assert int(cp.asnumpy(view[:16]).sum()) == int(payload[:16].sum())
+    back = bytearray()
+    be.download(buf, 4096, nbytes, lambda v: back.extend(bytes(v)))
+    assert bytes(back) == payload.tobytes()
+    f = be.view(buf, 4096, (8, 4), (16, 4), cp.float32)
+    np.testing.assert_array_equal(cp.asnumpy(f), payload[: 8 * 16].view(np.float32).reshape(8, 4))
+    be.fill(buf, 4096, 1024, 0)
+    be.copy(buf, 4096 + 1024, buf, 4096, 1024)
+    be.synchronize()
+    assert not cp.asnumpy(buf[4096 : 4096 + 2048]).any()
