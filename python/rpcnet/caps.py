@@ -194,6 +194,7 @@ def local_report(to: str | None = None, *, root: str | None = None, environ: Any
             info["no_rdma"] = f"cannot find the local address towards {to}: {exc}"
         except _native.RdmaError as exc:
             info["no_rdma"] = str(exc)
+    chosen_gid = selection.gid_index if selection is not None else None
     for p in ports:
         chosen = selection is not None and (selection.device, selection.port) == (p.device, p.port)
         info["ports"].append(
@@ -209,7 +210,7 @@ def local_report(to: str | None = None, *, root: str | None = None, environ: Any
                         "address": g.address,
                         "kind": g.kind,
                         "ndev": g.ndev,
-                        "selected": chosen and g.index == selection.gid_index,
+                        "selected": chosen and g.index == chosen_gid,
                     }
                     for g in p.gids
                 ],

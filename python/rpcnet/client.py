@@ -32,6 +32,7 @@ class RpcClient:
         self.reader = reader
         self.writer = writer
         self.proto = proto
+        self.hello_info: Hello | None = None  # set by connect(hello=True)
 
     @classmethod
     async def connect(

@@ -60,7 +60,7 @@ class Server:
         self.comm = CommHub(config.host, config.comm_timeout, self.allow)
         self.connections: dict[asyncio.Task[None], Connection] = {}
         self.draining = False
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
 
     @property
     def port(self) -> int:

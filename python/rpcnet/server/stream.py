@@ -44,7 +44,8 @@ class StreamProtocol(asyncio.BufferedProtocol):
     # ------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment] - uvloop's is not an asyncio.Transport
+        # uvloop's transport is not an asyncio.Transport subclass, but has its methods.
+        self.transport = transport  # type: ignore[assignment]
         # Pause as soon as anything is buffered: drain() then means "fully handed to the kernel".
         transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
 

@@ -449,7 +449,8 @@ def pyverbs_ports(pv: Any) -> list[_native.RdmaPort]:
                         continue
                     if not any(raw):
                         continue
-                    kind, ndev = "unknown", None
+                    kind = "unknown"
+                    ndev: str | None = None
                     try:
                         entry = ctx.query_gid_ex(port, idx)
                         kind = {0: "IB", 1: "RoCE v1", 2: "RoCE v2"}.get(entry.gid_type, kind)
@@ -457,8 +458,8 @@ def pyverbs_ports(pv: Any) -> list[_native.RdmaPort]:
                             ndev = socket.if_indextoname(entry.ndev_ifindex)
                     except Exception:  # noqa: BLE001 - older rdma-core: no ibv_query_gid_ex
                         try:  # enum ibv_gid_type_sysfs: 0 "IB/RoCE v1", 1 "RoCE v2"
-                            kind = {0: "RoCE v1", 1: "RoCE v2"}.get(ctx.query_gid_type(port, idx))
-                            kind = kind or "unknown"
+                            sysfs_type = ctx.query_gid_type(port, idx)
+                            kind = {0: "RoCE v1", 1: "RoCE v2"}.get(sysfs_type, "unknown")
                         except Exception:  # noqa: BLE001
                             pass
                     if link == "InfiniBand" and kind == "RoCE v1":
@@ -811,8 +812,7 @@ class RdmaServerStream:
         if waiter.done() and waiter.exception() is None and waiter.result():
             self._used = True
             return False
-        if waiter.done() and waiter.exception() is not None:
-            exc = waiter.exception()
+        if waiter.done() and (exc := waiter.exception()) is not None:
             raise self._closed_by(exc) from exc
         if not self._tcp_watch.done():  # stopped by close()
             return True

@@ -55,7 +55,8 @@ def mul_mat_q8_0_native(node: Tensor) -> Step:
     x = plain_view(b_t)
     out = plain_view(node)
     out_flat = out.reshape(n, m) if out.flags.c_contiguous else None
-    threads = max(1, int(getattr(node.buffer.device, "threads", 1) or 1))
+    device = getattr(node.buffer, "device", None)
+    threads = max(1, int(getattr(device, "threads", 1) or 1))
 
     def run() -> None:
         xs = np.ascontiguousarray(x).reshape(n, k)

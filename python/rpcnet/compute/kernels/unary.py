@@ -275,7 +275,7 @@ def unary(node: Tensor) -> Step:
     return _map(node, _unary_fn(node, src.type))
 
 
-_MATH = {
+_MATH: dict[Op, Callable[[Any], Any]] = {
     Op.SQR: lambda x: x * x,
     Op.SQRT: np.sqrt,
     Op.LOG: log,
