@@ -38,7 +38,7 @@ from rpcnet import _native
 from rpcnet.client import RpcClient, ServerClosed
 from rpcnet.compute.views import bf16_to_f32
 from rpcnet.protocol.commands import Cmd
-from support import refenv
+from support import refenv, require
 from support.inproc import ServerThread
 from support.serve import start_rpcnet
 
@@ -169,11 +169,7 @@ def start_rpcnet_process(port: int, *extra: str) -> subprocess.Popen:
 
 
 def require_refenv() -> None:
-    if not refenv.available("v8"):
-        message = f"reference env missing in {refenv.refenv_dir()}: run tools/refenv.sh"
-        if os.environ.get("RPCNET_REQUIRE_REFENV") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require.reference_env("v8")
 
 
 @pytest.fixture
@@ -430,7 +426,7 @@ class CommandCounter:
 @pytest.fixture(scope="module")
 def client_env(tmp_path_factory):
     require_refenv()
-    pytest.importorskip("gguf")
+    require.module("gguf")
     from support.models import ZOO, ensure_model
 
     cache = os.environ.get("RPCNET_E2E_CACHE")

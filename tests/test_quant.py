@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from rpcnet.compute import quant as Q
+from support import require
 
 try:
     import gguf
@@ -23,7 +24,13 @@ except ImportError:  # pragma: no cover - the test extras install gguf
     gguf = None
     gq = None
 
-needs_gguf = pytest.mark.skipif(gguf is None, reason="gguf not installed")
+
+@pytest.fixture
+def _gguf() -> None:
+    require.module("gguf")
+
+
+needs_gguf = pytest.mark.usefixtures("_gguf")
 
 LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 ALL_DEQUANT = [

@@ -32,6 +32,7 @@ from rpcnet.transport.rdma import (
     RemoteCaps,
     ResponseFramer,
 )
+from support import require
 
 
 def run_in_thread(fn, *args):
@@ -314,7 +315,7 @@ def test_work_requests_and_qp_attributes_fit_the_real_pyverbs_classes():
     try:
         pv = rdma.import_pyverbs()
     except rdma.RdmaUnavailable as exc:
-        pytest.skip(str(exc))
+        require.missing(f"pyverbs: {exc}")
     e = pv.enums
     init = rdma.qp_init_attr(pv, None, None)
     assert init.qp_type == e.IBV_QPT_RC and init.max_inline_data == rdma.INLINE_REQUEST
