@@ -11,8 +11,14 @@ _PYVERBS = Path(__file__).resolve().parent.parent / ".refenv" / "pyverbs-path"
 if _PYVERBS.is_dir():
     sys.path.append(str(_PYVERBS))
 
-from support import require  # noqa: E402
+from support import hyp, require  # noqa: E402
 from support.inproc import ServerThread  # noqa: E402
+
+HYPOTHESIS_PROFILE = hyp.load()  # before the test modules build their settings
+
+
+def pytest_report_header() -> str:
+    return f"hypothesis profile: {HYPOTHESIS_PROFILE} (tests/support/hyp.py)"
 
 # The ring(s) of every test module (markers registered in pyproject.toml): `pytest -m unit` runs
 # one ring. A test module missing here is a collection error, so no test escapes its ring.

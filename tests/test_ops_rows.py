@@ -13,13 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute import quant as Q
+from support.hyp import examples
 from support.opgraph import OpGraph, contiguous_nb
 
 DUP, CPY, CONT, GET_ROWS, SET_ROWS = 1, 34, 35, 40, 42
 F32, F16, I32, I64, BF16 = 0, 1, 26, 27, 30
 
 HYP = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
