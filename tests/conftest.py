@@ -20,6 +20,7 @@ HYPOTHESIS_PROFILE = hyp.load()  # before the test modules build their settings
 def pytest_report_header() -> str:
     return f"hypothesis profile: {HYPOTHESIS_PROFILE} (tests/support/hyp.py)"
 
+
 # The ring(s) of every test module (markers registered in pyproject.toml): `pytest -m unit` runs
 # one ring. A test module missing here is a collection error, so no test escapes its ring.
 RINGS: dict[str, tuple[str, ...]] = {
