@@ -11,7 +11,85 @@ _PYVERBS = Path(__file__).resolve().parent.parent / ".refenv" / "pyverbs-path"
 if _PYVERBS.is_dir():
     sys.path.append(str(_PYVERBS))
 
+from support import hyp, require  # noqa: E402
 from support.inproc import ServerThread  # noqa: E402
+
+HYPOTHESIS_PROFILE = hyp.load()  # before the test modules build their settings
+
+
+def pytest_report_header() -> str:
+    return f"hypothesis profile: {HYPOTHESIS_PROFILE} (tests/support/hyp.py)"
+
+
+# The ring(s) of every test module (markers registered in pyproject.toml): `pytest -m unit` runs
+# one ring. A test module missing here is a collection error, so no test escapes its ring.
+RINGS: dict[str, tuple[str, ...]] = {
+    "test_bad_input": ("unit",),
+    "test_cache": ("unit",),
+    "test_cli": ("unit",),
+    "test_commands": ("unit",),
+    "test_concurrency": ("unit",),
+    "test_derived_cache": ("unit",),
+    "test_faults": ("unit",),
+    "test_fuzz_corpus": ("unit",),
+    "test_fuzz_session": ("unit",),
+    "test_limits": ("unit",),
+    "test_native": ("unit",),
+    "test_quant": ("unit",),
+    "test_conformance": ("reference",),
+    "test_matmul_native": ("reference",),
+    "test_ops_attention": ("reference",),
+    "test_ops_elementwise": ("reference",),
+    "test_ops_reduce": ("reference",),
+    "test_ops_rows": ("reference",),
+    "test_ops_smoke": ("reference",),
+    "test_quant_real": ("reference",),
+    "test_real_client": ("reference",),
+    "test_refenv": ("reference",),
+    "test_e2e_models": ("e2e", "slow"),
+    "test_multihost": ("e2e",),
+    "test_soak": ("e2e", "slow"),
+    "test_rdma_fake_verbs": ("rdma",),
+    "test_rdma_resolver": ("rdma",),
+    "test_transport_negotiation": ("rdma",),
+    "test_attacks": ("unit",),
+    "test_cachecli": ("unit",),
+    "test_cuda_blockmath": ("unit",),
+    "test_cuda_host": ("unit",),
+    "test_cuda_nvrtc": ("unit",),
+    "test_ggml_types": ("unit",),
+    "test_kernel_registry": ("unit",),
+    "test_layering": ("unit",),
+    "test_module_graph": ("unit",),
+    "test_scratch": ("unit", "reference"),
+    "test_metrics": ("e2e",),
+    "test_modeldir": ("e2e",),
+    "test_attack_load": ("e2e", "slow"),
+    "test_wheel": ("e2e", "slow"),
+    "test_cuda_gpu": ("gpu",),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unassigned = set()
+    for item in items:
+        module = item.path.stem
+        if module not in RINGS:
+            unassigned.add(module)
+            continue
+        for ring in RINGS[module]:
+            item.add_marker(ring)
+    if unassigned:
+        raise pytest.UsageError(
+            f"test modules without a ring: {sorted(unassigned)}; add them to RINGS in {__file__}"
+        )
+
+
+@pytest.fixture(scope="session")
+def refenv_required() -> None:
+    """Skips (fails in CI: RPCNET_REQUIRE_REFENV=1) without the reference environment."""
+    require.reference_env()
 
 
 @pytest.fixture
@@ -43,8 +121,7 @@ def reference_v8():
     """The REAL reference rpc-server (v8) for differential tests; port number."""
     from support import refenv
 
-    if not refenv.available("v8"):
-        pytest.skip("reference env missing: run tools/refenv.sh")
+    require.reference_env("v8")
     port = refenv.free_port()
     proc = refenv.start_reference_server("v8", port=port)
     yield port

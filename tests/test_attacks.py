@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from rpcnet.compute.ops import Glu, Op
-from rpcnet.compute.views import GGML_F16, GGML_F32, GGML_I32
+from rpcnet.ggml_types import GgmlType
 from support.opgraph import OpGraph, as_f32, pack_params
 from support.raw import RawConn
 from support.refenv import free_port
@@ -90,8 +90,8 @@ def run_or_closed(graph: OpGraph, port: int, outputs: list[int]) -> list[bytes] 
 def honest_graph(port: int) -> None:
     g = OpGraph()
     x = rng.standard_normal((4, 32), dtype=np.float32)
-    a = g.input(GGML_F32, (32, 4), x)
-    out = g.op(Op.ADD, GGML_F32, (32, 4), (a, a))
+    a = g.input(GgmlType.F32, (32, 4), x)
+    out = g.op(Op.ADD, GgmlType.F32, (32, 4), (a, a))
     (raw,) = g.run(port, [out])
     np.testing.assert_array_equal(as_f32(raw, (32, 4))[0, 0], x + x)
 
@@ -125,9 +125,9 @@ def test_mul_mat_broadcast_batch_computes_without_repeating_weights(target):
     w = rng.standard_normal((1024, 1024), dtype=np.float32)
     x = rng.standard_normal(1024, dtype=np.float32)
     g = OpGraph()
-    a = g.input(GGML_F32, (1024, 1024), w)
-    b = row_view(g, GGML_F32, x, (1024, 1, 512, 1), (4, 4096, 0, 0))
-    out = g.op(Op.MUL_MAT, GGML_F32, (1024, 1, 512, 1), (a, b))
+    a = g.input(GgmlType.F32, (1024, 1024), w)
+    b = row_view(g, GgmlType.F32, x, (1024, 1, 512, 1), (4, 4096, 0, 0))
+    out = g.op(Op.MUL_MAT, GgmlType.F32, (1024, 1, 512, 1), (a, b))
     (raw,) = attack(target, g, [out])
     got = as_f32(raw, (1024, 1, 512, 1))[0, :, 0]
     want = w.astype(np.float64) @ x.astype(np.float64)
@@ -137,9 +137,9 @@ def test_mul_mat_broadcast_batch_computes_without_repeating_weights(target):
 def test_mul_mat_overlapping_output_is_refused(target):
     w = rng.standard_normal((1024, 1024), dtype=np.float32)
     g = OpGraph()
-    a = g.input(GGML_F32, (1024, 1024), w)
-    b = row_view(g, GGML_F32, w[0], (1024, 1, 1 << 20, 1), (4, 4096, 0, 0))
-    out = g.op(Op.MUL_MAT, GGML_F32, (1024, 1, 1 << 20, 1), (a, b), nb=(4, 4096, 0, 0))
+    a = g.input(GgmlType.F32, (1024, 1024), w)
+    b = row_view(g, GgmlType.F32, w[0], (1024, 1, 1 << 20, 1), (4, 4096, 0, 0))
+    out = g.op(Op.MUL_MAT, GgmlType.F32, (1024, 1, 1 << 20, 1), (a, b), nb=(4, 4096, 0, 0))
     attack(target, g, [out], must_close=True)
 
 
@@ -151,10 +151,10 @@ def _mul_mat_id(n_tok: int, out_nb=None) -> tuple[OpGraph, int, np.ndarray]:
     experts = rng.standard_normal((n_exp, m, k), dtype=np.float32)
     x = rng.standard_normal(k, dtype=np.float32)
     g = OpGraph()
-    a = g.input(GGML_F32, (k, m, n_exp), experts)
-    b = row_view(g, GGML_F32, x, (k, 1, n_tok, 1), (4, 4 * k, 0, 0))
-    ids = row_view(g, GGML_I32, np.array([2], np.int32), (1, n_tok, 1, 1), (4, 0, 0, 0))
-    out = g.op(Op.MUL_MAT_ID, GGML_F32, (m, 1, n_tok, 1), (a, b, ids), nb=out_nb)
+    a = g.input(GgmlType.F32, (k, m, n_exp), experts)
+    b = row_view(g, GgmlType.F32, x, (k, 1, n_tok, 1), (4, 4 * k, 0, 0))
+    ids = row_view(g, GgmlType.I32, np.array([2], np.int32), (1, n_tok, 1, 1), (4, 0, 0, 0))
+    out = g.op(Op.MUL_MAT_ID, GgmlType.F32, (m, 1, n_tok, 1), (a, b, ids), nb=out_nb)
     return g, out, experts[2].astype(np.float64) @ x.astype(np.float64)
 
 
@@ -181,15 +181,15 @@ def _flash(n_q: int, n_kv: int, zero_q: bool) -> tuple[OpGraph, int, np.ndarray]
     mask_row = -rng.random(n_kv).astype(np.float16)
     g = OpGraph()
     if zero_q:
-        leaf = g.input(GGML_F32, (d, 1, n_head), q_vals)
+        leaf = g.input(GgmlType.F32, (d, 1, n_head), q_vals)
         q = g.view(leaf, (d, n_q, n_head, 1), (4, 0, 4 * d, 4 * d * n_head))
     else:
-        q = g.input(GGML_F32, (d, n_q, n_head), q_vals)
-    k = row_view(g, GGML_F32, k_row, (d, n_kv, 1, 1), (4, 0, 4 * d, 4 * d))
-    vt = g.input(GGML_F32, (d, n_kv), v)
-    mask = row_view(g, GGML_F16, mask_row, (n_kv, 1 << 20, 1, 1), (2, 0, 0, 0))
+        q = g.input(GgmlType.F32, (d, n_q, n_head), q_vals)
+    k = row_view(g, GgmlType.F32, k_row, (d, n_kv, 1, 1), (4, 0, 4 * d, 4 * d))
+    vt = g.input(GgmlType.F32, (d, n_kv), v)
+    mask = row_view(g, GgmlType.F16, mask_row, (n_kv, 1 << 20, 1, 1), (2, 0, 0, 0))
     params = pack_params(0.125, 0.0, 0.0, 0)
-    out = g.op(Op.FLASH_ATTN_EXT, GGML_F32, (d, n_head, n_q, 1), (q, k, vt, mask), params)
+    out = g.op(Op.FLASH_ATTN_EXT, GgmlType.F32, (d, n_head, n_q, 1), (q, k, vt, mask), params)
     # Every key is the same row: the scores differ only by the mask, for every head and query.
     m = mask_row.astype(np.float64)
     p = np.exp(m - m.max())
@@ -207,14 +207,14 @@ def test_flash_attn_huge_broadcast_query_is_refused(target):
     # 4 Mi zero-stride query rows: 4 GiB of logical queries behind 1 KiB of bytes.
     g = OpGraph()
     d, n_head, n_q = 64, 4, 1 << 22
-    leaf = g.input(GGML_F32, (d, 1, n_head), rng.standard_normal((n_head, d), dtype=np.float32))
+    leaf = g.input(GgmlType.F32, (d, 1, n_head), rng.standard_normal((n_head, d), dtype=np.float32))
     q = g.view(leaf, (d, n_q, n_head, 1), (4, 0, 4 * d, 4 * d * n_head))
-    k = row_view(g, GGML_F32, rng.standard_normal(d, dtype=np.float32), (d, 256), (4, 0, 0, 0))
-    v = row_view(g, GGML_F32, rng.standard_normal(d, dtype=np.float32), (d, 256), (4, 0, 0, 0))
+    k = row_view(g, GgmlType.F32, rng.standard_normal(d, dtype=np.float32), (d, 256), (4, 0, 0, 0))
+    v = row_view(g, GgmlType.F32, rng.standard_normal(d, dtype=np.float32), (d, 256), (4, 0, 0, 0))
     params = pack_params(0.125, 0.0, 0.0, 0)
     out = g.op(
         Op.FLASH_ATTN_EXT,
-        GGML_F32,
+        GgmlType.F32,
         (d, n_head, n_q, 1),
         (q, k, v),
         params,
@@ -231,9 +231,9 @@ def test_soft_max_broadcast_mask_computes(target):
     x = rng.standard_normal((8, 64, 256), dtype=np.float32)
     mask_row = -rng.random(256).astype(np.float16)
     g = OpGraph()
-    a = g.input(GGML_F32, (256, 64, 8), x)
-    mask = row_view(g, GGML_F16, mask_row, (256, 1 << 20, 1, 1), (2, 0, 0, 0))
-    out = g.op(Op.SOFT_MAX, GGML_F32, (256, 64, 8), (a, mask), pack_params(0.5, 0.0))
+    a = g.input(GgmlType.F32, (256, 64, 8), x)
+    mask = row_view(g, GgmlType.F16, mask_row, (256, 1 << 20, 1, 1), (2, 0, 0, 0))
+    out = g.op(Op.SOFT_MAX, GgmlType.F32, (256, 64, 8), (a, mask), pack_params(0.5, 0.0))
     (raw,) = attack(target, g, [out])
     w = x.astype(np.float64) * 0.5 + mask_row.astype(np.float64)
     e = np.exp(w - w.max(axis=-1, keepdims=True))
@@ -244,9 +244,9 @@ def test_soft_max_broadcast_mask_computes(target):
 
 def test_soft_max_overlapping_rows_are_refused(target):
     g = OpGraph()
-    a = row_view(g, GGML_F32, np.ones(256, np.float32), (256, 1 << 20, 8), (4, 0, 0, 0))
+    a = row_view(g, GgmlType.F32, np.ones(256, np.float32), (256, 1 << 20, 8), (4, 0, 0, 0))
     out = g.op(
-        Op.SOFT_MAX, GGML_F32, (256, 1 << 20, 8), (a,), pack_params(1.0, 0.0), nb=(4, 0, 0, 0)
+        Op.SOFT_MAX, GgmlType.F32, (256, 1 << 20, 8), (a,), pack_params(1.0, 0.0), nb=(4, 0, 0, 0)
     )
     attack(target, g, [out], must_close=True)
 
@@ -258,9 +258,9 @@ def test_get_rows_many_rows_of_a_tiny_source_compute(target):
     src = rng.standard_normal((4, 16), dtype=np.float32)
     n_rows = 1 << 18  # 16 MiB of output from 256 bytes of rows and 4 bytes of ids
     g = OpGraph()
-    a = g.input(GGML_F32, (16, 4), src)
-    ids = row_view(g, GGML_I32, np.array([3], np.int32), (n_rows, 1, 1, 1), (0, 0, 0, 0))
-    out = g.op(Op.GET_ROWS, GGML_F32, (16, n_rows), (a, ids))
+    a = g.input(GgmlType.F32, (16, 4), src)
+    ids = row_view(g, GgmlType.I32, np.array([3], np.int32), (n_rows, 1, 1, 1), (0, 0, 0, 0))
+    out = g.op(Op.GET_ROWS, GgmlType.F32, (16, n_rows), (a, ids))
     (raw,) = attack(target, g, [out])
     got = as_f32(raw, (16, n_rows))[0, 0]
     np.testing.assert_array_equal(got, np.broadcast_to(src[3], got.shape))
@@ -268,31 +268,31 @@ def test_get_rows_many_rows_of_a_tiny_source_compute(target):
 
 def test_get_rows_into_overlapping_output_is_refused(target):
     g = OpGraph()
-    a = g.input(GGML_F32, (16, 4), rng.standard_normal((4, 16), dtype=np.float32))
-    ids = row_view(g, GGML_I32, np.array([1], np.int32), (1 << 26, 1, 1, 1), (0, 0, 0, 0))
-    out = g.op(Op.GET_ROWS, GGML_F32, (16, 1 << 26), (a, ids), nb=(4, 0, 0, 0))
+    a = g.input(GgmlType.F32, (16, 4), rng.standard_normal((4, 16), dtype=np.float32))
+    ids = row_view(g, GgmlType.I32, np.array([1], np.int32), (1 << 26, 1, 1, 1), (0, 0, 0, 0))
+    out = g.op(Op.GET_ROWS, GgmlType.F32, (16, 1 << 26), (a, ids), nb=(4, 0, 0, 0))
     attack(target, g, [out], must_close=True)
 
 
 # --- CPY / CONT ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op, dst_type", [(Op.CONT, GGML_F32), (Op.CPY, GGML_F16)])
+@pytest.mark.parametrize("op, dst_type", [(Op.CONT, GgmlType.F32), (Op.CPY, GgmlType.F16)])
 def test_copy_of_broadcast_view_computes(target, op, dst_type):
     row = rng.standard_normal(1024, dtype=np.float32)
     g = OpGraph()
-    src = row_view(g, GGML_F32, row, (1024, 4096), (4, 0, 0, 0))
+    src = row_view(g, GgmlType.F32, row, (1024, 4096), (4, 0, 0, 0))
     out = g.op(op, dst_type, (1024, 4096), (src,))
     (raw,) = attack(target, g, [out])
-    dtype = np.float32 if dst_type == GGML_F32 else np.float16
+    dtype = np.float32 if dst_type == GgmlType.F32 else np.float16
     got = np.frombuffer(raw, dtype).reshape(4096, 1024)
     np.testing.assert_array_equal(got, np.broadcast_to(row.astype(dtype), got.shape))
 
 
 def test_copy_into_overlapping_destination_is_refused(target):
     g = OpGraph()
-    src = row_view(g, GGML_F32, np.ones(1024, np.float32), (1024, 1 << 20), (4, 0, 0, 0))
-    out = g.op(Op.CPY, GGML_F16, (1024, 1 << 20), (src,), nb=(2, 0, 0, 0))
+    src = row_view(g, GgmlType.F32, np.ones(1024, np.float32), (1024, 1 << 20), (4, 0, 0, 0))
+    out = g.op(Op.CPY, GgmlType.F16, (1024, 1 << 20), (src,), nb=(2, 0, 0, 0))
     attack(target, g, [out], must_close=True)
 
 
@@ -307,9 +307,9 @@ def test_rope_of_broadcast_rows_computes(target):
     d, n_head, n_tok = 64, 8, 512
     row = rng.standard_normal(d, dtype=np.float32)
     g = OpGraph()
-    x = row_view(g, GGML_F32, row, (d, n_head, n_tok), (4, 0, 0, 0))
-    pos = g.input(GGML_I32, (n_tok,), np.arange(n_tok, dtype=np.int32))
-    out = g.op(Op.ROPE, GGML_F32, (d, n_head, n_tok), (x, pos), _rope_params(d))
+    x = row_view(g, GgmlType.F32, row, (d, n_head, n_tok), (4, 0, 0, 0))
+    pos = g.input(GgmlType.I32, (n_tok,), np.arange(n_tok, dtype=np.int32))
+    out = g.op(Op.ROPE, GgmlType.F32, (d, n_head, n_tok), (x, pos), _rope_params(d))
     (raw,) = attack(target, g, [out])
     got = as_f32(raw, (d, n_head, n_tok))[0]  # (n_tok, n_head, d)
     # ggml's normal mode: pairs (x[2i], x[2i+1]) turn by p * base^(-2i/n_dims).
@@ -324,9 +324,9 @@ def test_rope_of_broadcast_rows_computes(target):
 def test_rope_into_overlapping_output_is_refused(target):
     d, n_head, n_tok = 64, 1 << 14, 1 << 10
     g = OpGraph()
-    x = row_view(g, GGML_F32, np.ones(d, np.float32), (d, n_head, n_tok), (4, 0, 0, 0))
-    pos = g.input(GGML_I32, (n_tok,), np.arange(n_tok, dtype=np.int32))
-    out = g.op(Op.ROPE, GGML_F32, (d, n_head, n_tok), (x, pos), _rope_params(d), nb=(4, 0, 0, 0))
+    x = row_view(g, GgmlType.F32, np.ones(d, np.float32), (d, n_head, n_tok), (4, 0, 0, 0))
+    pos = g.input(GgmlType.I32, (n_tok,), np.arange(n_tok, dtype=np.int32))
+    out = g.op(Op.ROPE, GgmlType.F32, (d, n_head, n_tok), (x, pos), _rope_params(d), nb=(4, 0, 0, 0))
     attack(target, g, [out], must_close=True)
 
 
@@ -336,9 +336,9 @@ def test_rope_into_overlapping_output_is_refused(target):
 def test_glu_of_broadcast_views_computes(target):
     xa, xg = rng.standard_normal((2, 1024), dtype=np.float32)
     g = OpGraph()
-    a = row_view(g, GGML_F32, xa, (1024, 4096), (4, 0, 0, 0))
-    gate = row_view(g, GGML_F32, xg, (1024, 4096), (4, 0, 0, 0))
-    out = g.op(Op.GLU, GGML_F32, (1024, 4096), (a, gate), pack_params(int(Glu.SWIGLU), 0))
+    a = row_view(g, GgmlType.F32, xa, (1024, 4096), (4, 0, 0, 0))
+    gate = row_view(g, GgmlType.F32, xg, (1024, 4096), (4, 0, 0, 0))
+    out = g.op(Op.GLU, GgmlType.F32, (1024, 4096), (a, gate), pack_params(int(Glu.SWIGLU), 0))
     (raw,) = attack(target, g, [out])
     xa64 = xa.astype(np.float64)
     want = xa64 / (1 + np.exp(-xa64)) * xg
@@ -348,9 +348,9 @@ def test_glu_of_broadcast_views_computes(target):
 
 def test_glu_into_overlapping_output_is_refused(target):
     g = OpGraph()
-    a = row_view(g, GGML_F32, np.ones(1024, np.float32), (1024, 1 << 20), (4, 0, 0, 0))
+    a = row_view(g, GgmlType.F32, np.ones(1024, np.float32), (1024, 1 << 20), (4, 0, 0, 0))
     out = g.op(
-        Op.GLU, GGML_F32, (1024, 1 << 20), (a, a), pack_params(int(Glu.SWIGLU), 0), nb=(4, 0, 0, 0)
+        Op.GLU, GgmlType.F32, (1024, 1 << 20), (a, a), pack_params(int(Glu.SWIGLU), 0), nb=(4, 0, 0, 0)
     )
     attack(target, g, [out], must_close=True)
 
@@ -359,9 +359,9 @@ def test_binary_broadcast_of_zero_stride_views_computes(target):
     row = rng.standard_normal(1024, dtype=np.float32)
     col = rng.standard_normal(1024, dtype=np.float32)
     g = OpGraph()
-    a = row_view(g, GGML_F32, row, (1024, 4096), (4, 0, 0, 0))
-    b = g.input(GGML_F32, (1024, 1), col)
-    out = g.op(Op.MUL, GGML_F32, (1024, 4096), (a, b))
+    a = row_view(g, GgmlType.F32, row, (1024, 4096), (4, 0, 0, 0))
+    b = g.input(GgmlType.F32, (1024, 1), col)
+    out = g.op(Op.MUL, GgmlType.F32, (1024, 4096), (a, b))
     (raw,) = attack(target, g, [out])
     got = as_f32(raw, (1024, 4096))[0, 0]
     np.testing.assert_array_equal(got, np.broadcast_to(row * col, got.shape))
@@ -369,8 +369,8 @@ def test_binary_broadcast_of_zero_stride_views_computes(target):
 
 def test_binary_into_overlapping_output_is_refused(target):
     g = OpGraph()
-    a = row_view(g, GGML_F32, np.ones(1024, np.float32), (1024, 1 << 20), (4, 0, 0, 0))
-    out = g.op(Op.ADD, GGML_F32, (1024, 1 << 20), (a, a), nb=(4, 0, 0, 0))
+    a = row_view(g, GgmlType.F32, np.ones(1024, np.float32), (1024, 1 << 20), (4, 0, 0, 0))
+    out = g.op(Op.ADD, GgmlType.F32, (1024, 1 << 20), (a, a), nb=(4, 0, 0, 0))
     attack(target, g, [out], must_close=True)
 
 
@@ -379,9 +379,9 @@ def test_binary_into_overlapping_output_is_refused(target):
 
 def _scale_chain(n_nodes: int) -> tuple[OpGraph, int]:
     g = OpGraph()
-    cur = g.input(GGML_F32, (1,), np.array([0.5], np.float32))
+    cur = g.input(GgmlType.F32, (1,), np.array([0.5], np.float32))
     for _ in range(n_nodes):
-        cur = g.op(Op.SCALE, GGML_F32, (1,), (cur,), pack_params(1.0, 1.0))
+        cur = g.op(Op.SCALE, GgmlType.F32, (1,), (cur,), pack_params(1.0, 1.0))
     return g, cur
 
 
@@ -399,10 +399,10 @@ def test_graph_over_the_node_limit_is_refused(target):
 def test_deep_view_chain_computes(target):
     row = rng.standard_normal(256, dtype=np.float32)
     g = OpGraph()
-    cur = g.input(GGML_F32, (256,), row)
+    cur = g.input(GgmlType.F32, (256,), row)
     for _ in range(MAX_NODES - 2):
         cur = g.view(cur, (256, 1, 1, 1), (4, 1024, 1024, 1024))
-    out = g.op(Op.CONT, GGML_F32, (256,), (cur,))
+    out = g.op(Op.CONT, GgmlType.F32, (256,), (cur,))
     (raw,) = attack(target, g, [out])
     np.testing.assert_array_equal(np.frombuffer(raw, np.float32), row)
 

@@ -16,9 +16,7 @@ from rpcnet import _native
 from support import refenv
 from support.raw import RawConn, frame
 
-pytestmark = pytest.mark.skipif(
-    not refenv.available(), reason="reference env missing: run tools/refenv.sh"
-)
+pytestmark = pytest.mark.usefixtures("refenv_required")
 
 ALLOC, ALIGN, MAXSZ, BASE, FREE, CLEAR, SET, HASH, GET, COPY, GRAPH = range(11)
 MEM, INIT, ALLOC_SIZE, HELLO, COUNT, RECOMPUTE, MEMSET, SET2D, GET2D, COMM_INIT = (

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 from rpcnet import _native
 from rpcnet.client import RpcClient
-from rpcnet.compute import quant
 from rpcnet.compute.derived import DerivedCache
-from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.memory import MemoryPool
 from rpcnet.compute.scratch import PLAN_BYTES_PER_TENSOR
+from support import require
 from support.opgraph import contiguous_nb
 
 Q8_0, F32, MUL_MAT = 8, 0, 29
@@ -20,7 +19,9 @@ async def test_weight_cache_hits_and_invalidation(server):
     w = rng.standard_normal((4, 64), dtype=np.float32)
     # 12 activation rows: past the native q8_0 decode path (N <= 8), which keeps no f32 copy
     x = rng.standard_normal((12, 64), dtype=np.float32)
-    wq = quant.quantize(Q8_0, w).tobytes()
+    gguf = require.module("gguf")  # the oracle's q8_0 codec
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    wq = gguf.quants.quantize(w, q8_0).tobytes()
     async with await RpcClient.connect("127.0.0.1", server.port) as c:
         wh, _ = await c.alloc_buffer(4096)
         wb = await c.buffer_base(wh)
@@ -42,8 +43,9 @@ async def test_weight_cache_hits_and_invalidation(server):
         await c.set_tensor(tx, 0, x.tobytes())
         await c.graph_compute([3], [tw, tx, to], uid=1)
         first = np.frombuffer(await c.get_tensor(to, 0, 192), np.float32).reshape(12, 4)
-        deq = quant.dequantize(Q8_0, np.frombuffer(wq, np.uint8), 4, 64)
-        xq = vec_dot_operand(x, Q8_0)  # ggml rounds activations to q8_0 against q8_0 weights
+        deq = gguf.quants.dequantize(np.frombuffer(wq, np.uint8).reshape(4, -1), q8_0)
+        # ggml rounds activations to q8_0 against q8_0 weights (quantize_row_q8_0_ref)
+        xq = gguf.quants.dequantize(gguf.quants.quantize(x, q8_0), q8_0)
         np.testing.assert_allclose(first, xq @ deq.T, rtol=1e-5)
         held = server.call(lambda: server.server.devices[0].derived.held)
         assert held == 4 * 64 * 4  # the f32 copy is kept, and counted
@@ -55,7 +57,7 @@ async def test_weight_cache_hits_and_invalidation(server):
 
         # Rewrite the weights: the next run must see the new bytes, not the cached copy.
         w2 = -w
-        await c.set_tensor(tw, 0, quant.quantize(Q8_0, w2).tobytes())
+        await c.set_tensor(tw, 0, gguf.quants.quantize(w2, q8_0).tobytes())
         await c.graph_recompute(uid=1)
         second = np.frombuffer(await c.get_tensor(to, 0, 192), np.float32).reshape(12, 4)
         np.testing.assert_allclose(second, -first, rtol=1e-5)

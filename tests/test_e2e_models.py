@@ -31,11 +31,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import refenv
+from support import refenv, require
 from support.inproc import ServerThread
-
-pytest.importorskip("gguf")
-from support.models import ZOO, ensure_model  # noqa: E402
+from support.models import ZOO, ensure_model
 
 TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "quant": 5e-2}
 TOKENS = "1,40,41,300,77,250,12,101"  # 8 positions, every id < 320 (all vocabularies)
@@ -52,11 +50,8 @@ V7_NAMES = ["llama-gqa-f32", "qwen3-f16", "qwen3moe-f32", "bert-f32", "llama256-
 
 @pytest.fixture(scope="module", autouse=True)
 def _require_refenv() -> None:
-    if not refenv.available():
-        message = f"reference env missing in {refenv.refenv_dir()}: run tools/refenv.sh"
-        if os.environ.get("RPCNET_REQUIRE_REFENV") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require.reference_env()
+    require.module("gguf")  # the model zoo's writer
 
 
 @pytest.fixture(scope="module")

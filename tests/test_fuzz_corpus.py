@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from rpcnet import _native as n
+from support import require
 
 FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
 TARGETS = ("frame_header", "rpc_tensor", "graph_decode", "regions")
@@ -283,7 +284,7 @@ REPLAY = {
 
 def test_corpus_present() -> None:
     if not (FUZZ / "Cargo.toml").is_file():
-        pytest.skip("fuzz/ is not shipped here (e.g. an sdist)")
+        require.missing("fuzz/ is not shipped here (e.g. an sdist)")
     for target in TARGETS:
         folder = FUZZ / "corpus" / target
         assert folder.is_dir() and any(folder.iterdir()), f"empty corpus {folder}"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet import _native
+from support.hyp import examples
 from support.raw import RawConn, frame
 from test_bad_input import wait_for_baseline
 
@@ -94,7 +95,7 @@ def frames(draw) -> Builder:
 
 
 @settings(
-    max_examples=int(os.environ.get("RPCNET_FUZZ_EXAMPLES", "150")),
+    max_examples=examples(int(os.environ.get("RPCNET_FUZZ_EXAMPLES", "150"))),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -1,30 +1,44 @@
-"""The native q8_0 decode matmul: against a NumPy reference and against the real rpc-server."""
+"""The native q8_0 decode matmul: against a NumPy reference and against the real rpc-server.
+
+The NumPy reference takes its q8_0 blocks (weights, and activations as ggml's CPU dot product
+quantizes them: quantize_row_q8_0_ref) from the independent `gguf` package, not from rpcnet.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from rpcnet import _native
-from rpcnet.compute import quant
-from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.kernels.registry import select
 from rpcnet.compute.tensor import Tensor
+from support import require
 from support.opgraph import OpGraph, as_f32, contiguous_nb
 
 F32, Q8_0, MUL_MAT = 0, 8, 29
 ROW = 34  # bytes per q8_0 block
 
 
-def q8_weights(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+@pytest.fixture(scope="module")
+def gguf():
+    """The oracle for q8_0 blocks: gguf's quantizer (bit-exact with ggml's reference code)."""
+    return require.module("gguf")
+
+
+def q8_0(gguf, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(packed q8_0 rows (m, k/32*34), their float32 values (m, k)), both from gguf."""
+    q8_0_type = gguf.GGMLQuantizationType.Q8_0
+    packed = gguf.quants.quantize(np.ascontiguousarray(x, np.float32), q8_0_type)
+    return packed, gguf.quants.dequantize(packed, q8_0_type).reshape(x.shape)
+
+
+def q8_weights(gguf, rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(packed bytes (m, k/32*34), dequantized float32 (m, k))."""
-    w = rng.standard_normal((m, k), dtype=np.float32)
-    packed = quant.quantize(Q8_0, w)
-    return packed, quant.dequantize(Q8_0, packed, m, k)
+    return q8_0(gguf, rng.standard_normal((m, k), dtype=np.float32))
 
 
-def reference(deq: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reference(gguf, deq: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Exact result of the quantized operands (float64), and the scale of each sum's terms."""
-    xq = vec_dot_operand(x, Q8_0).astype(np.float64)
+    xq = q8_0(gguf, x)[1].astype(np.float64)  # ggml quantizes activations to q8_0 for the dot
     wd = deq.astype(np.float64)
     return xq @ wd.T, np.abs(xq) @ np.abs(wd).T
 
@@ -33,21 +47,21 @@ def reference(deq: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ("m", "k", "n", "threads"),
     [(1, 32, 1, 1), (5, 64, 2, 1), (64, 256, 8, 2), (2816, 1024, 1, 2), (300, 96, 7, 8)],
 )
-def test_kernel_matches_numpy_reference(m, k, n, threads):
+def test_kernel_matches_numpy_reference(gguf, m, k, n, threads):
     rng = np.random.default_rng(m * 1000 + k + n)
-    packed, deq = q8_weights(rng, m, k)
+    packed, deq = q8_weights(gguf, rng, m, k)
     x = rng.standard_normal((n, k), dtype=np.float32)
     out = np.full((n, m), np.nan, np.float32)
     _native.matmul_q8_0(packed, k // 32 * ROW, x, out, threads)
-    want, scale = reference(deq, x)
+    want, scale = reference(gguf, deq, x)
     # float32 accumulation of exact block sums: error well below 1e-5 of the terms' magnitude
     assert np.all(np.abs(out - want) <= 1e-5 * scale + 1e-30)
 
 
-def test_strided_rows_and_thread_counts_agree():
+def test_strided_rows_and_thread_counts_agree(gguf):
     rng = np.random.default_rng(7)
     m, k, n = 1500, 128, 3
-    packed, deq = q8_weights(rng, m, k)
+    packed, deq = q8_weights(gguf, rng, m, k)
     stride = k // 32 * ROW + 20
     padded = np.full((m, stride), 0xAA, np.uint8)
     padded[:, : k // 32 * ROW] = packed
@@ -58,21 +72,20 @@ def test_strided_rows_and_thread_counts_agree():
     _native.matmul_q8_0(packed, k // 32 * ROW, x, one, 1)
     _native.matmul_q8_0(flat, stride, x, many, 2)
     assert np.array_equal(one, many)
-    want, scale = reference(deq, x)
+    want, scale = reference(gguf, deq, x)
     assert np.all(np.abs(one - want) <= 1e-5 * scale)
 
 
-def test_activation_quantization_is_ggml_q8_0():
+def test_activation_quantization_is_ggml_q8_0(gguf):
     """One weight block of ones per output: the result sums the q8_0-rounded activations."""
     rng = np.random.default_rng(3)
     k = 64
     x = (rng.standard_normal((4, k)) * np.logspace(-3, 3, 4)[:, None]).astype(np.float32)
     x[2] = 0.0
-    eye = quant.quantize(Q8_0, np.eye(k, dtype=np.float32))  # d = 1/127, codes 127 / 0
-    deq = quant.dequantize(Q8_0, eye, k, k)
+    eye, deq = q8_0(gguf, np.eye(k, dtype=np.float32))  # d = 1/127, codes 127 / 0
     out = np.empty((4, k), np.float32)
     _native.matmul_q8_0(eye, k // 32 * ROW, x, out, 1)
-    want = vec_dot_operand(x, Q8_0) * deq.diagonal()
+    want = q8_0(gguf, x)[1] * deq.diagonal()
     np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
@@ -128,9 +141,9 @@ def test_selected_for_decode_shapes_only():
     assert select(node).name != "mul_mat_q8_0_native"
 
 
-def _mm_graph(rng, m, k, shapes, stride_pad=0):
+def _mm_graph(gguf, rng, m, k, shapes, stride_pad=0):
     """One graph: q8_0 weights (m, k) times f32 activations of each shape (k, ...)."""
-    packed, _ = q8_weights(rng, m, k)
+    packed, _ = q8_weights(gguf, rng, m, k)
     row = k // 32 * ROW
     raw = np.zeros((m, row + stride_pad), np.uint8)
     raw[:, :row] = packed
@@ -150,10 +163,10 @@ def _mm_graph(rng, m, k, shapes, stride_pad=0):
 @pytest.mark.parametrize(
     ("m", "k", "pad"), [(64, 32, 0), (257, 256, 0), (1000, 1024, 0), (96, 512, 34)]
 )
-def test_differential_against_reference(reference_v8, rpcnet_v8, m, k, pad):
+def test_differential_against_reference(gguf, reference_v8, rpcnet_v8, m, k, pad):
     rng = np.random.default_rng(m + k + pad)
     shapes = [(n,) for n in range(1, 9)] + [(2, 3), (1, 2, 4)]
-    g, outs = _mm_graph(rng, m, k, shapes, pad)
+    g, outs = _mm_graph(gguf, rng, m, k, shapes, pad)
     ids = [o for o, _ in outs]
     ref, ours = g.run(reference_v8, ids), g.run(rpcnet_v8, ids)
     for (_, ne), r, o in zip(outs, ref, ours, strict=True):

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute import quant as Q
 from rpcnet.ggml_types import GgmlType as T
+from support.hyp import examples
 from support.opgraph import OpGraph, as_f32, contiguous_nb, pack_params
 
 MUL_MAT_ID, SOFT_MAX, ROPE, FLASH_ATTN_EXT = 30, 46, 48, 74
@@ -20,7 +21,7 @@ F32, F16, I32, BF16 = 0, 1, 26, 30
 NORMAL, NEOX, MROPE, VISION, IMROPE = 0, 2, 8, 24, 40
 
 HYP = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute.ops import Op
 from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
+from support.hyp import examples
 from support.opgraph import OpGraph, encode, ne4, pack_params
 
 F32, F16, I32, I64, BF16 = 0, 1, 26, 27, 30
 TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BF16: 2}
 
 SETTINGS = settings(
-    max_examples=12,
+    max_examples=examples(12),
     deadline=None,
-    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

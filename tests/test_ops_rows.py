@@ -14,13 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute import quant as Q
 from rpcnet.ggml_types import GgmlType as T
+from support import require
+from support.hyp import examples
 from support.opgraph import OpGraph, contiguous_nb
 
 DUP, CPY, CONT, GET_ROWS, SET_ROWS = 1, 34, 35, 40, 42
 F32, F16, I32, I64, BF16 = 0, 1, 26, 27, 30
 
 HYP = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -56,10 +58,12 @@ def random_blocks(type_id: int, n_rows: int, ne0: int, rng) -> bytes:
 
 
 def decode(type_id: int, raw: bytes, ne0: int) -> np.ndarray:
+    """Rows of float32 values, decoded by the independent `gguf` package (not by rpcnet)."""
     if type_id == F32:
         return np.frombuffer(raw, np.float32).reshape(-1, ne0)
-    n_rows = len(raw) // Q.row_bytes(type_id, ne0)
-    return Q.dequantize(type_id, np.frombuffer(raw, np.uint8), n_rows, ne0)
+    gguf = require.module("gguf")
+    rows = np.frombuffer(raw, np.uint8).reshape(-1, Q.row_bytes(type_id, ne0))
+    return gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(type_id)).reshape(-1, ne0)
 
 
 def assert_quant_close(type_id: int, ref: bytes, ours: bytes, ne0: int) -> None:

@@ -17,6 +17,7 @@ import pytest
 from rpcnet.compute import quant as Q
 from rpcnet.ggml_types import GgmlType as T
 from rpcnet.ggml_types import type_name
+from support import require
 
 try:
     import gguf
@@ -25,7 +26,13 @@ except ImportError:  # pragma: no cover - the test extras install gguf
     gguf = None
     gq = None
 
-needs_gguf = pytest.mark.skipif(gguf is None, reason="gguf not installed")
+
+@pytest.fixture
+def _gguf() -> None:
+    require.module("gguf")
+
+
+needs_gguf = pytest.mark.usefixtures("_gguf")
 
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 ALL_DEQUANT = [

@@ -8,12 +8,9 @@ import os
 import numpy as np
 import pytest
 from rpcnet.compute import quant
-from support import refenv
 from support.models import QUANT_MAIN_TYPE, ZOO, ensure_model
 
-pytestmark = pytest.mark.skipif(
-    not refenv.available(), reason="reference env missing: run tools/refenv.sh"
-)
+pytestmark = pytest.mark.usefixtures("refenv_required")
 
 MODELS = [
     "llama256-q8_0",

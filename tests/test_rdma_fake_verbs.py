@@ -25,6 +25,7 @@ from rpcnet.transport.rdma import (
     ResponseFramer,
     verbs,
 )
+from support import require
 from support.fakeverbs import (
     FakeFabric,
     FakeQueuePair,
@@ -327,7 +328,7 @@ def test_work_requests_and_qp_attributes_fit_the_real_pyverbs_classes():
     try:
         pv = verbs.import_pyverbs()
     except verbs.RdmaUnavailable as exc:
-        pytest.skip(str(exc))
+        require.missing(f"pyverbs: {exc}")
     e = pv.enums
     init = verbs.qp_init_attr(pv, None, None)
     assert init.qp_type == e.IBV_QPT_RC and init.max_inline_data == verbs.INLINE_REQUEST

@@ -11,9 +11,7 @@ import pytest
 from support import refenv
 from support.inproc import ServerThread
 
-pytestmark = pytest.mark.skipif(
-    not refenv.available(), reason="reference env missing: run tools/refenv.sh"
-)
+pytestmark = pytest.mark.usefixtures("refenv_required")
 
 MEM = 3 << 30
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from subprocess import Popen
 
 import pytest
-from support import refenv
+from support import refenv, require
 
 VERSIONS = list(refenv.VERSIONS)
 
@@ -21,11 +21,7 @@ VERSIONS = list(refenv.VERSIONS)
 def _require_refenv() -> None:
     if not refenv.available() and os.environ.get("RPCNET_REFENV_INSTALL") == "1":
         refenv.install()
-    if not refenv.available():
-        message = f"reference env missing in {refenv.refenv_dir()}: run tools/refenv.sh"
-        if os.environ.get("RPCNET_REQUIRE_REFENV") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require.reference_env()
 
 
 @pytest.fixture
@@ -86,7 +82,7 @@ def test_stop_process_terminates_server(reference_server) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("gguf")
+    require.module("gguf")
     from support.tinymodel import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny.gguf")
@@ -96,7 +92,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_teacher_forced_logits_over_rpc_match_local(
     version: str, tiny_model: Path, tmp_path: Path, reference_server
 ) -> None:
-    np = pytest.importorskip("numpy")
+    np = require.module("numpy")
     tokens = "1,40,41,300,77,250,12,383"
     common = ["--model", tiny_model, "--tokens", tokens, "--prefill", "5"]
     local = refenv.run_probe(
@@ -129,7 +125,7 @@ def test_teacher_forced_logits_over_rpc_match_local(
 @pytest.fixture(scope="module")
 def model_with_large_tensor(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """output.weight is 2600 x 1024 f32 = 10.6 MB: above the client's 10 MiB hash threshold."""
-    pytest.importorskip("gguf")
+    require.module("gguf")
     from support.tinymodel import write_tiny_llama
 
     path = tmp_path_factory.mktemp("model") / "large-tensor.gguf"

@@ -5,13 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from support import refenv
 from support.models import ZOO, ensure_model
 from support.soak import soak
 
-pytestmark = pytest.mark.skipif(
-    not refenv.available(), reason="reference env missing: run tools/refenv.sh"
-)
+pytestmark = pytest.mark.usefixtures("refenv_required")
 
 
 def test_short_soak(tmp_path):

@@ -21,6 +21,7 @@
 #   PYTHON                interpreter to use (default: python3 on PATH; its real binary is used)
 #   RPCNET_TRIXIE_MIRROR  Debian mirror URI (default: the host's own Debian URI from apt sources)
 #   RPCNET_REFENV_FORCE=1 redo all steps
+#   RPCNET_REQUIRE_REFENV=1  fail when an optional part (pyverbs) cannot be installed (CI)
 set -euo pipefail
 
 V8_VERSION="0.11739"
@@ -239,11 +240,15 @@ if [ ! -e "$REFENV/pyverbs-path/pyverbs" ]; then
     if ! dpkg -s python3-pyverbs >/dev/null 2>&1; then
         log "installing python3-pyverbs (Debian)"
         apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            python3-pyverbs >/dev/null || log "python3-pyverbs unavailable: RDMA object tests will skip"
+            python3-pyverbs >/dev/null || log "python3-pyverbs unavailable"
     fi
     if [ -d /usr/lib/python3/dist-packages/pyverbs ]; then
         mkdir -p "$REFENV/pyverbs-path"
         ln -sfn /usr/lib/python3/dist-packages/pyverbs "$REFENV/pyverbs-path/pyverbs"
+    elif [ "${RPCNET_REQUIRE_REFENV:-0}" = "1" ]; then
+        die "pyverbs is required (RPCNET_REQUIRE_REFENV=1) but python3-pyverbs could not be installed"
+    else
+        log "no pyverbs: the RDMA object tests will skip"
     fi
 fi
 

@@ -8,12 +8,65 @@ read-only ones included.
 
 import sys
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, TypeAlias, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
 else:
     from typing_extensions import Buffer
+
+import numpy as np
+
+# numpy declares ndarray.__buffer__ only for Python >= 3.12; arrays export the buffer protocol on
+# every version.
+_ArrayBuffer: TypeAlias = Buffer | np.ndarray
+
+__all__ = [
+    "PROTO_V8",
+    "PROTO_V7",
+    "RPC_TENSOR_SIZE",
+    "MAX_CHUNK",
+    "GGML_TYPE_COUNT",
+    "RDMA_CAPS_SIZE",
+    "RDMA_SYSFS_ROOT",
+    "NativeError",
+    "FrameError",
+    "TensorError",
+    "GraphError",
+    "RdmaError",
+    "RpcTensor",
+    "Graph",
+    "Fnv1a64",
+    "RdmaGid",
+    "RdmaPort",
+    "RdmaEnv",
+    "RdmaSelection",
+    "command_name",
+    "check_header",
+    "request_size",
+    "response_size",
+    "type_info",
+    "tensor_nbytes",
+    "nelements",
+    "check_tensor_in_buffer",
+    "check_region",
+    "check_memset",
+    "check_region_2d",
+    "chunk_plan",
+    "decode_tensor",
+    "decode_tensors",
+    "decode_graph",
+    "fnv1a64",
+    "matmul_q8_0",
+    "rdma_scan",
+    "rdma_env",
+    "rdma_resolve",
+    "rdma_target_gid",
+    "rdma_format_gid",
+    "rdma_parse_gid",
+    "rdma_encode_caps",
+    "rdma_decode_caps",
+]
 
 PROTO_V8: Final[int]  # 8
 PROTO_V7: Final[int]  # 7
@@ -83,6 +136,7 @@ def nelements(ne: tuple[int, ...] | list[int]) -> int:
 
 # --- rpc_tensor (spec §4) --------------------------------------------------------------------
 
+@final
 class RpcTensor:
     """One 296-byte rpc_tensor. Immutable, hashable, compared by value (all 296 bytes)."""
 
@@ -118,24 +172,24 @@ class RpcTensor:
     @property
     def use_count(self) -> int:
         """i32."""
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         id: int = 0,
         type: int = 0,
         buffer: int = 0,
-        ne: tuple[int, int, int, int] = (1, 1, 1, 1),
+        ne: tuple[int, int, int, int] = ...,  # (1, 1, 1, 1)
         nb: tuple[int, int, int, int] | None = None,
         op: int = 0,
-        op_params: Buffer | None = b"",
+        op_params: Buffer | None = None,
         flags: int = 0,
-        src: tuple[int, ...] | list[int] = (),
+        src: tuple[int, ...] | list[int] = ...,  # ()
         view_src: int = 0,
         view_offs: int = 0,
         data: int = 0,
         name: str = "",
         use_count: int = 0,
-    ) -> None:
+    ) -> RpcTensor:
         """Keyword-only. ne/nb/type/op are u32, flags/use_count i32.
 
         nb None => contiguous strides of the type (TensorError for an invalid type or a stride
@@ -151,7 +205,7 @@ class RpcTensor:
         """op_params slot i (0..15) as i32; IndexError outside."""
     def op_param_f32(self, i: int) -> float:
         """op_params slot i (0..15) as f32 bits; IndexError outside."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 def decode_tensor(data: Buffer, offset: int = 0) -> RpcTensor:
@@ -162,6 +216,7 @@ def decode_tensors(data: Buffer, offset: int, count: int) -> list[RpcTensor]:
 
 # --- graphs (spec §8.1, §14) -----------------------------------------------------------------
 
+@final
 class Graph:
     """A decoded GRAPH_COMPUTE payload (lists are built once; treat them as read-only)."""
 
@@ -212,7 +267,9 @@ def check_region_2d(
 
 # --- compute kernels (the GIL is released during the arithmetic) -----------------------------
 
-def matmul_q8_0(w: Buffer, row_stride: int, x: Buffer, out: Buffer, threads: int = 1) -> None:
+def matmul_q8_0(
+    w: _ArrayBuffer, row_stride: int, x: _ArrayBuffer, out: _ArrayBuffer, threads: int = 1
+) -> None:
     """out[n, m] = sum_k w[m, k] * x[n, k] for q8_0 weights against float32 activations.
 
     ``w``: M rows of K / 32 q8_0 blocks (34 bytes: f16 d, 32 x i8), row i at byte
@@ -226,6 +283,7 @@ def matmul_q8_0(w: Buffer, row_stride: int, x: Buffer, out: Buffer, threads: int
 
 def fnv1a64(data: Buffer) -> int: ...
 
+@final
 class Fnv1a64:
     def __init__(self) -> None: ...
     def update(self, data: Buffer) -> None: ...
@@ -251,12 +309,13 @@ class RdmaError(NativeError):
 
     reason: str
 
+@final
 class RdmaGid:
     """One non-empty GID table entry. kind: "RoCE v2", "RoCE v1", "IB" or "unknown"."""
 
-    def __init__(
-        self, index: int, gid: Buffer | str, kind: str = "unknown", ndev: str | None = None
-    ) -> None:
+    def __new__(
+        cls, index: int, gid: Buffer | str, kind: str = "unknown", ndev: str | None = None
+    ) -> RdmaGid:
         """gid: 16 bytes, sysfs text or IPv6 text; kind also accepts "IB/RoCE v1" (ValueError
         for anything else)."""
     @property
@@ -273,19 +332,20 @@ class RdmaGid:
     def kind(self) -> str: ...
     @property
     def ndev(self) -> str | None: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class RdmaPort:
     """One port of one RDMA device with its non-empty GIDs."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         device: str,
         port: int,
         gids: list[RdmaGid] = ...,
         state: str | None = None,
         link_layer: str | None = None,
-    ) -> None: ...
+    ) -> RdmaPort: ...
     @property
     def device(self) -> str: ...
     @property
@@ -302,6 +362,7 @@ class RdmaPort:
     @property
     def gids(self) -> list[RdmaGid]: ...
 
+@final
 class RdmaEnv:
     """The RDMA environment variables found (RPCNET_* before GGML_* names)."""
 
@@ -317,6 +378,7 @@ class RdmaEnv:
     @property
     def gid_var(self) -> str | None: ...
 
+@final
 class RdmaSelection:
     """The device, port and GID index a connection would use."""
 
