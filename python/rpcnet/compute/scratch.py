@@ -96,11 +96,26 @@ def _default(node: Tensor) -> int:
     return 2 * (logical_f32(node) + sum(logical_f32(s) for s in _srcs(node)))
 
 
+def _aliasable(t: Tensor | None, node: Tensor) -> int:
+    """An f32 operand read in place costs nothing, unless it shares the output's buffer (NumPy
+    then copies it first)."""
+    if t is None or (t.buffer is not None and t.buffer is not node.buffer):
+        return 0
+    return logical_f32(t)
+
+
 def _mul_mat(node: Tensor) -> int:
+    from rpcnet.compute.kernels.matmul import WEIGHT_CHUNK
+
     a, b = node.src[0], node.src[1]
-    # The f32 weights (a dequantized copy, or NumPy's copy when the output aliases them).
-    weights = 0 if a is None else logical_f32(a) if a.type == 0 else logical_f32(a) * 5 // 4
-    return weights + 2 * logical_f32(b) + logical_f32(node)
+    if a is None or a.type == 0:
+        weights = _aliasable(a, node)
+    else:  # a dequantized copy, at most one chunk of rows at a time (matmul.weight_chunks)
+        weights = min(logical_f32(a), WEIGHT_CHUNK) * 5 // 4
+    acts = _aliasable(b, node) if b is not None and b.type == 0 else logical_f32(b)
+    # vec_dot_operand rounds the activations (a copy) for non-f32 weights
+    rounded = logical_f32(b) if a is not None and a.type != 0 else 0
+    return weights + acts + rounded + logical_f32(node)
 
 
 def _mul_mat_id(node: Tensor) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,8 @@ from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import GGML_F32, plain_view
+
+WEIGHT_CHUNK = 256 << 20  # float32 bytes of weights converted at once (and the most cached)
 
 
 def _supported(node: Tensor) -> bool:
@@ -57,15 +60,41 @@ def batched_matmul(b: Any, a: Any, out: Any) -> None:
     np.matmul(split_batches(b, r3, r2), a6.swapaxes(-1, -2), out=split_batches(out, r3, r2))
 
 
+def weight_chunks(a_t: Tensor) -> list[tuple[int, int, Tensor]]:
+    """Row ranges (m0, m1, descriptor) small enough to convert one at a time: weights of a
+    non-f32 type larger than WEIGHT_CHUNK are never converted whole (compute/scratch.py)."""
+    k, m = a_t.ne[0], a_t.ne[1]
+    if a_t.type == GGML_F32 or a_t.nelements * 4 <= WEIGHT_CHUNK:
+        return []
+    rows = max(1, WEIGHT_CHUNK // (4 * k * a_t.ne[2] * a_t.ne[3]))
+    return [
+        (
+            m0,
+            min(m, m0 + rows),
+            dataclasses.replace(
+                a_t,
+                ne=(k, min(m, m0 + rows) - m0, a_t.ne[2], a_t.ne[3]),
+                offset=a_t.offset + m0 * a_t.nb[1],
+                src=(),
+            ),
+        )
+        for m0 in range(0, m, rows)
+    ]
+
+
 @kernel(Op.MUL_MAT, "f32|f16|bf16|quantized x f32|f16 -> f32", _supported)
 def mul_mat(node: Tensor) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     out = plain_view(node)
+    chunks = weight_chunks(a_t)
 
     def run() -> None:
-        a = convert.load_weight_f32(a_t)
         b = vec_dot_operand(convert.load_f32(b_t), a_t.type)
-        batched_matmul(b, a, out)
+        if not chunks:
+            batched_matmul(b, convert.load_weight_f32(a_t), out)
+            return
+        for m0, m1, part in chunks:  # large weights: converted a block of rows at a time
+            batched_matmul(b, convert.load_f32(part), out[..., m0:m1])
 
     return run
