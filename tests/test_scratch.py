@@ -41,15 +41,16 @@ def test_mul_mat_bound_follows_data_not_the_broadcast_of_weights():
         t.buffer = shared
     out = tensor((1024, 1, 2048, 1), (4, 4096, 4096, 8 << 20), op=Op.MUL_MAT, src=(a, b))
     out.buffer = shared
-    # One buffer for all: NumPy may copy each aliased input once (4 MiB weights, 8 MiB of
-    # logical activations), plus the output once. Never the 8 GiB of repeated weights.
-    assert scratch_bytes(out) == (4 << 20) + (8 << 20) + (8 << 20)
+    # One buffer for all: NumPy may copy the aliased f32 weights once (4 MiB); the activations
+    # are stacked (8 MiB logical, twice at most) and the output computed aside once (8 MiB).
+    # Never the 8 GiB of repeated weights.
+    assert scratch_bytes(out) == (4 << 20) + 2 * (8 << 20) + (8 << 20)
     overlapping = tensor((1024, 1, 2048, 1), (4, 4096, 0, 0), op=Op.MUL_MAT, src=(a, b))
     overlapping.buffer = shared
     assert scratch_bytes(overlapping) == scratch_bytes(out) + (8 << 20)
     # f32 weights in their own buffer are read in place.
     a.buffer = weights_buf
-    assert scratch_bytes(out) == (8 << 20) + (8 << 20)
+    assert scratch_bytes(out) == 2 * (8 << 20) + (8 << 20)
 
 
 def test_mul_mat_bound_of_large_quantized_weights_is_one_chunk():
@@ -59,8 +60,8 @@ def test_mul_mat_bound_of_large_quantized_weights_is_one_chunk():
     out = tensor((m, 8, 1, 1), (4, 4 * m, 32 * m, 32 * m), op=Op.MUL_MAT, src=(a, b))
     a.buffer, b.buffer, out.buffer = object(), object(), object()
     chunk = (256 << 20) * 5 // 4
-    # one chunk of converted rows, the activations rounded once, the output
-    assert scratch_bytes(out) == chunk + 8 * k * 4 + 8 * m * 4
+    # one chunk of converted rows, the activations (rounded), the output
+    assert scratch_bytes(out) == chunk + 2 * (8 * k * 4) + 8 * m * 4
 
 
 def test_budget_reserves_the_largest_live_need_and_releases_on_drop():
@@ -136,3 +137,34 @@ async def test_large_quantized_weights_are_converted_in_row_chunks(server, monke
     want = vec_dot_operand(x, Q8_0).astype(np.float64) @ deq.T.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert server.call(lambda: server.server.devices[0].derived.held) == 0  # never cached
+
+
+@pytest.mark.parametrize("w_type", [F32, 1, Q8_0])  # f32, f16, q8_0
+@pytest.mark.parametrize("zero_stride", [False, True])
+def test_mul_mat_weight_broadcast_matches_the_reference(
+    reference_v8, rpcnet_v8, w_type, zero_stride
+):
+    """Weights (ne2 = 2, ne3 = 1) broadcast over a 6 x 3 batch (r2 = 3, r3 = 3), the activations
+    real or one row repeated by zero strides: the same bytes to the REAL rpc-server and rpcnet."""
+    import numpy as np
+    from rpcnet.compute import quant
+    from support.opgraph import OpGraph, as_f32
+
+    rng = np.random.default_rng(4)
+    k, m, n = 64, 24, 5
+    w = rng.standard_normal((1, 2, m, k), dtype=np.float32)
+    raw = {F32: w.tobytes(), 1: w.astype(np.float16).tobytes()}.get(w_type)
+    if raw is None:
+        raw = quant.quantize(w_type, w.reshape(-1, k)).tobytes()
+    g = OpGraph()
+    a = g.input(w_type, (k, m, 2, 1), raw)
+    if zero_stride:
+        row = g.input(F32, (k,), rng.standard_normal(k, dtype=np.float32))
+        b = g.view(row, (k, n, 6, 3), (4, 0, 0, 0))
+    else:
+        b = g.input(F32, (k, n, 6, 3), rng.standard_normal((3, 6, n, k), dtype=np.float32))
+    out = g.op(Op.MUL_MAT, F32, (m, n, 6, 3), (a, b))
+    (ref,) = g.run(reference_v8, [out])
+    (ours,) = g.run(rpcnet_v8, [out])
+    want = as_f32(ref, (m, n, 6, 3))
+    np.testing.assert_allclose(as_f32(ours, (m, n, 6, 3)), want, rtol=1e-5, atol=1e-5)

@@ -107,7 +107,8 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
         kernel = registry.select(node, device)
-        if budget is not None and (bound := scratch.scratch_bytes(node)) > need:
+        bound = 0 if budget is None else scratch.scratch_bytes(node, kernel.name, budget.limit)
+        if bound > need:
             # Checked before build: builders may already allocate index arrays per shape.
             budget.check(bound, registry.describe_node(node))
             need, needy = bound, node

@@ -104,18 +104,18 @@ def _aliasable(t: Tensor | None, node: Tensor) -> int:
     return logical_f32(t)
 
 
-def _mul_mat(node: Tensor) -> int:
-    from rpcnet.compute.kernels.matmul import WEIGHT_CHUNK
+def _mul_mat(node: Tensor, limit: int | None) -> int:
+    from rpcnet.compute.kernels.matmul import weight_chunk_bytes
 
     a, b = node.src[0], node.src[1]
     if a is None or a.type == 0:
         weights = _aliasable(a, node)
     else:  # a dequantized copy, at most one chunk of rows at a time (matmul.weight_chunks)
-        weights = min(logical_f32(a), WEIGHT_CHUNK) * 5 // 4
-    acts = _aliasable(b, node) if b is not None and b.type == 0 else logical_f32(b)
-    # vec_dot_operand rounds the activations (a copy) for non-f32 weights
-    rounded = logical_f32(b) if a is not None and a.type != 0 else 0
-    return weights + acts + rounded + logical_f32(node)
+        weights = min(logical_f32(a), weight_chunk_bytes(limit)) * 5 // 4
+    # Activations: converted or rounded (vec_dot_operand) and stacked per weight matrix when
+    # the weights broadcast (matmul.batched_matmul): two copies at most.
+    acts = 2 * logical_f32(b)
+    return weights + acts + logical_f32(node)
 
 
 def _mul_mat_id(node: Tensor) -> int:
@@ -169,7 +169,6 @@ def _copy(node: Tensor) -> int:
 
 
 _BY_OP: dict[int, Callable[[Tensor], int]] = {
-    Op.MUL_MAT: _mul_mat,
     Op.MUL_MAT_ID: _mul_mat_id,
     Op.FLASH_ATTN_EXT: _flash_attn,
     Op.SOFT_MAX: _soft_max,
@@ -179,12 +178,26 @@ _BY_OP: dict[int, Callable[[Tensor], int]] = {
     Op.DUP: _copy,
     Op.CONT: _copy,
 }
+# Kernels (by builder name) whose temporaries differ from their op's generic CPU kernel.
+_BY_KERNEL: dict[str, Callable[[Tensor], int]] = {}
 
 
-def scratch_bytes(node: Tensor) -> int:
-    """Upper bound of the temporaries the node's CPU kernel allocates in one run."""
-    estimate = _BY_OP.get(node.op, _default)
-    return estimate(node) + _overlap_charge(node)
+def register(kernel_name: str, bound: Callable[[Tensor], int]) -> None:
+    """Declare a kernel's own scratch bound (e.g. a native kernel that converts nothing)."""
+    _BY_KERNEL[kernel_name] = bound
+
+
+def scratch_bytes(node: Tensor, kernel: str | None = None, limit: int | None = None) -> int:
+    """Upper bound of the temporaries the node's CPU kernel (builder name `kernel`) allocates in
+    one run; `limit` is the device's --max-scratch, which sizes MUL_MAT's weight chunks."""
+    own = _BY_KERNEL.get(kernel) if kernel is not None else None
+    if own is not None:
+        bound = own(node)
+    elif node.op == Op.MUL_MAT:
+        bound = _mul_mat(node, limit)
+    else:
+        bound = _BY_OP.get(node.op, _default)(node)
+    return bound + _overlap_charge(node)
 
 
 class ScratchLease:

@@ -18,6 +18,12 @@ from rpcnet.compute.views import GGML_F32, plain_view
 WEIGHT_CHUNK = 256 << 20  # float32 bytes of weights converted at once (and the most cached)
 
 
+def weight_chunk_bytes(max_scratch: int | None) -> int:
+    """Weights larger than this (as f32) are converted a block of rows at a time: at most a
+    quarter of the device's --max-scratch, and never more than WEIGHT_CHUNK."""
+    return WEIGHT_CHUNK if max_scratch is None else min(WEIGHT_CHUNK, max_scratch // 4)
+
+
 def _supported(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     if a is None or b is None or node.type != GGML_F32:
@@ -49,24 +55,30 @@ def split_batches(x: Any, r3: int, r2: int) -> Any:
 def batched_matmul(b: Any, a: Any, out: Any) -> None:
     """out[i3, i2] = b[i3, i2] · a[i3 / r3, i2 / r2]ᵀ (ggml's weight broadcast: repeat, not tile).
 
-    The weights are broadcast through a zero-stride axis, never repeated in memory, so a batch
-    of any logical size costs no more than its output.
+    The weights are never repeated in memory: the r3·r2 activation batches that share one weight
+    matrix are stacked into the rows of a single product with it, so a broadcast batch costs a
+    copy of the activations and of the output (both charged in compute/scratch.py), not of the
+    weights, and runs as one large GEMM per weight matrix.
     """
     r3, r2 = out.shape[0] // a.shape[0], out.shape[1] // a.shape[1]
     if r3 == 1 and r2 == 1:
         np.matmul(b, a.swapaxes(-1, -2), out=out)
         return
-    a6 = a[:, None, :, None]  # (a3, 1, a2, 1, M, K)
-    np.matmul(split_batches(b, r3, r2), a6.swapaxes(-1, -2), out=split_batches(out, r3, r2))
+    a3, a2, m, k = a.shape
+    n = b.shape[-2]
+    shared = split_batches(b, r3, r2).transpose(0, 2, 1, 3, 4, 5)  # (a3, a2, r3, r2, N, K)
+    rows = shared.reshape(a3, a2, r3 * r2 * n, k)
+    res = np.matmul(rows, a.swapaxes(-1, -2)).reshape(a3, a2, r3, r2, n, m)
+    split_batches(out, r3, r2)[...] = res.transpose(0, 2, 1, 3, 4, 5)
 
 
-def weight_chunks(a_t: Tensor) -> list[tuple[int, int, Tensor]]:
+def weight_chunks(a_t: Tensor, chunk: int) -> list[tuple[int, int, Tensor]]:
     """Row ranges (m0, m1, descriptor) small enough to convert one at a time: weights of a
-    non-f32 type larger than WEIGHT_CHUNK are never converted whole (compute/scratch.py)."""
+    non-f32 type larger than `chunk` bytes as f32 are never converted whole (scratch.py)."""
     k, m = a_t.ne[0], a_t.ne[1]
-    if a_t.type == GGML_F32 or a_t.nelements * 4 <= WEIGHT_CHUNK:
+    if a_t.type == GGML_F32 or a_t.nelements * 4 <= chunk:
         return []
-    rows = max(1, WEIGHT_CHUNK // (4 * k * a_t.ne[2] * a_t.ne[3]))
+    rows = max(1, chunk // (4 * k * a_t.ne[2] * a_t.ne[3]))
     return [
         (
             m0,
@@ -87,7 +99,9 @@ def mul_mat(node: Tensor) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     out = plain_view(node)
-    chunks = weight_chunks(a_t)
+    device = getattr(node.buffer, "device", None)
+    budget = getattr(device, "scratch", None)
+    chunks = weight_chunks(a_t, weight_chunk_bytes(getattr(budget, "limit", None)))
 
     def run() -> None:
         b = vec_dot_operand(convert.load_f32(b_t), a_t.type)
