@@ -78,6 +78,11 @@ class Plan:
     scratch: Any = None  # rpcnet.compute.scratch.ScratchLease, released when the plan is dropped
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
 
+    def release(self) -> None:
+        """Return the plan's scratch reservation and footprint to the device now."""
+        if self.scratch is not None:
+            self.scratch.release()
+
     def run(self) -> None:
         for buf in self.written:
             buf.touched()  # derived caches of these buffers are stale from here on

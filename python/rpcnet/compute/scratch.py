@@ -215,6 +215,12 @@ class ScratchLease:
             owner, self._budget._give_back, self.need, self.footprint
         )
 
+    def release(self) -> None:
+        """Give the memory back now (idempotent); otherwise it goes when the owner is dropped.
+        Explicit release matters where an exception's traceback may keep the plan alive."""
+        if self._finalizer is not None:
+            self._finalizer()
+
 
 class ScratchBudget:
     """Per-device bound on compute scratch, reserved from the device's memory pool."""
