@@ -19,6 +19,7 @@ run concurrently), and it shrinks again when plans are dropped.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections import Counter
@@ -50,20 +51,28 @@ def logical_f32(t: Tensor | None) -> int:
     return t.nelements * F32
 
 
+@functools.cache
+def _block(type_id: int) -> tuple[int, int] | None:
+    """(elements, bytes) per block, or None for an invalid type."""
+    try:
+        _, block, size, _ = _native.type_info(type_id)
+    except _native.NativeError:
+        return None
+    return max(block, 1), size
+
+
 def overlaps_itself(t: Tensor) -> bool:
     """True when the layout maps several logical elements onto the same bytes."""
-    if t.nelements == 0:
+    ne0, ne1, ne2, ne3 = t.ne
+    if ne0 == 0 or ne1 == 0 or ne2 == 0 or ne3 == 0:
         return False
-    try:
-        _, block, size, _ = _native.type_info(t.type)
-        span = _native.tensor_nbytes(t.type, t.ne, t.nb)
-    except _native.NativeError:
+    traits = _block(t.type)
+    if traits is None:
         return True
-    dense = t.nelements // max(block, 1) * size
-    if span < dense:
-        return True
-    # Dims sorted by stride: each must step past everything the smaller dims cover.
-    counts = (t.ne[0] // max(block, 1), *t.ne[1:])  # dim 0 steps over blocks
+    block, size = traits
+    # Dims sorted by stride: each must step past everything the smaller dims cover
+    # (dim 0 steps over blocks).
+    counts = (ne0 // block, ne1, ne2, ne3)
     dims = sorted((nb, ne) for ne, nb in zip(counts, t.nb, strict=True) if ne > 1)
     covered = size
     for nb, ne in dims:
