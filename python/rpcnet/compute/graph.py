@@ -78,6 +78,11 @@ class Plan:
     scratch: Any = None  # rpcnet.compute.scratch.ScratchLease, released when the plan is dropped
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
 
+    def release(self) -> None:
+        """Return the plan's scratch reservation and footprint to the device now."""
+        if self.scratch is not None:
+            self.scratch.release()
+
     def run(self) -> None:
         for buf in self.written:
             buf.touched()  # derived caches of these buffers are stale from here on
@@ -107,7 +112,8 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
         kernel = registry.select(node, device)
-        if budget is not None and (bound := scratch.scratch_bytes(node)) > need:
+        bound = 0 if budget is None else scratch.scratch_bytes(node, kernel.name, budget.limit)
+        if bound > need:
             # Checked before build: builders may already allocate index arrays per shape.
             budget.check(bound, registry.describe_node(node))
             need, needy = bound, node

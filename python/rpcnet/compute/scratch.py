@@ -19,6 +19,7 @@ run concurrently), and it shrinks again when plans are dropped.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections import Counter
@@ -50,20 +51,28 @@ def logical_f32(t: Tensor | None) -> int:
     return t.nelements * F32
 
 
+@functools.cache
+def _block(type_id: int) -> tuple[int, int] | None:
+    """(elements, bytes) per block, or None for an invalid type."""
+    try:
+        _, block, size, _ = _native.type_info(type_id)
+    except _native.NativeError:
+        return None
+    return max(block, 1), size
+
+
 def overlaps_itself(t: Tensor) -> bool:
     """True when the layout maps several logical elements onto the same bytes."""
-    if t.nelements == 0:
+    ne0, ne1, ne2, ne3 = t.ne
+    if ne0 == 0 or ne1 == 0 or ne2 == 0 or ne3 == 0:
         return False
-    try:
-        _, block, size, _ = _native.type_info(t.type)
-        span = _native.tensor_nbytes(t.type, t.ne, t.nb)
-    except _native.NativeError:
+    traits = _block(t.type)
+    if traits is None:
         return True
-    dense = t.nelements // max(block, 1) * size
-    if span < dense:
-        return True
-    # Dims sorted by stride: each must step past everything the smaller dims cover.
-    counts = (t.ne[0] // max(block, 1), *t.ne[1:])  # dim 0 steps over blocks
+    block, size = traits
+    # Dims sorted by stride: each must step past everything the smaller dims cover
+    # (dim 0 steps over blocks).
+    counts = (ne0 // block, ne1, ne2, ne3)
     dims = sorted((nb, ne) for ne, nb in zip(counts, t.nb, strict=True) if ne > 1)
     covered = size
     for nb, ne in dims:
@@ -96,11 +105,26 @@ def _default(node: Tensor) -> int:
     return 2 * (logical_f32(node) + sum(logical_f32(s) for s in _srcs(node)))
 
 
-def _mul_mat(node: Tensor) -> int:
+def _aliasable(t: Tensor | None, node: Tensor) -> int:
+    """An f32 operand read in place costs nothing, unless it shares the output's buffer (NumPy
+    then copies it first)."""
+    if t is None or (t.buffer is not None and t.buffer is not node.buffer):
+        return 0
+    return logical_f32(t)
+
+
+def _mul_mat(node: Tensor, limit: int | None) -> int:
+    from rpcnet.compute.kernels.matmul import weight_chunk_bytes
+
     a, b = node.src[0], node.src[1]
-    # The f32 weights (a dequantized copy, or NumPy's copy when the output aliases them).
-    weights = 0 if a is None else logical_f32(a) if a.type == 0 else logical_f32(a) * 5 // 4
-    return weights + 2 * logical_f32(b) + logical_f32(node)
+    if a is None or a.type == 0:
+        weights = _aliasable(a, node)
+    else:  # a dequantized copy, at most one chunk of rows at a time (matmul.weight_chunks)
+        weights = min(logical_f32(a), weight_chunk_bytes(limit)) * 5 // 4
+    # Activations: converted or rounded (vec_dot_operand) and stacked per weight matrix when
+    # the weights broadcast (matmul.batched_matmul): two copies at most.
+    acts = 2 * logical_f32(b)
+    return weights + acts + logical_f32(node)
 
 
 def _mul_mat_id(node: Tensor) -> int:
@@ -154,7 +178,6 @@ def _copy(node: Tensor) -> int:
 
 
 _BY_OP: dict[int, Callable[[Tensor], int]] = {
-    Op.MUL_MAT: _mul_mat,
     Op.MUL_MAT_ID: _mul_mat_id,
     Op.FLASH_ATTN_EXT: _flash_attn,
     Op.SOFT_MAX: _soft_max,
@@ -164,12 +187,26 @@ _BY_OP: dict[int, Callable[[Tensor], int]] = {
     Op.DUP: _copy,
     Op.CONT: _copy,
 }
+# Kernels (by builder name) whose temporaries differ from their op's generic CPU kernel.
+_BY_KERNEL: dict[str, Callable[[Tensor], int]] = {}
 
 
-def scratch_bytes(node: Tensor) -> int:
-    """Upper bound of the temporaries the node's CPU kernel allocates in one run."""
-    estimate = _BY_OP.get(node.op, _default)
-    return estimate(node) + _overlap_charge(node)
+def register(kernel_name: str, bound: Callable[[Tensor], int]) -> None:
+    """Declare a kernel's own scratch bound (e.g. a native kernel that converts nothing)."""
+    _BY_KERNEL[kernel_name] = bound
+
+
+def scratch_bytes(node: Tensor, kernel: str | None = None, limit: int | None = None) -> int:
+    """Upper bound of the temporaries the node's CPU kernel (builder name `kernel`) allocates in
+    one run; `limit` is the device's --max-scratch, which sizes MUL_MAT's weight chunks."""
+    own = _BY_KERNEL.get(kernel) if kernel is not None else None
+    if own is not None:
+        bound = own(node)
+    elif node.op == Op.MUL_MAT:
+        bound = _mul_mat(node, limit)
+    else:
+        bound = _BY_OP.get(node.op, _default)(node)
+    return bound + _overlap_charge(node)
 
 
 class ScratchLease:
@@ -186,6 +223,12 @@ class ScratchLease:
         self._finalizer = weakref.finalize(
             owner, self._budget._give_back, self.need, self.footprint
         )
+
+    def release(self) -> None:
+        """Give the memory back now (idempotent); otherwise it goes when the owner is dropped.
+        Explicit release matters where an exception's traceback may keep the plan alive."""
+        if self._finalizer is not None:
+            self._finalizer()
 
 
 class ScratchBudget:

@@ -368,7 +368,11 @@ class Session:
             if len(cache) >= GRAPH_CACHE_MAX:
                 cache.clear()
             cache[graph.uid] = plan
-        self._check_quota(0, f"graph cache (this graph: {plan.footprint} bytes)")
+        try:
+            self._check_quota(0, f"graph cache (this graph: {plan.footprint} bytes)")
+        except ProtocolViolation:
+            plan.release()  # the traceback may keep the plan alive past this connection
+            raise
         self._launch(device, plan)
 
     def graph_recompute(self, payload: bytes) -> None:
@@ -463,7 +467,12 @@ class Session:
     def close(self) -> int:
         """Free everything this connection held; returns the bytes released."""
         for cache in self._graphs:
+            for plan in cache.values():
+                plan.release()
             cache.clear()
+        for plan in self._last_graph:
+            if plan is not None:
+                plan.release()
         self._last_graph = [None for _ in self.devices]
         for device in self._linked | set(self._comm_held):  # also without COMM_FREE
             self._drop_link(device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,14 @@ from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
+
+WEIGHT_CHUNK = 256 << 20  # float32 bytes of weights converted at once (and the most cached)
+
+
+def weight_chunk_bytes(max_scratch: int | None) -> int:
+    """Weights larger than this (as f32) are converted a block of rows at a time: at most a
+    quarter of the device's --max-scratch, and never more than WEIGHT_CHUNK."""
+    return WEIGHT_CHUNK if max_scratch is None else min(WEIGHT_CHUNK, max_scratch // 4)
 
 
 def _supported(node: Tensor) -> bool:
@@ -47,15 +56,43 @@ def split_batches(x: Any, r3: int, r2: int) -> Any:
 def batched_matmul(b: Any, a: Any, out: Any) -> None:
     """out[i3, i2] = b[i3, i2] · a[i3 / r3, i2 / r2]ᵀ (ggml's weight broadcast: repeat, not tile).
 
-    The weights are broadcast through a zero-stride axis, never repeated in memory, so a batch
-    of any logical size costs no more than its output.
+    The weights are never repeated in memory: the r3·r2 activation batches that share one weight
+    matrix are stacked into the rows of a single product with it, so a broadcast batch costs a
+    copy of the activations and of the output (both charged in compute/scratch.py), not of the
+    weights, and runs as one large GEMM per weight matrix.
     """
     r3, r2 = out.shape[0] // a.shape[0], out.shape[1] // a.shape[1]
     if r3 == 1 and r2 == 1:
         np.matmul(b, a.swapaxes(-1, -2), out=out)
         return
-    a6 = a[:, None, :, None]  # (a3, 1, a2, 1, M, K)
-    np.matmul(split_batches(b, r3, r2), a6.swapaxes(-1, -2), out=split_batches(out, r3, r2))
+    a3, a2, m, k = a.shape
+    n = b.shape[-2]
+    shared = split_batches(b, r3, r2).transpose(0, 2, 1, 3, 4, 5)  # (a3, a2, r3, r2, N, K)
+    rows = shared.reshape(a3, a2, r3 * r2 * n, k)
+    res = np.matmul(rows, a.swapaxes(-1, -2)).reshape(a3, a2, r3, r2, n, m)
+    split_batches(out, r3, r2)[...] = res.transpose(0, 2, 1, 3, 4, 5)
+
+
+def weight_chunks(a_t: Tensor, chunk: int) -> list[tuple[int, int, Tensor]]:
+    """Row ranges (m0, m1, descriptor) small enough to convert one at a time: weights of a
+    non-f32 type larger than `chunk` bytes as f32 are never converted whole (scratch.py)."""
+    k, m = a_t.ne[0], a_t.ne[1]
+    if a_t.type == GGML_F32 or a_t.nelements * 4 <= chunk:
+        return []
+    rows = max(1, chunk // (4 * k * a_t.ne[2] * a_t.ne[3]))
+    return [
+        (
+            m0,
+            min(m, m0 + rows),
+            dataclasses.replace(
+                a_t,
+                ne=(k, min(m, m0 + rows) - m0, a_t.ne[2], a_t.ne[3]),
+                offset=a_t.offset + m0 * a_t.nb[1],
+                src=(),
+            ),
+        )
+        for m0 in range(0, m, rows)
+    ]
 
 
 @kernel(Op.MUL_MAT, "f32|f16|bf16|quantized x f32|f16 -> f32", _supported)
@@ -63,10 +100,16 @@ def mul_mat(node: Tensor) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     out = plain_view(node)
+    device = getattr(node.buffer, "device", None)
+    budget = getattr(device, "scratch", None)
+    chunks = weight_chunks(a_t, weight_chunk_bytes(getattr(budget, "limit", None)))
 
     def run() -> None:
-        a = convert.load_weight_f32(a_t)
         b = vec_dot_operand(convert.load_f32(b_t), a_t.type)
-        batched_matmul(b, a, out)
+        if not chunks:
+            batched_matmul(b, convert.load_weight_f32(a_t), out)
+            return
+        for m0, m1, part in chunks:  # large weights: converted a block of rows at a time
+            batched_matmul(b, convert.load_f32(part), out[..., m0:m1])
 
     return run

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from rpcnet import _native
+from rpcnet.compute import scratch
 from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -69,3 +70,10 @@ def mul_mat_q8_0_native(node: Tensor) -> Step:
             out[...] = res.reshape(out.shape)
 
     return run
+
+
+# Reads the q8_0 rows in place: only the activation rows (<= 8) and the output are temporaries.
+scratch.register(
+    mul_mat_q8_0_native.__name__,
+    lambda node: 2 * scratch.logical_f32(node.src[1]) + 2 * scratch.logical_f32(node),
+)
