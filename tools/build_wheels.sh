@@ -3,6 +3,7 @@
 #
 #   tools/build_wheels.sh [OUT_DIR]            (default: dist/)
 #   VERSIONS="3.12" CROSS=1 tools/build_wheels.sh
+#   PYTHON=/path/to/python   the interpreter whose `ziglang` package provides zig (if not on PATH)
 #
 # Needs Rust, maturin and zig on the build host only (zig: `pip install ziglang` is enough; it
 # links against glibc 2.28 symbols, so the wheel really is manylinux_2_28 whatever the host's
@@ -21,7 +22,7 @@ ZIG_ARGS=()
 if [ "$COMPAT" != linux ]; then
     if ! command -v zig >/dev/null 2>&1; then
         # The ziglang wheel ships the zig binary; maturin wants `zig` on PATH.
-        zig_bin=$(python3 -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))' 2>/dev/null || true)
+        zig_bin=$("${PYTHON:-python3}" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))' 2>/dev/null || true)
         if [ -z "$zig_bin" ] || [ ! -x "$zig_bin" ]; then
             echo "build_wheels: zig not found (pip install ziglang), needed for $COMPAT" >&2
             exit 1
