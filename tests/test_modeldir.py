@@ -281,3 +281,26 @@ def test_server_answers_while_indexing(tmp_path, model_dir, monkeypatch):
     finally:
         release.set()
         srv.stop()
+
+
+def test_missing_model_dir_is_a_usage_error(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rpcnet.cli",
+            "serve",
+            "--port",
+            "0",
+            "--model-dir",
+            str(tmp_path / "absent"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert "not a directory" in res.stderr
