@@ -283,3 +283,79 @@ def test_verbosity_flags_change_the_level(flags, debug, trace):
     assert "closed after" in log  # INFO at every level
     assert (" DEBUG " in log) == debug
     assert (" TRACE " in log) == trace
+
+
+def test_comm_metrics_count_allreduces():
+    """Two connections of one server paired as rank 0 and rank 1: each COMM_ALLREDUCE of 16 f32
+    (raw f32 on the wire below 32768 elements) shows in the comm and command counters."""
+    import struct
+
+    import numpy as np
+    from rpcnet.protocol.commands import Cmd
+
+    srv = ServerThread(proto=8, mem=1 << 30, metrics=("127.0.0.1", 0)).start()
+    try:
+        mport = srv.call(lambda: srv.server.metrics.port)
+        comm_port = refenv.free_port()
+
+        async def go() -> None:
+            c0 = await RpcClient.connect("127.0.0.1", srv.port)
+            c1 = await RpcClient.connect("127.0.0.1", srv.port)
+            async with c0, c1:
+                ok = await asyncio.gather(
+                    c0.comm_init(0, 0, 2, comm_port), c1.comm_init(0, 1, 2, comm_port, "127.0.0.1")
+                )
+                assert all(ok)
+                tensors = []
+                for c, fill in ((c0, 1.0), (c1, 2.0)):
+                    handle, _ = await c.alloc_buffer(64)
+                    base = await c.buffer_base(handle)
+                    t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=(16, 1, 1, 1))
+                    await c.set_tensor(t, 0, np.full(16, fill, np.float32).tobytes())
+                    tensors.append(t)
+                await c0.post(Cmd.COMM_ALLREDUCE, struct.pack("<I", 0) + tensors[0].to_bytes())
+                await c1.post(Cmd.COMM_ALLREDUCE, struct.pack("<I", 0) + tensors[1].to_bytes())
+                got = np.frombuffer(await c0.get_tensor(tensors[0], 0, 64), np.float32)
+                assert (got == 3.0).all()
+                await c1.device_count()
+
+        asyncio.run(go())
+        m = scrape(mport)
+        assert m[("rpcnet_comm_allreduces_total", ())] == 2
+        assert m[("rpcnet_comm_bytes_total", (("direction", "sent"),))] == 2 * 64
+        assert m[("rpcnet_comm_bytes_total", (("direction", "received"),))] == 2 * 64
+        assert m[("rpcnet_commands_total", (("command", "COMM_ALLREDUCE"),))] == 2
+    finally:
+        srv.stop()
+
+
+def test_hash_cache_metrics(tmp_path):
+    """Two 1 MiB uploads with the cache flag into a 1.5 MiB cache: both written, the older one
+    evicted; then a hash lookup of each: the evicted one misses, the other hits."""
+    mib = 1 << 20
+    srv = ServerThread(
+        proto=8, mem=1 << 30, metrics=("127.0.0.1", 0), cache_dir=tmp_path, cache_max=mib * 3 // 2
+    ).start()
+    try:
+        mport = srv.call(lambda: srv.server.metrics.port)
+        blobs = [bytes([i + 1]) * mib for i in range(2)]
+
+        async def go() -> list[bool]:
+            async with await RpcClient.connect("127.0.0.1", srv.port) as c:
+                handle, _ = await c.alloc_buffer(mib)
+                base = await c.buffer_base(handle)
+                ne = (mib // 4, 1, 1, 1)
+                t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=ne)
+                for blob in blobs:
+                    await c.set_tensor(t, 0, blob, cache=True)
+                    await c.device_count()  # the store has finished
+                return [await c.set_tensor_hash(t, 0, _native.fnv1a64(b)) for b in blobs]
+
+        assert asyncio.run(go()) == [False, True]
+        m = scrape(mport)
+        assert m[("rpcnet_hash_cache_written_bytes_total", ())] == 2 * mib
+        assert m[("rpcnet_hash_cache_evictions_total", ())] == 1
+        assert m[("rpcnet_hash_cache_hits_total", ())] == 1
+        assert m[("rpcnet_hash_cache_misses_total", ())] == 1
+    finally:
+        srv.stop()
