@@ -21,6 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rpcnet import _native
 from rpcnet.client import RpcClient
+from rpcnet.protocol import messages as msg
+from rpcnet.protocol.commands import Cmd
 from rpcnet.server import stats as stats_module
 from support import refenv
 from support.countproxy import CountingProxy
@@ -175,7 +177,7 @@ def test_status_lists_a_connected_client_mid_command():
     try:
         mport = srv.call(lambda: srv.server.metrics.port)
 
-        async def session() -> tuple[dict, str]:
+        async def session() -> tuple[dict, str, dict]:
             async with await RpcClient.connect("127.0.0.1", srv.port) as client:
                 handle, size = await client.alloc_buffer(3 << 20)
                 assert handle
@@ -187,13 +189,25 @@ def test_status_lists_a_connected_client_mid_command():
                     text=True,
                     timeout=30,
                 )
-                return doc, table.stdout
+                # A SET_TENSOR whose payload is half sent: the server is inside that command.
+                base = await client.buffer_base(handle)
+                t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=(1 << 18, 1, 1, 1))
+                frame = msg.request(Cmd.SET_TENSOR, msg.set_tensor_payload(t, 0, bytes(1 << 20)))
+                client.writer.write(frame[: len(frame) // 2])
+                await client.writer.drain()
+                await asyncio.sleep(0.3)
+                busy = await asyncio.to_thread(status, mport)
+                client.writer.write(frame[len(frame) // 2 :])
+                assert await client.device_count() == 1
+                return doc, table.stdout, busy
 
-        doc, table = asyncio.run(session())
+        doc, table, busy = asyncio.run(session())
         (client,) = doc["clients"]
         assert client["buffers"] == 1 and client["bytes_held"] == 3 << 20
         assert client["command"] is None  # idle between commands
         assert client["peer"] in table and "3.0 MiB" in table
+        (client,) = busy["clients"]
+        assert client["command"] == "SET_TENSOR" and client["command_s"] >= 0.25
         deadline = time.monotonic() + 10
         while status(mport)["clients"] and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -291,7 +305,6 @@ def test_comm_metrics_count_allreduces():
     import struct
 
     import numpy as np
-    from rpcnet.protocol.commands import Cmd
 
     srv = ServerThread(proto=8, mem=1 << 30, metrics=("127.0.0.1", 0)).start()
     try:
