@@ -21,6 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rpcnet import _native
 from rpcnet.client import RpcClient
+from rpcnet.protocol import messages as msg
+from rpcnet.protocol.commands import Cmd
 from rpcnet.server import stats as stats_module
 from support import refenv
 from support.countproxy import CountingProxy
@@ -175,7 +177,7 @@ def test_status_lists_a_connected_client_mid_command():
     try:
         mport = srv.call(lambda: srv.server.metrics.port)
 
-        async def session() -> tuple[dict, str]:
+        async def session() -> tuple[dict, str, dict]:
             async with await RpcClient.connect("127.0.0.1", srv.port) as client:
                 handle, size = await client.alloc_buffer(3 << 20)
                 assert handle
@@ -187,13 +189,25 @@ def test_status_lists_a_connected_client_mid_command():
                     text=True,
                     timeout=30,
                 )
-                return doc, table.stdout
+                # A SET_TENSOR whose payload is half sent: the server is inside that command.
+                base = await client.buffer_base(handle)
+                t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=(1 << 18, 1, 1, 1))
+                frame = msg.request(Cmd.SET_TENSOR, msg.set_tensor_payload(t, 0, bytes(1 << 20)))
+                client.writer.write(frame[: len(frame) // 2])
+                await client.writer.drain()
+                await asyncio.sleep(0.3)
+                busy = await asyncio.to_thread(status, mport)
+                client.writer.write(frame[len(frame) // 2 :])
+                assert await client.device_count() == 1
+                return doc, table.stdout, busy
 
-        doc, table = asyncio.run(session())
+        doc, table, busy = asyncio.run(session())
         (client,) = doc["clients"]
         assert client["buffers"] == 1 and client["bytes_held"] == 3 << 20
         assert client["command"] is None  # idle between commands
         assert client["peer"] in table and "3.0 MiB" in table
+        (client,) = busy["clients"]
+        assert client["command"] == "SET_TENSOR" and client["command_s"] >= 0.25
         deadline = time.monotonic() + 10
         while status(mport)["clients"] and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -283,3 +297,78 @@ def test_verbosity_flags_change_the_level(flags, debug, trace):
     assert "closed after" in log  # INFO at every level
     assert (" DEBUG " in log) == debug
     assert (" TRACE " in log) == trace
+
+
+def test_comm_metrics_count_allreduces():
+    """Two connections of one server paired as rank 0 and rank 1: each COMM_ALLREDUCE of 16 f32
+    (raw f32 on the wire below 32768 elements) shows in the comm and command counters."""
+    import struct
+
+    import numpy as np
+
+    srv = ServerThread(proto=8, mem=1 << 30, metrics=("127.0.0.1", 0)).start()
+    try:
+        mport = srv.call(lambda: srv.server.metrics.port)
+        comm_port = refenv.free_port()
+
+        async def go() -> None:
+            c0 = await RpcClient.connect("127.0.0.1", srv.port)
+            c1 = await RpcClient.connect("127.0.0.1", srv.port)
+            async with c0, c1:
+                ok = await asyncio.gather(
+                    c0.comm_init(0, 0, 2, comm_port), c1.comm_init(0, 1, 2, comm_port, "127.0.0.1")
+                )
+                assert all(ok)
+                tensors = []
+                for c, fill in ((c0, 1.0), (c1, 2.0)):
+                    handle, _ = await c.alloc_buffer(64)
+                    base = await c.buffer_base(handle)
+                    t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=(16, 1, 1, 1))
+                    await c.set_tensor(t, 0, np.full(16, fill, np.float32).tobytes())
+                    tensors.append(t)
+                await c0.post(Cmd.COMM_ALLREDUCE, struct.pack("<I", 0) + tensors[0].to_bytes())
+                await c1.post(Cmd.COMM_ALLREDUCE, struct.pack("<I", 0) + tensors[1].to_bytes())
+                got = np.frombuffer(await c0.get_tensor(tensors[0], 0, 64), np.float32)
+                assert (got == 3.0).all()
+                await c1.device_count()
+
+        asyncio.run(go())
+        m = scrape(mport)
+        assert m[("rpcnet_comm_allreduces_total", ())] == 2
+        assert m[("rpcnet_comm_bytes_total", (("direction", "sent"),))] == 2 * 64
+        assert m[("rpcnet_comm_bytes_total", (("direction", "received"),))] == 2 * 64
+        assert m[("rpcnet_commands_total", (("command", "COMM_ALLREDUCE"),))] == 2
+    finally:
+        srv.stop()
+
+
+def test_hash_cache_metrics(tmp_path):
+    """Two 1 MiB uploads with the cache flag into a 1.5 MiB cache: both written, the older one
+    evicted; then a hash lookup of each: the evicted one misses, the other hits."""
+    mib = 1 << 20
+    srv = ServerThread(
+        proto=8, mem=1 << 30, metrics=("127.0.0.1", 0), cache_dir=tmp_path, cache_max=mib * 3 // 2
+    ).start()
+    try:
+        mport = srv.call(lambda: srv.server.metrics.port)
+        blobs = [bytes([i + 1]) * mib for i in range(2)]
+
+        async def go() -> list[bool]:
+            async with await RpcClient.connect("127.0.0.1", srv.port) as c:
+                handle, _ = await c.alloc_buffer(mib)
+                base = await c.buffer_base(handle)
+                ne = (mib // 4, 1, 1, 1)
+                t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=ne)
+                for blob in blobs:
+                    await c.set_tensor(t, 0, blob, cache=True)
+                    await c.device_count()  # the store has finished
+                return [await c.set_tensor_hash(t, 0, _native.fnv1a64(b)) for b in blobs]
+
+        assert asyncio.run(go()) == [False, True]
+        m = scrape(mport)
+        assert m[("rpcnet_hash_cache_written_bytes_total", ())] == 2 * mib
+        assert m[("rpcnet_hash_cache_evictions_total", ())] == 1
+        assert m[("rpcnet_hash_cache_hits_total", ())] == 1
+        assert m[("rpcnet_hash_cache_misses_total", ())] == 1
+    finally:
+        srv.stop()

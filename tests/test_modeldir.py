@@ -7,8 +7,10 @@ the client really sent) and the logits of the same run without --model-dir.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 import time
 import urllib.request
 
@@ -16,10 +18,13 @@ import gguf
 import numpy as np
 import pytest
 from rpcnet import _native
+from rpcnet.client import RpcClient
 from rpcnet.gguf_layout import read_layout
+from rpcnet.server import modeldir
 from rpcnet.server.modeldir import INDEX_NAME, ModelDirs
 from support import refenv
 from support.countproxy import CountingProxy
+from support.inproc import ServerThread
 from support.serve import start_rpcnet
 from support.tinymodel import write_tiny_llama
 
@@ -222,3 +227,80 @@ def test_real_client_loads_large_weights_from_model_dir(tmp_path, model_dir):
     assert doc["cache"]["hits"] == len(big)
     assert sent_cache == sent_dir
     np.testing.assert_array_equal(logits_cache, logits_plain)
+
+
+def test_progress_lines_while_indexing(tmp_path, model_dir, monkeypatch, caplog):
+    monkeypatch.setattr(modeldir, "PROGRESS_EVERY", 0.0)
+    caplog.set_level("INFO", logger="rpcnet.modeldir")
+    (tmp_path / "wide.gguf").write_bytes((model_dir / "wide.gguf").read_bytes())
+    index = ModelDirs((tmp_path,))
+    index.start()
+    assert index.wait_ready(60)
+    index.close()
+    lines = [r.message for r in caplog.records if r.message.startswith("indexing: ")]
+    assert lines, "no progress line"
+    assert all(" files, " in m and " GB/s, ETA " in m for m in lines)
+    assert any("model dirs indexed: 1 files, 8 tensors" in r.message for r in caplog.records)
+
+
+def test_server_answers_while_indexing(tmp_path, model_dir, monkeypatch):
+    """Until its file is indexed a tensor is a miss, and the server keeps answering meanwhile."""
+    release = threading.Event()
+    real_hash_file = modeldir.hash_file
+
+    def slow_hash_file(path, *args):
+        release.wait(60)
+        return real_hash_file(path, *args)
+
+    monkeypatch.setattr(modeldir, "hash_file", slow_hash_file)
+    model = model_dir / "wide.gguf"
+    digest, data = next(iter(big_tensors(model, skip=("token_embd.weight",)).items()))
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "wide.gguf").write_bytes(model.read_bytes())
+    srv = ServerThread(proto=8, mem=1 << 30, model_dirs=(d,)).start()
+    try:
+
+        async def ask() -> tuple[bool, bytes]:
+            async with await RpcClient.connect("127.0.0.1", srv.port) as client:
+                handle, _ = await client.alloc_buffer(len(data))
+                base = await client.buffer_base(handle)
+                t = _native.RpcTensor(
+                    id=1, type=0, buffer=handle, ne=(len(data) // 4, 1, 1, 1), data=base
+                )
+                hit = await client.set_tensor_hash(t, 0, digest)
+                return hit, await client.get_tensor(t, 0, len(data))
+
+        hit, _ = asyncio.run(ask())
+        assert not hit  # indexing is still running: a miss, answered at once
+        assert not srv.server.models.ready.is_set()
+        release.set()
+        assert srv.server.models.wait_ready(60)
+        hit, got = asyncio.run(ask())
+        assert hit and got == data
+    finally:
+        release.set()
+        srv.stop()
+
+
+def test_missing_model_dir_is_a_usage_error(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rpcnet.cli",
+            "serve",
+            "--port",
+            "0",
+            "--model-dir",
+            str(tmp_path / "absent"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert "not a directory" in res.stderr

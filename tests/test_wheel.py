@@ -55,7 +55,7 @@ def test_wheel_installs_and_serves_a_real_client(tmp_path):
     dist = tmp_path / "dist"
     build = subprocess.run(
         ["bash", str(REPO / "tools" / "build_wheels.sh"), str(dist)],
-        env=dict(os.environ, VERSIONS=version),
+        env=dict(os.environ, VERSIONS=version, PYTHON=sys.executable),
         capture_output=True,
         text=True,
         timeout=1500,

@@ -110,6 +110,9 @@ class ModelDirs:
 
     @classmethod
     def open(cls, directories: tuple[Path, ...] | list[Path]) -> ModelDirs:
+        for d in directories:
+            if not Path(d).is_dir():
+                raise ValueError(f"--model-dir {d}: not a directory")
         return cls(tuple(directories))
 
     def __bool__(self) -> bool:
