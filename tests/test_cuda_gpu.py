@@ -82,6 +82,45 @@ def test_matvec_matches_float64(be, cp, real_tensors, type_name, ncols):
     assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), type_name
 
 
+@pytest.mark.parametrize("ne11", [1, 2])
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_matvec_id_picks_experts(be, cp, real_tensors, type_name, ne11):
+    """MUL_MAT_ID decode: 3 'experts' cut from one real tensor, 2 slots per token, 3 tokens."""
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    m = 6
+    experts = raw[: 3 * m].reshape(3, m, -1)
+    w = _gguf_dequant(type_name, raw[: 3 * m], k).reshape(3, m, k).astype(np.float64)
+    rng = np.random.default_rng(12)
+    n_tokens, n_slots = 3, 2
+    y = rng.standard_normal((n_tokens, ne11, k)).astype(np.float32)
+    ids = np.array([[2, 0], [1, 1], [0, 2]], np.int32)
+    dst = cp.full((n_tokens, n_slots, m), np.nan, cp.float32)
+    scratch = cp.zeros(launch.q8_1_bytes(k, n_tokens * ne11), cp.uint8)
+    launch.matvec_id(
+        be,
+        type_name,
+        cp.asarray(np.ascontiguousarray(experts)),
+        cp.asarray(y),
+        cp.asarray(ids),
+        dst,
+        k,
+        m,
+        scratch,
+    )
+    be.synchronize()
+    got = cp.asnumpy(dst).astype(np.float64)
+    for t in range(n_tokens):
+        for e in range(n_slots):
+            yv = y[t, e % ne11].astype(np.float64)
+            if type_name in QUANT_TYPES:
+                yv = dequant_q8_1(q8_1_oracle(y[t, e % ne11]))
+            want = w[ids[t, e]] @ yv
+            scale = np.abs(w[ids[t, e]]) @ np.abs(yv)
+            assert np.all(np.abs(got[t, e] - want) <= 1e-5 * scale + 1e-30), (type_name, t, e)
+
+
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_dequantize_kernels_match_gguf(be, cp, real_tensors, type_name):
     from rpcnet.compute.cuda import launch

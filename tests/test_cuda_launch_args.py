@@ -92,6 +92,22 @@ def launches():
                 ),
             )
         )
+        out.append(
+            (
+                f"matvec_id {t}",
+                lambda be, t=t, k=k, m=m: launch.matvec_id(
+                    be,
+                    t,
+                    DevArray(launch.row_bytes(t, k) * m * 4, u8),
+                    DevArray((3, 1, k), f32),
+                    DevArray((3, 2), i32),
+                    DevArray((3, 2, m), f32),
+                    k,
+                    m,
+                    DevArray(launch.q8_1_bytes(k, 3), u8),
+                ),
+            )
+        )
         for o in ("f16", "f32"):
             out.append(
                 (

@@ -82,6 +82,53 @@ def matvec(
     _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
 
 
+def matvec_id(
+    be: CudaBackend,
+    type_name: str,
+    w: Any,
+    y: Any,
+    ids: Any,
+    dst: Any,
+    k: int,
+    m: int,
+    yq_scratch: Any | None = None,
+) -> None:
+    """MUL_MAT_ID decode: w [n_expert, m, k] in block form, y [n_tokens, ne11, k] f32, ids
+    int32 [n_tokens, n_slots], dst [n_tokens, n_slots, m] f32 = W[ids] @ y[slot % ne11]."""
+    n_tokens, ne11 = int(y.shape[0]), int(y.shape[1])
+    n_slots = int(ids.shape[1])
+    rb = row_bytes(type_name, k)
+    align = sources.WEIGHT_ALIGN[type_name]
+    if int(w.data.ptr) % align or rb % align:
+        raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
+    fn = be.kernels.function("matvec", sources.matvec_id_kernel(type_name))
+    if type_name in sources.FLOAT_TYPES:
+        yarg, y_col, y_tok = y, k, k * ne11
+    else:
+        assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
+        quantize_q8_1(be, y, yq_scratch, k, n_tokens * ne11, k)
+        yb = k // 32 * Q8_1_BYTES
+        yarg, y_col, y_tok = yq_scratch, yb, yb * ne11
+    args = (
+        w,
+        yarg,
+        ids,
+        dst,
+        i32(k),
+        i32(m),
+        i64(rb),
+        i64(rb * m),
+        i32(ne11),
+        i64(y_col),
+        i64(y_tok),
+        i64(1),
+        i64(n_slots),
+        i64(m),
+        i64(m * n_slots),
+    )
+    _launch(be, fn, (_cdiv(m, MV_WARPS), n_slots, n_tokens), (32, MV_WARPS), args)
+
+
 def dequantize(
     be: CudaBackend, type_name: str, w: Any, out: Any, k: int, rows: int, out_type: str = "f16"
 ) -> None:

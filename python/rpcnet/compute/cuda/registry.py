@@ -15,7 +15,11 @@ def op_table() -> dict[str, set[str]]:
     """ggml op name -> the kernel entry points that implement it."""
     expected = sources.expected_kernels()
     return {
-        "MUL_MAT": expected["matvec"] | expected["quantize"] | expected["dequantize"],
+        "MUL_MAT": {sources.matvec_kernel(t) for t in sources.WEIGHT_TYPES}
+        | expected["quantize"]
+        | expected["dequantize"],
+        "MUL_MAT_ID": {sources.matvec_id_kernel(t) for t in sources.WEIGHT_TYPES}
+        | expected["quantize"],
         "RMS_NORM": {"rpc_rms_norm_f32", "rpc_rms_norm_mul_f32"},
         "NORM": {"rpc_norm_f32"},
         "SOFT_MAX": expected["softmax"],

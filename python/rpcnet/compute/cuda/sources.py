@@ -98,6 +98,12 @@ def matvec_kernel(type_name: str) -> str:
     return f"rpc_mmv_{suffix}" if type_name in FLOAT_TYPES else f"rpc_mmvq_{suffix}"
 
 
+def matvec_id_kernel(type_name: str) -> str:
+    """The MUL_MAT_ID (MoE) decode matvec kernel for a weight type."""
+    suffix = WEIGHT_TYPES[type_name]
+    return f"rpc_mmv_id_{suffix}" if type_name in FLOAT_TYPES else f"rpc_mmvq_id_{suffix}"
+
+
 def dequantize_kernel(type_name: str, out: str = "f16") -> str:
     return f"rpc_dequantize_{WEIGHT_TYPES[type_name]}_{out}"
 
@@ -105,7 +111,8 @@ def dequantize_kernel(type_name: str, out: str = "f16") -> str:
 def expected_kernels() -> dict[str, set[str]]:
     """Per module, the kernel entry points the host side launches (checked against the PTX)."""
     return {
-        "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES},
+        "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES}
+        | {matvec_id_kernel(t) for t in WEIGHT_TYPES},
         "quantize": {"rpc_quantize_q8_1"},
         "dequantize": {dequantize_kernel(t, o) for t in WEIGHT_TYPES for o in ("f16", "f32")},
         "norm": {"rpc_rms_norm_f32", "rpc_rms_norm_mul_f32", "rpc_norm_f32"},
