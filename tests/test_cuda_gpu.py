@@ -336,3 +336,36 @@ def test_views_and_staged_round_trip(be, cp):
     be.copy(buf, 4096 + 1024, buf, 4096, 1024)
     be.synchronize()
     assert not cp.asnumpy(buf[4096 : 4096 + 2048]).any()
+
+
+def test_captured_matvec_replays_with_new_inputs(be, cp, real_tensors):
+    """A decode-shaped plan (q8_1 quantize + MMVQ) captured once and replayed: new activation
+    contents give new, correct results without recapturing."""
+    from rpcnet.compute.cuda import launch
+    from rpcnet.compute.cuda.capture import GraphReplayCache
+    from rpcnet.compute.cuda.device import CupyCapturer
+
+    raw, k = real_tensors["Q8_0"]
+    m = raw.shape[0]
+    w_dev = cp.asarray(raw)
+    y_dev = cp.zeros((1, k), cp.float32)
+    dst = cp.zeros((1, m), cp.float32)
+    scratch = cp.zeros(launch.q8_1_bytes(k, 1), cp.uint8)
+    cache = GraphReplayCache(CupyCapturer(be.stream))
+    w = _gguf_dequant("Q8_0", raw, k).astype(np.float64)
+
+    def step():
+        launch.matvec(be, "Q8_0", w_dev, y_dev, dst, k, m, 1, scratch)
+
+    rng = np.random.default_rng(13)
+    modes = []
+    for _ in range(4):
+        y = rng.standard_normal((1, k)).astype(np.float32)
+        with be.device, be.stream:
+            y_dev.set(y, stream=be.stream)
+        modes.append(cache.run("s", "plan", frozenset({1}), True, step))
+        be.synchronize()
+        yq = dequant_q8_1(q8_1_oracle(y[0]))
+        want, scale = w @ yq, np.abs(w) @ np.abs(yq)
+        assert np.all(np.abs(cp.asnumpy(dst)[0] - want) <= 1e-5 * scale + 1e-30)
+    assert modes == ["eager", "captured", "replayed", "replayed"]
