@@ -67,8 +67,8 @@ WEIGHT_ALIGN: dict[str, int] = {
     "Q4_K": 4,
     "Q5_K": 4,
     "Q6_K": 2,
-    "IQ4_NL": 1,
-    "IQ4_XS": 1,
+    "IQ4_NL": 2,
+    "IQ4_XS": 4,
     "MXFP4": 1,
 }
 #: ggml type ids (rust/src/types.rs is the source of truth; blocks.cuh's RpcType mirrors these)
