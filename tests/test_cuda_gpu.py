@@ -369,3 +369,50 @@ def test_captured_matvec_replays_with_new_inputs(be, cp, real_tensors):
         want, scale = w @ yq, np.abs(w) @ np.abs(yq)
         assert np.all(np.abs(cp.asnumpy(dst)[0] - want) <= 1e-5 * scale + 1e-30)
     assert modes == ["eager", "captured", "replayed", "replayed"]
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV"])
+def test_binary_broadcast(be, cp, op):
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((2, 3, 5, 64)).astype(np.float32)
+    b = rng.uniform(0.5, 2, (1, 3, 1, 64)).astype(np.float32)  # repeats over dims 3 and 1
+    want = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide}[op](a, b)
+    out = cp.zeros(a.shape, cp.float32)
+    a_dev = cp.asarray(a)
+    launch.binary(be, op, a_dev, cp.asarray(b), out)
+    # a transposed (non-contiguous) view in and out
+    out_t = cp.zeros((64, 5, 3, 2), cp.float32).transpose(3, 2, 1, 0)
+    launch.binary(be, op, a_dev, cp.asarray(b), out_t)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), want)
+    np.testing.assert_array_equal(cp.asnumpy(out_t), want)
+
+
+UNARY_ORACLES = {
+    0: np.abs,
+    2: np.negative,
+    4: np.tanh,
+    6: lambda x: np.maximum(x, 0),
+    7: lambda x: 1 / (1 + np.exp(-x)),
+    10: lambda x: x / (1 + np.exp(-x)),
+    13: np.exp,
+    16: lambda x: 0.5 * x * (1 + np.vectorize(__import__("math").erf)(x / np.sqrt(2))),
+    "SQR": np.square,
+    "SIN": np.sin,
+    "COS": np.cos,
+    "SCALE": lambda x: x * 0.5 + 1.0,
+}
+
+
+@pytest.mark.parametrize("op", list(UNARY_ORACLES), ids=str)
+def test_unary(be, cp, op):
+    from rpcnet.compute.cuda import launch
+
+    x = np.random.default_rng(16).standard_normal((7, 300)).astype(np.float32) * 3
+    out = cp.zeros(x.shape, cp.float32)
+    launch.unary(be, op, cp.asarray(x), out, 0.5, 1.0)
+    be.synchronize()
+    want = UNARY_ORACLES[op](x.astype(np.float64))
+    np.testing.assert_allclose(cp.asnumpy(out), want, rtol=2e-6, atol=2e-6)

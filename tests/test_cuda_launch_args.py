@@ -36,6 +36,9 @@ class DevArray:
         self.dtype = np.dtype(dtype)
         self.size = int(np.prod(self.shape))
         self.data = SimpleNamespace(ptr=ptr)
+        self.strides = tuple(
+            int(np.prod(self.shape[i + 1 :])) * self.dtype.itemsize for i in range(len(self.shape))
+        )
 
 
 class Recorder:

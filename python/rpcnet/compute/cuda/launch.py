@@ -337,3 +337,51 @@ def flash_attn_decode(
         f32(softcap),
     )
     _launch(be, fn, (n_q, heads, 1), (32, FA_WARPS), args)
+
+
+BINARY_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3}
+#: rpcnet ids of the standalone unary-like ops (elementwise.cu); UNARY uses ggml_unary_op ids
+UNARY_EXTRA = {"SQR": 100, "SQRT": 101, "SIN": 102, "COS": 103, "LOG": 104, "SCALE": 105}
+
+
+def _shape4(a: Any) -> tuple[list[int], list[int]]:
+    """ggml (ne, nb) of a C-ordered array: ne0 is the last axis."""
+    shape = list(a.shape)[::-1] + [1] * (4 - len(a.shape))
+    strides = list(a.strides)[::-1] + [0] * (4 - len(a.shape))
+    return shape, strides
+
+
+def _elementwise_grid(n: int) -> tuple[int]:
+    return (max(1, min(_cdiv(n, 256), 65535)),)
+
+
+def binary(be: CudaBackend, op: str, a: Any, b: Any, dst: Any) -> None:
+    """dst = a (op) b, f32, b broadcast by repetition like ggml (its extents divide dst's)."""
+    ne, anb = _shape4(a)
+    bne, bnb = _shape4(b)
+    _, dnb = _shape4(dst)
+    fn = be.kernels.function("elementwise", "rpc_binary_f32")
+    args = (
+        i32(BINARY_OPS[op]),
+        a,
+        b,
+        dst,
+        *map(i64, ne),
+        *map(i64, anb),
+        *map(i64, bne),
+        *map(i64, bnb),
+        *map(i64, dnb),
+    )
+    _launch(be, fn, _elementwise_grid(int(np.prod(ne))), (256,), args)
+
+
+def unary(
+    be: CudaBackend, op: int | str, src: Any, dst: Any, p0: float = 1.0, p1: float = 0.0
+) -> None:
+    """dst = f(src), f32; `op` a ggml_unary_op id or one of UNARY_EXTRA's names."""
+    code = UNARY_EXTRA[op] if isinstance(op, str) else int(op)
+    ne, snb = _shape4(src)
+    _, dnb = _shape4(dst)
+    fn = be.kernels.function("elementwise", "rpc_unary_f32")
+    args = (i32(code), src, dst, *map(i64, ne), *map(i64, snb), *map(i64, dnb), f32(p0), f32(p1))
+    _launch(be, fn, _elementwise_grid(int(np.prod(ne))), (256,), args)

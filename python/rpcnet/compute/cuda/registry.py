@@ -31,6 +31,8 @@ def op_table() -> dict[str, set[str]]:
         "DUP": expected["cpy"],
         "CONT": expected["cpy"],
         "FLASH_ATTN_EXT": expected["flash_attn"],
+        **{op: {"rpc_binary_f32"} for op in ("ADD", "SUB", "MUL", "DIV")},
+        **{op: {"rpc_unary_f32"} for op in ("UNARY", "SCALE", "SQR", "SQRT", "SIN", "COS", "LOG")},
     }
 
 

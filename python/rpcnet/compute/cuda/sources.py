@@ -119,6 +119,7 @@ def expected_kernels() -> dict[str, set[str]]:
         "softmax": {"rpc_soft_max_f32"},
         "rope": {"rpc_rope_f32", "rpc_rope_f16"},
         "glu": {"rpc_glu_f32"},
+        "elementwise": {"rpc_binary_f32", "rpc_unary_f32"},
         "rows": {f"rpc_get_rows_{s}" for s in WEIGHT_TYPES.values()}
         | {f"rpc_set_rows_{s}" for s in ("f32", "f16", "bf16", "q8_0")},
         "cpy": {f"rpc_cpy_{a}_{b}" for a in FLOAT_SUFFIXES for b in FLOAT_SUFFIXES},
