@@ -119,6 +119,37 @@ def bench_prefill(be, type_name: str, n: int, iters: int, repeat: int) -> dict:
     }
 
 
+def bench_launch_overhead(be, n_kernels: int = 300, repeat: int = 5) -> dict:
+    """µs per kernel of a decode-sized step (n_kernels small launches): eager vs one replayed
+    captured CUDA graph (the plan-replay path of compute/cuda/capture.py)."""
+    from rpcnet.compute.cuda import launch
+    from rpcnet.compute.cuda.capture import GraphReplayCache
+    from rpcnet.compute.cuda.device import CupyCapturer
+
+    cp = be.cp
+    with be.device:
+        x = cp.random.standard_normal((1, 2048), dtype=cp.float32)
+        out = cp.empty_like(x)
+
+    def step():
+        for _ in range(n_kernels):
+            launch.rms_norm(be, x, out, 1e-6)
+
+    cache = GraphReplayCache(CupyCapturer(be.stream))
+    result = {"kernels": n_kernels}
+    for mode in ("eager", "replayed"):
+        best = float("inf")
+        for _ in range(repeat + 2):
+            be.synchronize()
+            t0 = time.perf_counter()
+            got = cache.run("bench", "step", frozenset(), mode == "replayed", step)
+            be.synchronize()
+            if got == mode:
+                best = min(best, time.perf_counter() - t0)
+        result[f"{mode}_us_per_kernel"] = round(best / n_kernels * 1e6, 2)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     from rpcnet.compute.cuda import sources
     from rpcnet.compute.cuda.device import CudaBackend
@@ -141,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "matvec": bench_matvec(be, args.types.split(","), args.ncols, args.iters, args.repeat),
         "upload": [bench_upload(be, mib, args.repeat) for mib in (64, 256)],
         "prefill": [bench_prefill(be, t, 512, 5, args.repeat) for t in ("Q8_0", "Q4_K", "F16")],
+        "launch": bench_launch_overhead(be),
     }
     text = json.dumps(result, indent=1)
     if args.out:

@@ -101,6 +101,7 @@ if os.path.exists(bench):
     summary["matvec_GBps"] = {f'{r["type"]} {r["k"]}x{r["m"]}': r["GBps"] for r in b["matvec"]}
     summary["upload_GBps"] = {r["MiB"]: r["GBps"] for r in b["upload"]}
     summary["prefill_TFLOPs"] = {r["type"]: r["TFLOPs"] for r in b["prefill"]}
+    summary["launch"] = b["launch"]
 with open(os.path.join(results, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
 print(json.dumps(summary))

@@ -64,6 +64,8 @@ def lib(tmp_path_factory) -> ctypes.CDLL:
     so.rpc_host_float_to_bf16.argtypes = [ctypes.c_float]
     so.rpc_host_float_to_bf16.restype = ctypes.c_uint16
     so.rpc_host_dp4a.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    so.rpc_host_prmt.argtypes = [ctypes.c_uint32] * 3
+    so.rpc_host_prmt.restype = ctypes.c_uint32
     return so
 
 
@@ -208,3 +210,20 @@ def test_dp4a_host_matches_numpy(lib):
     for i in range(2000):
         got = lib.rpc_host_dp4a(pack(a[i]), pack(b[i]), int(c[i]))
         assert got == int((a[i] * b[i]).sum() + c[i])
+
+
+def test_prmt_host_matches_ptx_definition(lib):
+    """PTX prmt.b32 (default mode) per the ISA: byte i of the result is byte c&7 of the 8-byte
+    {b, a}, sign-replicated when c&8, c being selector nibble i."""
+    rng = np.random.default_rng(14)
+    for _ in range(3000):
+        a, b, s = (int(v) for v in rng.integers(0, 2**32, 3, dtype=np.uint64))
+        src = a.to_bytes(4, "little") + b.to_bytes(4, "little")
+        want = 0
+        for i in range(4):
+            c = (s >> (4 * i)) & 15
+            byte = src[c & 7]
+            if c & 8:
+                byte = 0xFF if byte & 0x80 else 0
+            want |= byte << (8 * i)
+        assert lib.rpc_host_prmt(a, b, s) == want

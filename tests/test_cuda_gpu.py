@@ -82,6 +82,45 @@ def test_matvec_matches_float64(be, cp, real_tensors, type_name, ncols):
     assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), type_name
 
 
+@pytest.mark.parametrize("ne11", [1, 2])
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_matvec_id_picks_experts(be, cp, real_tensors, type_name, ne11):
+    """MUL_MAT_ID decode: 3 'experts' cut from one real tensor, 2 slots per token, 3 tokens."""
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    m = 6
+    experts = raw[: 3 * m].reshape(3, m, -1)
+    w = _gguf_dequant(type_name, raw[: 3 * m], k).reshape(3, m, k).astype(np.float64)
+    rng = np.random.default_rng(12)
+    n_tokens, n_slots = 3, 2
+    y = rng.standard_normal((n_tokens, ne11, k)).astype(np.float32)
+    ids = np.array([[2, 0], [1, 1], [0, 2]], np.int32)
+    dst = cp.full((n_tokens, n_slots, m), np.nan, cp.float32)
+    scratch = cp.zeros(launch.q8_1_bytes(k, n_tokens * ne11), cp.uint8)
+    launch.matvec_id(
+        be,
+        type_name,
+        cp.asarray(np.ascontiguousarray(experts)),
+        cp.asarray(y),
+        cp.asarray(ids),
+        dst,
+        k,
+        m,
+        scratch,
+    )
+    be.synchronize()
+    got = cp.asnumpy(dst).astype(np.float64)
+    for t in range(n_tokens):
+        for e in range(n_slots):
+            yv = y[t, e % ne11].astype(np.float64)
+            if type_name in QUANT_TYPES:
+                yv = dequant_q8_1(q8_1_oracle(y[t, e % ne11]))
+            want = w[ids[t, e]] @ yv
+            scale = np.abs(w[ids[t, e]]) @ np.abs(yv)
+            assert np.all(np.abs(got[t, e] - want) <= 1e-5 * scale + 1e-30), (type_name, t, e)
+
+
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_dequantize_kernels_match_gguf(be, cp, real_tensors, type_name):
     from rpcnet.compute.cuda import launch
@@ -297,3 +336,83 @@ def test_views_and_staged_round_trip(be, cp):
     be.copy(buf, 4096 + 1024, buf, 4096, 1024)
     be.synchronize()
     assert not cp.asnumpy(buf[4096 : 4096 + 2048]).any()
+
+
+def test_captured_matvec_replays_with_new_inputs(be, cp, real_tensors):
+    """A decode-shaped plan (q8_1 quantize + MMVQ) captured once and replayed: new activation
+    contents give new, correct results without recapturing."""
+    from rpcnet.compute.cuda import launch
+    from rpcnet.compute.cuda.capture import GraphReplayCache
+    from rpcnet.compute.cuda.device import CupyCapturer
+
+    raw, k = real_tensors["Q8_0"]
+    m = raw.shape[0]
+    w_dev = cp.asarray(raw)
+    y_dev = cp.zeros((1, k), cp.float32)
+    dst = cp.zeros((1, m), cp.float32)
+    scratch = cp.zeros(launch.q8_1_bytes(k, 1), cp.uint8)
+    cache = GraphReplayCache(CupyCapturer(be.stream))
+    w = _gguf_dequant("Q8_0", raw, k).astype(np.float64)
+
+    def step():
+        launch.matvec(be, "Q8_0", w_dev, y_dev, dst, k, m, 1, scratch)
+
+    rng = np.random.default_rng(13)
+    modes = []
+    for _ in range(4):
+        y = rng.standard_normal((1, k)).astype(np.float32)
+        with be.device, be.stream:
+            y_dev.set(y, stream=be.stream)
+        modes.append(cache.run("s", "plan", frozenset({1}), True, step))
+        be.synchronize()
+        yq = dequant_q8_1(q8_1_oracle(y[0]))
+        want, scale = w @ yq, np.abs(w) @ np.abs(yq)
+        assert np.all(np.abs(cp.asnumpy(dst)[0] - want) <= 1e-5 * scale + 1e-30)
+    assert modes == ["eager", "captured", "replayed", "replayed"]
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV"])
+def test_binary_broadcast(be, cp, op):
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((2, 3, 5, 64)).astype(np.float32)
+    b = rng.uniform(0.5, 2, (1, 3, 1, 64)).astype(np.float32)  # repeats over dims 3 and 1
+    want = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide}[op](a, b)
+    out = cp.zeros(a.shape, cp.float32)
+    a_dev = cp.asarray(a)
+    launch.binary(be, op, a_dev, cp.asarray(b), out)
+    # a transposed (non-contiguous) view in and out
+    out_t = cp.zeros((64, 5, 3, 2), cp.float32).transpose(3, 2, 1, 0)
+    launch.binary(be, op, a_dev, cp.asarray(b), out_t)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), want)
+    np.testing.assert_array_equal(cp.asnumpy(out_t), want)
+
+
+UNARY_ORACLES = {
+    0: np.abs,
+    2: np.negative,
+    4: np.tanh,
+    6: lambda x: np.maximum(x, 0),
+    7: lambda x: 1 / (1 + np.exp(-x)),
+    10: lambda x: x / (1 + np.exp(-x)),
+    13: np.exp,
+    16: lambda x: 0.5 * x * (1 + np.vectorize(__import__("math").erf)(x / np.sqrt(2))),
+    "SQR": np.square,
+    "SIN": np.sin,
+    "COS": np.cos,
+    "SCALE": lambda x: x * 0.5 + 1.0,
+}
+
+
+@pytest.mark.parametrize("op", list(UNARY_ORACLES), ids=str)
+def test_unary(be, cp, op):
+    from rpcnet.compute.cuda import launch
+
+    x = np.random.default_rng(16).standard_normal((7, 300)).astype(np.float32) * 3
+    out = cp.zeros(x.shape, cp.float32)
+    launch.unary(be, op, cp.asarray(x), out, 0.5, 1.0)
+    be.synchronize()
+    want = UNARY_ORACLES[op](x.astype(np.float64))
+    np.testing.assert_allclose(cp.asnumpy(out), want, rtol=2e-6, atol=2e-6)

@@ -193,3 +193,19 @@ def test_weight_alignment_table_matches_block_layouts():
         body = header.split(f"struct Blk<RPC_{name}>", 1)[1].split("template <> struct Blk<", 1)[0]
         used = {int(a) for a in re.findall(r"rpc_ld_u32a<(\d)>", body)}
         assert all(a <= align for a in used), (name, used)
+
+
+def test_cuda_op_table_names_real_entry_points_and_ops():
+    from rpcnet.compute import kernels  # noqa: F401 - registers the CPU kernels
+    from rpcnet.compute.cuda import registry, sources
+    from rpcnet.compute.kernels.registry import table
+    from rpcnet.compute.ops import op_name
+
+    launched = set().union(*sources.expected_kernels().values())
+    cpu_ops = {op_name(k.op) for k in table("cpu")}
+    for op, entries in registry.op_table().items():
+        assert op in cpu_ops, op
+        assert entries and entries <= launched, op
+    missing = registry.missing_ops()
+    assert "MUL_MAT" not in missing and "ADD" not in missing and "ARGSORT" in missing
+    assert set(missing) | set(registry.op_table()) == cpu_ops

@@ -54,3 +54,5 @@ uint16_t rpc_host_float_to_bf16(float f) { return rpc_float_to_bf16(f); }
 int rpc_host_dp4a(int a, int b, int c) { return rpc_dp4a(a, b, c); }
 
 }
+
+extern "C" uint32_t rpc_host_prmt(uint32_t x, uint32_t y, uint32_t s) { return rpc_prmt(x, y, s); }

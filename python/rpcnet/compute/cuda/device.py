@@ -198,3 +198,22 @@ def probe_devices(indices: list[int | None]) -> list[GpuInfo]:
     """The GPUs `--device` asks for, or CudaUnavailable (one line) when they cannot be served."""
     cupy, chosen = check_cuda(indices)
     return [CudaBackend(i, cupy).info for i in chosen]
+
+
+class CupyCapturer:
+    """capture.Capturer on one CuPy stream (CuPy >= 13: Stream.begin_capture/end_capture)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def capture(self, run: Any) -> object:
+        self.stream.begin_capture()
+        try:
+            with self.stream:
+                run()
+        finally:
+            graph = self.stream.end_capture()
+        return graph
+
+    def launch(self, graph: object) -> None:
+        graph.launch(self.stream)  # type: ignore[attr-defined]

@@ -82,6 +82,53 @@ def matvec(
     _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
 
 
+def matvec_id(
+    be: CudaBackend,
+    type_name: str,
+    w: Any,
+    y: Any,
+    ids: Any,
+    dst: Any,
+    k: int,
+    m: int,
+    yq_scratch: Any | None = None,
+) -> None:
+    """MUL_MAT_ID decode: w [n_expert, m, k] in block form, y [n_tokens, ne11, k] f32, ids
+    int32 [n_tokens, n_slots], dst [n_tokens, n_slots, m] f32 = W[ids] @ y[slot % ne11]."""
+    n_tokens, ne11 = int(y.shape[0]), int(y.shape[1])
+    n_slots = int(ids.shape[1])
+    rb = row_bytes(type_name, k)
+    align = sources.WEIGHT_ALIGN[type_name]
+    if int(w.data.ptr) % align or rb % align:
+        raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
+    fn = be.kernels.function("matvec", sources.matvec_id_kernel(type_name))
+    if type_name in sources.FLOAT_TYPES:
+        yarg, y_col, y_tok = y, k, k * ne11
+    else:
+        assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
+        quantize_q8_1(be, y, yq_scratch, k, n_tokens * ne11, k)
+        yb = k // 32 * Q8_1_BYTES
+        yarg, y_col, y_tok = yq_scratch, yb, yb * ne11
+    args = (
+        w,
+        yarg,
+        ids,
+        dst,
+        i32(k),
+        i32(m),
+        i64(rb),
+        i64(rb * m),
+        i32(ne11),
+        i64(y_col),
+        i64(y_tok),
+        i64(1),
+        i64(n_slots),
+        i64(m),
+        i64(m * n_slots),
+    )
+    _launch(be, fn, (_cdiv(m, MV_WARPS), n_slots, n_tokens), (32, MV_WARPS), args)
+
+
 def dequantize(
     be: CudaBackend, type_name: str, w: Any, out: Any, k: int, rows: int, out_type: str = "f16"
 ) -> None:
@@ -290,3 +337,51 @@ def flash_attn_decode(
         f32(softcap),
     )
     _launch(be, fn, (n_q, heads, 1), (32, FA_WARPS), args)
+
+
+BINARY_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3}
+#: rpcnet ids of the standalone unary-like ops (elementwise.cu); UNARY uses ggml_unary_op ids
+UNARY_EXTRA = {"SQR": 100, "SQRT": 101, "SIN": 102, "COS": 103, "LOG": 104, "SCALE": 105}
+
+
+def _shape4(a: Any) -> tuple[list[int], list[int]]:
+    """ggml (ne, nb) of a C-ordered array: ne0 is the last axis."""
+    shape = list(a.shape)[::-1] + [1] * (4 - len(a.shape))
+    strides = list(a.strides)[::-1] + [0] * (4 - len(a.shape))
+    return shape, strides
+
+
+def _elementwise_grid(n: int) -> tuple[int]:
+    return (max(1, min(_cdiv(n, 256), 65535)),)
+
+
+def binary(be: CudaBackend, op: str, a: Any, b: Any, dst: Any) -> None:
+    """dst = a (op) b, f32, b broadcast by repetition like ggml (its extents divide dst's)."""
+    ne, anb = _shape4(a)
+    bne, bnb = _shape4(b)
+    _, dnb = _shape4(dst)
+    fn = be.kernels.function("elementwise", "rpc_binary_f32")
+    args = (
+        i32(BINARY_OPS[op]),
+        a,
+        b,
+        dst,
+        *map(i64, ne),
+        *map(i64, anb),
+        *map(i64, bne),
+        *map(i64, bnb),
+        *map(i64, dnb),
+    )
+    _launch(be, fn, _elementwise_grid(int(np.prod(ne))), (256,), args)
+
+
+def unary(
+    be: CudaBackend, op: int | str, src: Any, dst: Any, p0: float = 1.0, p1: float = 0.0
+) -> None:
+    """dst = f(src), f32; `op` a ggml_unary_op id or one of UNARY_EXTRA's names."""
+    code = UNARY_EXTRA[op] if isinstance(op, str) else int(op)
+    ne, snb = _shape4(src)
+    _, dnb = _shape4(dst)
+    fn = be.kernels.function("elementwise", "rpc_unary_f32")
+    args = (i32(code), src, dst, *map(i64, ne), *map(i64, snb), *map(i64, dnb), f32(p0), f32(p1))
+    _launch(be, fn, _elementwise_grid(int(np.prod(ne))), (256,), args)

@@ -67,8 +67,8 @@ WEIGHT_ALIGN: dict[str, int] = {
     "Q4_K": 4,
     "Q5_K": 4,
     "Q6_K": 2,
-    "IQ4_NL": 1,
-    "IQ4_XS": 1,
+    "IQ4_NL": 2,
+    "IQ4_XS": 4,
     "MXFP4": 1,
 }
 #: ggml type ids (rust/src/types.rs is the source of truth; blocks.cuh's RpcType mirrors these)
@@ -98,6 +98,12 @@ def matvec_kernel(type_name: str) -> str:
     return f"rpc_mmv_{suffix}" if type_name in FLOAT_TYPES else f"rpc_mmvq_{suffix}"
 
 
+def matvec_id_kernel(type_name: str) -> str:
+    """The MUL_MAT_ID (MoE) decode matvec kernel for a weight type."""
+    suffix = WEIGHT_TYPES[type_name]
+    return f"rpc_mmv_id_{suffix}" if type_name in FLOAT_TYPES else f"rpc_mmvq_id_{suffix}"
+
+
 def dequantize_kernel(type_name: str, out: str = "f16") -> str:
     return f"rpc_dequantize_{WEIGHT_TYPES[type_name]}_{out}"
 
@@ -105,13 +111,15 @@ def dequantize_kernel(type_name: str, out: str = "f16") -> str:
 def expected_kernels() -> dict[str, set[str]]:
     """Per module, the kernel entry points the host side launches (checked against the PTX)."""
     return {
-        "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES},
+        "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES}
+        | {matvec_id_kernel(t) for t in WEIGHT_TYPES},
         "quantize": {"rpc_quantize_q8_1"},
         "dequantize": {dequantize_kernel(t, o) for t in WEIGHT_TYPES for o in ("f16", "f32")},
         "norm": {"rpc_rms_norm_f32", "rpc_rms_norm_mul_f32", "rpc_norm_f32"},
         "softmax": {"rpc_soft_max_f32"},
         "rope": {"rpc_rope_f32", "rpc_rope_f16"},
         "glu": {"rpc_glu_f32"},
+        "elementwise": {"rpc_binary_f32", "rpc_unary_f32"},
         "rows": {f"rpc_get_rows_{s}" for s in WEIGHT_TYPES.values()}
         | {f"rpc_set_rows_{s}" for s in ("f32", "f16", "bf16", "q8_0")},
         "cpy": {f"rpc_cpy_{a}_{b}" for a in FLOAT_SUFFIXES for b in FLOAT_SUFFIXES},

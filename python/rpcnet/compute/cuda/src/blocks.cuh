@@ -19,6 +19,10 @@ enum RpcType {
 
 #define RPC_QK_K 256
 
+// The 16-entry non-linear tables of IQ4_NL/IQ4_XS and of MXFP4's e2m1 (values doubled).
+#define RPC_KVALUES_IQ4NL {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+#define RPC_KVALUES_E2M1 {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+
 // X-macros over the served weight types: (ggml type id, kernel-name suffix).
 #define RPC_FOR_FLOAT_TYPES(X) X(RPC_F32, f32) X(RPC_F16, f16) X(RPC_BF16, bf16)
 #define RPC_FOR_QUANT_TYPES(X)                                                              \
@@ -69,11 +73,11 @@ RPC_HD uint16_t rpc_ld_u16a(const uint8_t* p) {
 
 // The 16-entry non-linear tables of IQ4_NL/IQ4_XS and of MXFP4's e2m1 (values doubled).
 RPC_HD int rpc_kvalue_iq4nl(int q) {
-    const int8_t t[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const int8_t t[16] = RPC_KVALUES_IQ4NL;
     return t[q & 15];
 }
 RPC_HD int rpc_kvalue_e2m1(int q) {
-    const int8_t t[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const int8_t t[16] = RPC_KVALUES_E2M1;
     return t[q & 15];
 }
 
@@ -117,6 +121,22 @@ RPC_HD void rpc_sub_uniform(RpcSub* s, float d, float m) {
 RPC_HD int rpc_pack4(int a, int b, int c, int e) {
     return (int)((uint32_t)(a & 0xff) | ((uint32_t)(b & 0xff) << 8) | ((uint32_t)(c & 0xff) << 16) |
                  ((uint32_t)(e & 0xff) << 24));
+}
+
+// Four table lookups at once: `q` holds a 4-bit index in the low nibble of each byte; the
+// 16-entry table is t (bytes 0..15); each byte of the result is t[index]. Two byte permutes
+// (prmt; emulated on the host) and a select, instead of four loads from a local array.
+RPC_HD uint32_t rpc_lookup4(uint32_t q, const int8_t* t) {
+    const uint32_t t0 = (uint32_t)rpc_pack4(t[0], t[1], t[2], t[3]);
+    const uint32_t t1 = (uint32_t)rpc_pack4(t[4], t[5], t[6], t[7]);
+    const uint32_t t2 = (uint32_t)rpc_pack4(t[8], t[9], t[10], t[11]);
+    const uint32_t t3 = (uint32_t)rpc_pack4(t[12], t[13], t[14], t[15]);
+    // selector nibble per output byte: the low 3 bits of its index (bit 3 of a prmt selector
+    // means sign replication, so it is kept out and chooses between the two halves instead)
+    const uint32_t sel = (q & 7u) | ((q >> 4) & 0x70u) | ((q >> 8) & 0x700u) | ((q >> 12) & 0x7000u);
+    const uint32_t lo = rpc_prmt(t0, t1, sel), hi = rpc_prmt(t2, t3, sel);
+    const uint32_t upper = ((q >> 3) & 0x01010101u) * 0xFFu;  // bytes whose index is >= 8
+    return (lo & ~upper) | (hi & upper);
 }
 
 template <int T> struct Blk;
@@ -245,12 +265,11 @@ template <> struct Blk<RPC_IQ4_NL> {
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
+        const int8_t table[16] = RPC_KVALUES_IQ4NL;
         for (int k = 0; k < 4; ++k) {
-            const uint8_t* p = b + 2 + 4 * k;
-            s.w[k] = rpc_pack4(rpc_kvalue_iq4nl(p[0]), rpc_kvalue_iq4nl(p[1]),
-                               rpc_kvalue_iq4nl(p[2]), rpc_kvalue_iq4nl(p[3]));
-            s.w[k + 4] = rpc_pack4(rpc_kvalue_iq4nl(p[0] >> 4), rpc_kvalue_iq4nl(p[1] >> 4),
-                                   rpc_kvalue_iq4nl(p[2] >> 4), rpc_kvalue_iq4nl(p[3] >> 4));
+            const uint32_t v = rpc_ld_u32a<2>(b + 2 + 4 * k);
+            s.w[k] = (int)rpc_lookup4(v & 0x0F0F0F0Fu, table);
+            s.w[k + 4] = (int)rpc_lookup4((v >> 4) & 0x0F0F0F0Fu, table);
         }
         rpc_sub_uniform(&s, rpc_ld_half(b), 0.0f);
         return s;
@@ -266,12 +285,11 @@ template <> struct Blk<RPC_MXFP4> {
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
+        const int8_t table[16] = RPC_KVALUES_E2M1;
         for (int k = 0; k < 4; ++k) {
-            const uint8_t* p = b + 1 + 4 * k;
-            s.w[k] = rpc_pack4(rpc_kvalue_e2m1(p[0]), rpc_kvalue_e2m1(p[1]),
-                               rpc_kvalue_e2m1(p[2]), rpc_kvalue_e2m1(p[3]));
-            s.w[k + 4] = rpc_pack4(rpc_kvalue_e2m1(p[0] >> 4), rpc_kvalue_e2m1(p[1] >> 4),
-                                   rpc_kvalue_e2m1(p[2] >> 4), rpc_kvalue_e2m1(p[3] >> 4));
+            const uint32_t v = rpc_ld_u32(b + 1 + 4 * k);  // 17-byte blocks: byte loads
+            s.w[k] = (int)rpc_lookup4(v & 0x0F0F0F0Fu, table);
+            s.w[k + 4] = (int)rpc_lookup4((v >> 4) & 0x0F0F0F0Fu, table);
         }
         rpc_sub_uniform(&s, rpc_e8m0_half(b[0]), 0.0f);
         return s;
@@ -432,12 +450,11 @@ template <> struct Blk<RPC_IQ4_XS> {
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int s) {
         RpcSub r;
+        const int8_t table[16] = RPC_KVALUES_IQ4NL;
         for (int k = 0; k < 4; ++k) {
-            const uint8_t* p = b + 8 + 16 * s + 4 * k;
-            r.w[k] = rpc_pack4(rpc_kvalue_iq4nl(p[0]), rpc_kvalue_iq4nl(p[1]),
-                               rpc_kvalue_iq4nl(p[2]), rpc_kvalue_iq4nl(p[3]));
-            r.w[k + 4] = rpc_pack4(rpc_kvalue_iq4nl(p[0] >> 4), rpc_kvalue_iq4nl(p[1] >> 4),
-                                   rpc_kvalue_iq4nl(p[2] >> 4), rpc_kvalue_iq4nl(p[3] >> 4));
+            const uint32_t v = rpc_ld_u32a<4>(b + 8 + 16 * s + 4 * k);
+            r.w[k] = (int)rpc_lookup4(v & 0x0F0F0F0Fu, table);
+            r.w[k + 4] = (int)rpc_lookup4((v >> 4) & 0x0F0F0F0Fu, table);
         }
         rpc_sub_uniform(&r, scale(b, s), 0.0f);
         return r;

@@ -124,6 +124,26 @@ RPC_HD int rpc_dp4a(int a, int b, int c) {
 #endif
 }
 
+// Byte permute (PTX prmt.b32, default mode): output byte i is byte (c & 7) of {y:x} for the
+// selector nibble c = s[4i+3:4i], or that byte's sign replicated when c & 8.
+RPC_HD uint32_t rpc_prmt(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef RPC_DEVICE_BUILD
+    uint32_t r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(x), "r"(y), "r"(s));
+    return r;
+#else
+    const uint64_t bytes = (uint64_t)x | ((uint64_t)y << 32);
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t c = (s >> (4 * i)) & 15;
+        uint32_t b = (uint32_t)(bytes >> (8 * (c & 7))) & 0xff;
+        if (c & 8) b = (b & 0x80) ? 0xff : 0;
+        r |= b << (8 * i);
+    }
+    return r;
+#endif
+}
+
 RPC_HD float rpc_fabsf(float x) { return x < 0.0f ? -x : x; }
 RPC_HD float rpc_fmaxf(float a, float b) { return a > b ? a : b; }
 
