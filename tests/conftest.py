@@ -67,6 +67,9 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_attack_load": ("e2e", "slow"),
     "test_wheel": ("e2e", "slow"),
     "test_cuda_gpu": ("gpu",),
+    "test_cuda_capture": ("unit",),
+    "test_cuda_launch_args": ("unit",),
+    "test_memory_accounting": ("unit",),
 }
 
 

@@ -77,7 +77,7 @@ def weight_chunks(a_t: Tensor, chunk: int) -> list[tuple[int, int, Tensor]]:
     """Row ranges (m0, m1, descriptor) small enough to convert one at a time: weights of a
     non-f32 type larger than `chunk` bytes as f32 are never converted whole (scratch.py)."""
     k, m = a_t.ne[0], a_t.ne[1]
-    if a_t.type == GGML_F32 or a_t.nelements * 4 <= chunk:
+    if a_t.type == GgmlType.F32 or a_t.nelements * 4 <= chunk:
         return []
     rows = max(1, chunk // (4 * k * a_t.ne[2] * a_t.ne[3]))
     return [
