@@ -46,6 +46,7 @@ __all__ = [
     "request_size",
     "response_size",
     "type_info",
+    "type_table",
     "tensor_nbytes",
     "nelements",
     "check_tensor_in_buffer",

@@ -28,6 +28,7 @@ from rpcnet.server.session import (
     Session,
     SessionLimits,
 )
+from rpcnet.server.stats import ServerStats
 from rpcnet.transport.base import ByteStream, ConnectionClosed
 from rpcnet.transport.negotiate import ServerNegotiation
 
@@ -55,6 +56,7 @@ class Host(Protocol):
     cache: HashCache | None
     negotiation: ServerNegotiation
     comm: CommHub
+    stats: ServerStats
 
 
 class Connection:

@@ -135,11 +135,11 @@ class ServerCollector:
         calls = CounterMetricFamily(
             "rpcnet_kernel_calls", "Kernel runs by op and device", labels=["op", "device"]
         )
-        by_op: dict[str, list[float]] = {}
+        by_op: dict[str, tuple[float, int]] = {}
         for label, (secs, n) in profile.totals().items():
-            entry = by_op.setdefault(label.split(" ", 1)[0], [0.0, 0])
-            entry[0] += secs
-            entry[1] += n
+            op = label.split(" ", 1)[0]
+            total, calls_so_far = by_op.get(op, (0.0, 0))
+            by_op[op] = (total + secs, calls_so_far + n)
         device = self.server.config.device  # plans are compiled for the served device kind
         for op, (secs, n) in sorted(by_op.items()):
             seconds.add_metric([op, device], secs)
@@ -295,8 +295,8 @@ class MetricsServer:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ServerCollector(server))  # type: ignore[arg-type]
-        self._listener: asyncio.AbstractServer | None = None
+        self.registry.register(ServerCollector(server))
+        self._listener: asyncio.Server | None = None
 
     @classmethod
     async def start(cls, server: Server, host: str, port: int) -> MetricsServer:

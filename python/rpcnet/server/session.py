@@ -470,9 +470,9 @@ class Session:
             for plan in cache.values():
                 plan.release()
             cache.clear()
-        for plan in self._last_graph:
-            if plan is not None:
-                plan.release()
+        for last in self._last_graph:
+            if last is not None:
+                last.release()
         self._last_graph = [None for _ in self.devices]
         for device in self._linked | set(self._comm_held):  # also without COMM_FREE
             self._drop_link(device)

@@ -96,7 +96,7 @@ def soft_max(node: Tensor) -> Step:
 
     def run() -> None:
         w = av * scale
-        if mask_t is not None:
+        if mask_rows is not None:
             m = tile_heads(convert.load_f32(mask_rows), n3, n2)
             w += slopes * m if use_slopes else m
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
