@@ -416,3 +416,23 @@ def test_unary(be, cp, op):
     be.synchronize()
     want = UNARY_ORACLES[op](x.astype(np.float64))
     np.testing.assert_allclose(cp.asnumpy(out), want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("type_name", ["F16", "BF16"])
+def test_float_matvec_on_rows_not_16_byte_aligned(be, cp, real_tensors, type_name):
+    """The scalar path of the float matvec (weights 2 bytes off a 16-byte boundary)."""
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    m = raw.shape[0]
+    base = cp.zeros(raw.size + 16, cp.uint8)
+    w_dev = base[2 : 2 + raw.size]
+    w_dev[:] = cp.asarray(raw.reshape(-1))
+    y = np.random.default_rng(17).standard_normal((2, k)).astype(np.float32)
+    dst = cp.zeros((2, m), cp.float32)
+    launch.matvec(be, type_name, w_dev, cp.asarray(y), dst, k, m, 2)
+    be.synchronize()
+    w = _gguf_dequant(type_name, raw, k).astype(np.float64)
+    want = y.astype(np.float64) @ w.T
+    scale = np.abs(y.astype(np.float64)) @ np.abs(w).T
+    assert np.all(np.abs(cp.asnumpy(dst) - want) <= 1e-5 * scale)
