@@ -436,3 +436,39 @@ def test_float_matvec_on_rows_not_16_byte_aligned(be, cp, real_tensors, type_nam
     want = y.astype(np.float64) @ w.T
     scale = np.abs(y.astype(np.float64)) @ np.abs(w).T
     assert np.all(np.abs(cp.asnumpy(dst) - want) <= 1e-5 * scale)
+
+
+@pytest.mark.parametrize("dst_type", ["F32", "F16", "BF16", "Q8_0"])
+def test_set_rows(be, cp, dst_type):
+    import gguf
+    from gguf.quants import dequantize, quantize
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(18)
+    k, rows = 128, 6
+    src = rng.standard_normal((3, k)).astype(np.float32)
+    ids = np.array([4, 0, 2], np.int64)
+    dst = cp.zeros(launch.row_bytes(dst_type, k) * rows, cp.uint8)
+    launch.set_rows(be, cp.asarray(src), cp.asarray(ids), dst, dst_type)
+    be.synchronize()
+    qtype = gguf.GGMLQuantizationType[dst_type]
+    got = np.asarray(dequantize(cp.asnumpy(dst).reshape(rows, -1), qtype)).reshape(rows, k)
+    want = np.zeros((rows, k), np.float32)
+    want[ids] = np.asarray(dequantize(quantize(src, qtype), qtype)).reshape(3, k)  # gguf's rounding
+    np.testing.assert_array_equal(got, want)
+
+
+def test_cpy_converts_and_permutes(be, cp):
+    from rpcnet.compute.cuda import launch
+
+    x = np.random.default_rng(19).standard_normal((4, 64)).astype(np.float32)
+    out16 = cp.zeros((64, 4), cp.float16)  # same element count, another shape (ggml allows it)
+    launch.cpy(be, cp.asarray(x), out16)
+    back = cp.zeros((4, 64), cp.float32)
+    launch.cpy(be, out16, back)
+    tr = cp.zeros((64, 4), cp.float32).T  # a transposed destination view
+    launch.cpy(be, cp.asarray(x), tr)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out16).reshape(-1), x.astype(np.float16).reshape(-1))
+    np.testing.assert_array_equal(cp.asnumpy(back), x.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(cp.asnumpy(tr), x)
