@@ -416,3 +416,59 @@ def test_unary(be, cp, op):
     be.synchronize()
     want = UNARY_ORACLES[op](x.astype(np.float64))
     np.testing.assert_allclose(cp.asnumpy(out), want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("type_name", ["F16", "BF16"])
+def test_float_matvec_on_rows_not_16_byte_aligned(be, cp, real_tensors, type_name):
+    """The scalar path of the float matvec (weights 2 bytes off a 16-byte boundary)."""
+    from rpcnet.compute.cuda import launch
+
+    raw, k = real_tensors[type_name]
+    m = raw.shape[0]
+    base = cp.zeros(raw.size + 16, cp.uint8)
+    w_dev = base[2 : 2 + raw.size]
+    w_dev[:] = cp.asarray(raw.reshape(-1))
+    y = np.random.default_rng(17).standard_normal((2, k)).astype(np.float32)
+    dst = cp.zeros((2, m), cp.float32)
+    launch.matvec(be, type_name, w_dev, cp.asarray(y), dst, k, m, 2)
+    be.synchronize()
+    w = _gguf_dequant(type_name, raw, k).astype(np.float64)
+    want = y.astype(np.float64) @ w.T
+    scale = np.abs(y.astype(np.float64)) @ np.abs(w).T
+    assert np.all(np.abs(cp.asnumpy(dst) - want) <= 1e-5 * scale)
+
+
+@pytest.mark.parametrize("dst_type", ["F32", "F16", "BF16", "Q8_0"])
+def test_set_rows(be, cp, dst_type):
+    import gguf
+    from gguf.quants import dequantize, quantize
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(18)
+    k, rows = 128, 6
+    src = rng.standard_normal((3, k)).astype(np.float32)
+    ids = np.array([4, 0, 2], np.int64)
+    dst = cp.zeros(launch.row_bytes(dst_type, k) * rows, cp.uint8)
+    launch.set_rows(be, cp.asarray(src), cp.asarray(ids), dst, dst_type)
+    be.synchronize()
+    qtype = gguf.GGMLQuantizationType[dst_type]
+    got = np.asarray(dequantize(cp.asnumpy(dst).reshape(rows, -1), qtype)).reshape(rows, k)
+    want = np.zeros((rows, k), np.float32)
+    want[ids] = np.asarray(dequantize(quantize(src, qtype), qtype)).reshape(3, k)  # gguf's rounding
+    np.testing.assert_array_equal(got, want)
+
+
+def test_cpy_converts_and_permutes(be, cp):
+    from rpcnet.compute.cuda import launch
+
+    x = np.random.default_rng(19).standard_normal((4, 64)).astype(np.float32)
+    out16 = cp.zeros((64, 4), cp.float16)  # same element count, another shape (ggml allows it)
+    launch.cpy(be, cp.asarray(x), out16)
+    back = cp.zeros((4, 64), cp.float32)
+    launch.cpy(be, out16, back)
+    tr = cp.zeros((64, 4), cp.float32).T  # a transposed destination view
+    launch.cpy(be, cp.asarray(x), tr)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out16).reshape(-1), x.astype(np.float16).reshape(-1))
+    np.testing.assert_array_equal(cp.asnumpy(back), x.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(cp.asnumpy(tr), x)

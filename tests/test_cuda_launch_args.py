@@ -207,6 +207,34 @@ def launches():
                 ),
             )
         )
+    for t in ("F32", "F16", "BF16", "Q8_0"):
+        for ids_type in (np.int64, i32):
+            out.append(
+                (
+                    f"set_rows {t} {ids_type.__name__}",
+                    lambda be, t=t, it=ids_type: launch.set_rows(
+                        be,
+                        DevArray((3, 64), f32),
+                        DevArray(3, it),
+                        DevArray(launch.row_bytes(t, 64) * 8, u8),
+                        t,
+                    ),
+                )
+            )
+    as_dtype = {"f32": f32, "f16": f16}
+    for a in ("f32", "f16", "bf16"):
+        for b in ("f32", "f16", "bf16"):
+            sa = (
+                (DevArray((4, 64), np.uint16), "bf16")
+                if a == "bf16"
+                else DevArray((4, 64), as_dtype[a])
+            )
+            db = (
+                (DevArray((64, 4), np.uint16), "bf16")
+                if b == "bf16"
+                else DevArray((64, 4), as_dtype[b])
+            )
+            out.append((f"cpy {a} {b}", lambda be, sa=sa, db=db: launch.cpy(be, sa, db)))
     return out
 
 

@@ -385,3 +385,55 @@ def unary(
     fn = be.kernels.function("elementwise", "rpc_unary_f32")
     args = (i32(code), src, dst, *map(i64, ne), *map(i64, snb), *map(i64, dnb), f32(p0), f32(p1))
     _launch(be, fn, _elementwise_grid(int(np.prod(ne))), (256,), args)
+
+
+def set_rows(be: CudaBackend, src: Any, ids: Any, dst: Any, dst_type: str) -> None:
+    """dst rows ids[i] = src rows i: src f32 [n, k], ids int64 or int32 [n], dst [rows, k] of
+    `dst_type` (F32, F16, BF16 or Q8_0) given as its raw bytes, rows contiguous."""
+    n, k = int(src.shape[0]), int(src.shape[1])
+    rb = row_bytes(dst_type, k)
+    ids_i64 = ids.dtype.itemsize == 8
+    suffix = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}[dst_type]
+    fn = be.kernels.function("rows", f"rpc_set_rows_{suffix}")
+    args = (
+        src,
+        ids,
+        i32(ids_i64),
+        dst,
+        i32(k),
+        i32(1),
+        i32(1),
+        i32(1),
+        i64(4 * k),
+        i64(0),
+        i64(0),
+        i64(ids.dtype.itemsize),
+        i64(0),
+        i64(0),
+        i64(rb),
+        i64(0),
+        i64(0),
+    )
+    if dst_type == "Q8_0":
+        _launch(be, fn, (_cdiv(k // 32, 8), n, 1), (32, 8), args)
+    else:
+        _launch(be, fn, (_cdiv(k, 256), n, 1), (256,), args)
+
+
+def cpy(be: CudaBackend, src: Any, dst: Any) -> None:
+    """Element-wise copy/convert between f32, f16 and bf16 arrays of equal size, any strides
+    (each side walked in its own logical order). CuPy has no bf16 dtype: pass a bf16 operand
+    as (uint16 array, "bf16")."""
+    (s, st), (d, dt) = (_typed(src), _typed(dst))
+    sne, snb = _shape4(s)
+    dne, dnb = _shape4(d)
+    n = int(np.prod(sne))
+    fn = be.kernels.function("cpy", f"rpc_cpy_{st}_{dt}")
+    args = (s, d, i64(n), *map(i64, sne[:3]), *map(i64, snb), *map(i64, dne[:3]), *map(i64, dnb))
+    _launch(be, fn, _elementwise_grid(n), (256,), args)
+
+
+def _typed(a: Any) -> tuple[Any, str]:
+    if isinstance(a, tuple):
+        return a
+    return a, {4: "f32", 2: "f16"}[a.dtype.itemsize]

@@ -51,6 +51,31 @@ __device__ __forceinline__ void rpc_mmvq(const uint8_t* __restrict__ w, const ui
     }
 }
 
+// The 16 bytes of a float-type weight vector as floats (4 f32 or 8 f16/bf16).
+template <int T> __device__ __forceinline__ void rpc_unpack16(uint4 v, float* out);
+template <> __device__ __forceinline__ void rpc_unpack16<RPC_F32>(uint4 v, float* out) {
+    out[0] = __int_as_float((int)v.x);
+    out[1] = __int_as_float((int)v.y);
+    out[2] = __int_as_float((int)v.z);
+    out[3] = __int_as_float((int)v.w);
+}
+template <> __device__ __forceinline__ void rpc_unpack16<RPC_F16>(uint4 v, float* out) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = rpc_half_to_float((uint16_t)(w[i] & 0xffffu));
+        out[2 * i + 1] = rpc_half_to_float((uint16_t)(w[i] >> 16));
+    }
+}
+template <> __device__ __forceinline__ void rpc_unpack16<RPC_BF16>(uint4 v, float* out) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = rpc_bf16_to_float((uint16_t)(w[i] & 0xffffu));
+        out[2 * i + 1] = rpc_bf16_to_float((uint16_t)(w[i] >> 16));
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, const float* __restrict__ y,
                                               float* __restrict__ dst, int k, int m, int ncols,
@@ -66,11 +91,27 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
     float acc[RPC_MV_MAXCOLS];
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
-    for (int i = threadIdx.x; i < k; i += RPC_WARP) {
-        const float wv = Blk<T>::value(wrow + i * Blk<T>::BYTES, 0);
+    const int per = 16 / Blk<T>::BYTES;  // elements per 16-byte load
+    const bool vec = ((((unsigned long long)wrow) & 15) == 0) && (k % per == 0);
+    if (vec) {  // 16 bytes of weights per lane per step: 512 bytes per warp
+        for (int v = threadIdx.x; v < k / per; v += RPC_WARP) {
+            float wf[8];
+            rpc_unpack16<T>(((const uint4*)wrow)[v], wf);
 #pragma unroll
-        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-            if (c < ncols) acc[c] += wv * yc[c * y_col + i];
+            for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+                if (c >= ncols) continue;
+                const float* yv = yc + c * y_col + v * per;
+#pragma unroll
+                for (int e = 0; e < 16 / Blk<T>::BYTES; ++e) acc[c] += wf[e] * yv[e];
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < k; i += RPC_WARP) {
+            const float wv = Blk<T>::value(wrow + i * Blk<T>::BYTES, 0);
+#pragma unroll
+            for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+                if (c < ncols) acc[c] += wv * yc[c * y_col + i];
+            }
         }
     }
 #pragma unroll
