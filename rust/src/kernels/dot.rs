@@ -546,9 +546,19 @@ impl RowDot for F32 {
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let get = |i: usize| (f32_at(w, 4 * i), f32_at(x, 4 * i));
         let mut sumf = reduce4(&four_acc(k, get));
-        for i in k & !31..k {
+        // The reference build's leftover loop (GCC, vectorized): groups of 8, then one of 4,
+        // as a rounded product then an add; the last 0-3 elements fused.
+        let start = k & !31;
+        let left = k - start;
+        let unfused = if left >= 8 { left & !7 } else { 0 };
+        let unfused = unfused + if left - unfused >= 4 { 4 } else { 0 };
+        for i in start..k {
             let (a, b) = get(i);
-            sumf = a.mul_add(b, sumf);
+            sumf = if i < start + unfused {
+                sumf + a * b
+            } else {
+                a.mul_add(b, sumf)
+            };
         }
         sumf
     }
