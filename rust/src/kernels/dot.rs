@@ -20,6 +20,27 @@ pub trait RowDot {
     const ACT: ActFormat;
     /// `Σ w·x` over `k` elements (`w`, `x` hold exactly one row each).
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32;
+
+    /// [`Self::dot`] with AVX2 intrinsics where a type has them (same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline(always)]
+    unsafe fn dot_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
+        Self::dot(w, x, k)
+    }
+}
+
+/// Overrides `dot_simd` with a function of [`super::dot_avx2`].
+macro_rules! simd_dot {
+    ($f:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn dot_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
+            // SAFETY: the caller guarantees AVX2, FMA and F16C.
+            unsafe { super::dot_avx2::$f(w, x, k) }
+        }
+    };
 }
 
 #[inline(always)]
@@ -105,6 +126,9 @@ fn e8m0_half(x: u8) -> f32 {
 /// Q8_0/Q4_0/Q5_0 family: one FMA per block of `d_w · d_x` times the lanes.
 macro_rules! simple_q8_0 {
     ($name:ident, $bytes:expr, $decode:expr) => {
+        simple_q8_0!($name, $bytes, $decode, );
+    };
+    ($name:ident, $bytes:expr, $decode:expr, $($simd:ident)?) => {
         pub struct $name;
         impl RowDot for $name {
             const BLOCK: usize = 32;
@@ -120,16 +144,23 @@ macro_rules! simple_q8_0 {
                 }
                 hsum8(&acc)
             }
+            $(simd_dot!($simd);)?
         }
     };
 }
 
-simple_q8_0!(Q8_0, 34, |b: &[u8]| -> [i8; 32] {
-    std::array::from_fn(|i| b[2 + i] as i8)
-});
-simple_q8_0!(Q4_0, 18, |b: &[u8]| -> [i8; 32] {
-    nibbles(&b[2..18]).map(|v| v as i8 - 8)
-});
+simple_q8_0!(
+    Q8_0,
+    34,
+    |b: &[u8]| -> [i8; 32] { std::array::from_fn(|i| b[2 + i] as i8) },
+    q8_0
+);
+simple_q8_0!(
+    Q4_0,
+    18,
+    |b: &[u8]| -> [i8; 32] { nibbles(&b[2..18]).map(|v| v as i8 - 8) },
+    q4_0
+);
 simple_q8_0!(Q5_0, 22, |b: &[u8]| -> [i8; 32] {
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
     let n = nibbles(&b[6..22]);
@@ -231,7 +262,7 @@ fn q8k(y: &[u8]) -> (f32, &[u8], [i32; 16]) {
 
 /// The 6-bit (scale, min) pairs of Q4_K / Q5_K (`get_scale_min_k4`).
 #[inline(always)]
-fn scale_min_k4(q: &[u8]) -> ([i32; 8], [i32; 8]) {
+pub fn scale_min_k4(q: &[u8]) -> ([i32; 8], [i32; 8]) {
     let mut sc = [0i32; 8];
     let mut mn = [0i32; 8];
     for j in 0..8 {
@@ -378,6 +409,7 @@ impl RowDot for Q4K {
         }
         hsum8(&acc) + hsum4(&acc_m)
     }
+    simd_dot!(q4_k);
 }
 
 pub struct Q5K;
@@ -444,6 +476,7 @@ impl RowDot for Q6K {
         }
         hsum8(&acc)
     }
+    simd_dot!(q6_k);
 }
 
 pub struct IQ4XS;
@@ -512,6 +545,7 @@ impl RowDot for F16 {
         }
         sumf as f32
     }
+    simd_dot!(f16);
 }
 
 #[inline(always)]

@@ -122,7 +122,7 @@ impl Converted {
 /// Weight rows `first..first + out.len() / rows` against every activation row;
 /// `out[(i - first) * rows + r]`.
 #[inline(always)]
-fn rows_impl<D: RowDot>(
+fn rows_impl<D: RowDot, const SIMD: bool>(
     w: &[u8],
     stride: usize,
     first: usize,
@@ -139,7 +139,13 @@ fn rows_impl<D: RowDot>(
             let x = act.row(r);
             for i in 0..tile_rows {
                 let at = (base + i) * stride;
-                tile[i * n + r] = D::dot(&w[at..at + wrow_bytes], x, k);
+                let wr = &w[at..at + wrow_bytes];
+                tile[i * n + r] = if SIMD {
+                    // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+                    unsafe { D::dot_simd(wr, x, k) }
+                } else {
+                    D::dot(wr, x, k)
+                };
             }
         }
     }
@@ -153,7 +159,7 @@ fn rows_portable<D: RowDot>(
     act: &Converted,
     out: &mut [f32],
 ) {
-    rows_impl::<D>(w, stride, first, k, act, out)
+    rows_impl::<D, false>(w, stride, first, k, act, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -166,7 +172,7 @@ fn rows_avx2<D: RowDot>(
     act: &Converted,
     out: &mut [f32],
 ) {
-    rows_impl::<D>(w, stride, first, k, act, out)
+    rows_impl::<D, true>(w, stride, first, k, act, out)
 }
 
 type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32]);

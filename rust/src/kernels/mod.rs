@@ -7,6 +7,8 @@
 
 pub mod act;
 pub mod dot;
+#[cfg(target_arch = "x86_64")]
+pub mod dot_avx2;
 pub mod matmul;
 pub mod q8_0;
 
