@@ -1,4 +1,4 @@
-"""Native MUL_MAT kernel (`_native.matmul_quant`) for every weight type: decode GB/s, prefill GFLOP/s.
+"""Native MUL_MAT (`_native.matmul_quant`), every weight type: decode GB/s, prefill GFLOP/s.
 
 Decode (N = 1): weight bytes read per second, against the host's measured read bandwidth (a
 NumPy reduction over 512 MiB). Prefill (N = 64, 256): 2·M·K·N / time. Weights are random block
@@ -71,7 +71,7 @@ def main() -> None:
             x = rng.standard_normal((n, k), dtype=np.float32)
             out = np.empty((n, m), np.float32)
             s = best_s(
-                lambda w=w, x=x, out=out: _native.matmul_quant(
+                lambda t=t, w=w, x=x, out=out: _native.matmul_quant(
                     t, w, w.shape[1], x, out, args.threads
                 ),
                 args.repeat if n == 1 else max(1, args.repeat // 2),

@@ -239,9 +239,7 @@ def test_against_reference_server(name, path, real_weights, reference_v8, rpcnet
             want = as_f32(r, (M, n)).reshape(n, M)
             got = run_kernel(type_id, wq, wq.shape[1], xv)
             assert np.array_equal(as_f32(s, (M, n)).reshape(n, M), got), "server != kernel"
-            exact = n == 1 or not (
-                type_id in SGEMM_TYPES or (type_id in TILED_TYPES and n >= 8)
-            )
+            exact = n == 1 or not (type_id in SGEMM_TYPES or (type_id in TILED_TYPES and n >= 8))
             if exact:
                 assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
                     f"{name} K={k} N={n} ({path}): not bit-exact, max |d| "

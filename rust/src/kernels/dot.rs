@@ -256,7 +256,8 @@ table_q8_0!(MXFP4, 17, KVALUES_MXFP4, |b: &[u8]| e8m0_half(b[0]), 1);
 /// q8_K activation block: (d, codes, bsums).
 #[inline(always)]
 fn q8k(y: &[u8]) -> (f32, &[u8], [i32; 16]) {
-    let bsums = std::array::from_fn(|j| i16::from_le_bytes([y[260 + 2 * j], y[261 + 2 * j]]) as i32);
+    let bsums =
+        std::array::from_fn(|j| i16::from_le_bytes([y[260 + 2 * j], y[261 + 2 * j]]) as i32);
     (f32_at(y, 0), &y[4..260], bsums)
 }
 

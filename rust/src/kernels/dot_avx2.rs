@@ -44,6 +44,10 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0xF))
 }
 
+/// q8_0 weights · q8_0 activations.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q8_0(w: &[u8], x: &[u8], k: usize) -> f32 {
     let nb = k / 32;
@@ -59,6 +63,10 @@ pub unsafe fn q8_0(w: &[u8], x: &[u8], k: usize) -> f32 {
     hsum(acc)
 }
 
+/// q4_0 weights · q8_0 activations.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_0(w: &[u8], x: &[u8], k: usize) -> f32 {
     let nb = k / 32;
@@ -85,6 +93,10 @@ unsafe fn bsum(y: *const u8, j: usize) -> i32 {
     i16::from_le_bytes([*y.add(260 + 2 * j), *y.add(261 + 2 * j)]) as i32
 }
 
+/// Q4_K weights · q8_K activations.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     let nb = k / 256;
@@ -128,6 +140,10 @@ unsafe fn split_scale(a: i8, b: i8) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(b as i16), _mm_set1_epi16(a as i16))
 }
 
+/// Q6_K weights · q8_K activations.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     let nb = k / 256;
@@ -171,6 +187,10 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     hsum(acc)
 }
 
+/// f16 weights · f16 activations.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16(w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(w.len() >= 2 * k && x.len() >= 2 * k);

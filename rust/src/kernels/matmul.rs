@@ -62,22 +62,70 @@ pub struct TypeInfo {
 macro_rules! for_type {
     ($type_id:expr, $d:ident => $body:expr, $none:expr) => {
         match $type_id {
-            0 => { type $d = dot::F32; $body }
-            1 => { type $d = dot::F16; $body }
-            2 => { type $d = dot::Q4_0; $body }
-            3 => { type $d = dot::Q4_1; $body }
-            6 => { type $d = dot::Q5_0; $body }
-            7 => { type $d = dot::Q5_1; $body }
-            8 => { type $d = dot::Q8_0; $body }
-            10 => { type $d = dot::Q2K; $body }
-            11 => { type $d = dot::Q3K; $body }
-            12 => { type $d = dot::Q4K; $body }
-            13 => { type $d = dot::Q5K; $body }
-            14 => { type $d = dot::Q6K; $body }
-            20 => { type $d = dot::IQ4NL; $body }
-            23 => { type $d = dot::IQ4XS; $body }
-            30 => { type $d = dot::BF16; $body }
-            39 => { type $d = dot::MXFP4; $body }
+            0 => {
+                type $d = dot::F32;
+                $body
+            }
+            1 => {
+                type $d = dot::F16;
+                $body
+            }
+            2 => {
+                type $d = dot::Q4_0;
+                $body
+            }
+            3 => {
+                type $d = dot::Q4_1;
+                $body
+            }
+            6 => {
+                type $d = dot::Q5_0;
+                $body
+            }
+            7 => {
+                type $d = dot::Q5_1;
+                $body
+            }
+            8 => {
+                type $d = dot::Q8_0;
+                $body
+            }
+            10 => {
+                type $d = dot::Q2K;
+                $body
+            }
+            11 => {
+                type $d = dot::Q3K;
+                $body
+            }
+            12 => {
+                type $d = dot::Q4K;
+                $body
+            }
+            13 => {
+                type $d = dot::Q5K;
+                $body
+            }
+            14 => {
+                type $d = dot::Q6K;
+                $body
+            }
+            20 => {
+                type $d = dot::IQ4NL;
+                $body
+            }
+            23 => {
+                type $d = dot::IQ4XS;
+                $body
+            }
+            30 => {
+                type $d = dot::BF16;
+                $body
+            }
+            39 => {
+                type $d = dot::MXFP4;
+                $body
+            }
             _ => $none,
         }
     };
@@ -433,7 +481,11 @@ mod tests {
                     s += dw * dy * (wb[2 + j] as i8 as f64) * (yb[2 + j] as i8 as f64);
                 }
             }
-            assert!((out[i] as f64 - s).abs() <= 1e-5 * s.abs().max(1.0), "{} {s}", out[i]);
+            assert!(
+                (out[i] as f64 - s).abs() <= 1e-5 * s.abs().max(1.0),
+                "{} {s}",
+                out[i]
+            );
         }
     }
 
