@@ -114,7 +114,7 @@ pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4,
 
 /// `GGML_E8M0_TO_FP32_HALF`.
 #[inline(always)]
-fn e8m0_half(x: u8) -> f32 {
+pub fn e8m0_half(x: u8) -> f32 {
     let bits = if x < 2 {
         0x0020_0000u32 << x
     } else {
@@ -161,15 +161,20 @@ simple_q8_0!(
     |b: &[u8]| -> [i8; 32] { nibbles(&b[2..18]).map(|v| v as i8 - 8) },
     q4_0
 );
-simple_q8_0!(Q5_0, 22, |b: &[u8]| -> [i8; 32] {
-    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-    let n = nibbles(&b[6..22]);
-    std::array::from_fn(|i| (n[i] | (((qh >> i) & 1) << 4) as u8) as i8 - 16)
-});
+simple_q8_0!(
+    Q5_0,
+    22,
+    |b: &[u8]| -> [i8; 32] {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let n = nibbles(&b[6..22]);
+        std::array::from_fn(|i| (n[i] | (((qh >> i) & 1) << 4) as u8) as i8 - 16)
+    },
+    q5_0
+);
 
 /// Q4_1/Q5_1 × q8_1: lanes of unsigned codes, plus `Σ m · s` accumulated with a scalar FMA.
 macro_rules! min_q8_1 {
-    ($name:ident, $bytes:expr, $decode:expr, $scale:expr) => {
+    ($name:ident, $bytes:expr, $decode:expr, $scale:expr, $simd:ident) => {
         pub struct $name;
         impl RowDot for $name {
             const BLOCK: usize = 32;
@@ -190,6 +195,7 @@ macro_rules! min_q8_1 {
                 }
                 hsum8(&acc) + summs
             }
+            simd_dot!($simd);
         }
     };
 }
@@ -198,7 +204,8 @@ min_q8_1!(
     Q4_1,
     20,
     |b: &[u8]| -> [i8; 32] { nibbles(&b[4..20]).map(|v| v as i8) },
-    |dx: f32, dy: f32| dx * dy
+    |dx: f32, dy: f32| dx * dy,
+    q4_1
 );
 min_q8_1!(
     Q5_1,
@@ -208,13 +215,14 @@ min_q8_1!(
         let n = nibbles(&b[8..24]);
         std::array::from_fn(|i| (n[i] | (((qh >> i) & 1) << 4) as u8) as i8)
     },
-    |dx: f32, dy: f32| dx * dy
+    |dx: f32, dy: f32| dx * dy,
+    q5_1
 );
 
 /// IQ4_NL / MXFP4 × q8_0: two float accumulators (even and odd blocks), an odd last block
 /// added separately as `d · sumi` (multiply, then add).
 macro_rules! table_q8_0 {
-    ($name:ident, $bytes:expr, $table:expr, $d:expr, $qs:expr) => {
+    ($name:ident, $bytes:expr, $table:expr, $d:expr, $qs:expr, $simd:ident) => {
         pub struct $name;
         impl RowDot for $name {
             const BLOCK: usize = 32;
@@ -246,12 +254,20 @@ macro_rules! table_q8_0 {
                 }
                 sumf
             }
+            simd_dot!($simd);
         }
     };
 }
 
-table_q8_0!(IQ4NL, 18, KVALUES_IQ4NL, |b: &[u8]| f16_at(b, 0), 2);
-table_q8_0!(MXFP4, 17, KVALUES_MXFP4, |b: &[u8]| e8m0_half(b[0]), 1);
+table_q8_0!(IQ4NL, 18, KVALUES_IQ4NL, |b: &[u8]| f16_at(b, 0), 2, iq4_nl);
+table_q8_0!(
+    MXFP4,
+    17,
+    KVALUES_MXFP4,
+    |b: &[u8]| e8m0_half(b[0]),
+    1,
+    mxfp4
+);
 
 /// q8_K activation block: (d, codes, bsums).
 #[inline(always)]
@@ -334,6 +350,23 @@ impl RowDot for Q2K {
         }
         hsum8(&acc)
     }
+    simd_dot!(q2_k);
+}
+
+/// The 16 six-bit scales of a Q3_K block, minus 32.
+#[inline(always)]
+pub fn q3k_scales(raw: &[u8]) -> [i32; 16] {
+    const KM1: u32 = 0x0303_0303;
+    const KM2: u32 = 0x0f0f_0f0f;
+    let a: [u32; 3] =
+        std::array::from_fn(|i| u32::from_le_bytes(raw[4 * i..4 * i + 4].try_into().expect("4")));
+    let words = [
+        (a[0] & KM2) | ((a[2] & KM1) << 4),
+        (a[1] & KM2) | (((a[2] >> 2) & KM1) << 4),
+        ((a[0] >> 4) & KM2) | (((a[2] >> 4) & KM1) << 4),
+        ((a[1] >> 4) & KM2) | (((a[2] >> 6) & KM1) << 4),
+    ];
+    std::array::from_fn(|i| (words[i / 4] >> (8 * (i % 4))) as u8 as i32 - 32)
 }
 
 pub struct Q3K;
@@ -343,25 +376,13 @@ impl RowDot for Q3K {
     const ACT: ActFormat = ActFormat::Q8K;
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
-        const KM1: u32 = 0x0303_0303;
-        const KM2: u32 = 0x0f0f_0f0f;
         let mut acc = [0.0f32; 8];
         for (wb, yb) in w.chunks_exact(110).zip(x.chunks_exact(292)).take(k / 256) {
             let (yd, q8, _) = q8k(yb);
             let d = yd * f16_at(wb, 108);
             let hmask = &wb[..32];
             let qs = &wb[32..96];
-            let a: [u32; 3] = std::array::from_fn(|i| {
-                u32::from_le_bytes(wb[96 + 4 * i..100 + 4 * i].try_into().expect("4"))
-            });
-            let words = [
-                (a[0] & KM2) | ((a[2] & KM1) << 4),
-                (a[1] & KM2) | (((a[2] >> 2) & KM1) << 4),
-                ((a[0] >> 4) & KM2) | (((a[2] >> 4) & KM1) << 4),
-                ((a[1] >> 4) & KM2) | (((a[2] >> 6) & KM1) << 4),
-            ];
-            let sc: [i32; 16] =
-                std::array::from_fn(|i| (words[i / 4] >> (8 * (i % 4))) as u8 as i32 - 32);
+            let sc = q3k_scales(&wb[96..108]);
             let mut q = [0i8; 256];
             for j in 0..2 {
                 for s in 0..4 {
@@ -377,6 +398,7 @@ impl RowDot for Q3K {
         }
         hsum8(&acc)
     }
+    simd_dot!(q3_k);
 }
 
 /// (m0+m2) + (m1+m3) of the 4-lane min accumulator.
@@ -442,6 +464,7 @@ impl RowDot for Q5K {
         }
         hsum8(&acc) + summs
     }
+    simd_dot!(q5_k);
 }
 
 pub struct Q6K;
@@ -507,6 +530,7 @@ impl RowDot for IQ4XS {
         }
         hsum8(&acc)
     }
+    simd_dot!(iq4_xs);
 }
 
 /// Four 8-lane FMA accumulators over 32-element steps (`GGML_F16_STEP` / `GGML_F32_STEP`).
@@ -570,6 +594,7 @@ impl RowDot for BF16 {
         }
         sumf as f32
     }
+    simd_dot!(bf16);
 }
 
 pub struct F32;
@@ -597,4 +622,5 @@ impl RowDot for F32 {
         }
         sumf
     }
+    simd_dot!(f32);
 }
