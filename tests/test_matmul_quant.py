@@ -302,3 +302,20 @@ def test_batched_broadcast_and_mul_mat_id_against_reference(reference_v8, rpcnet
     ours = g.run(rpcnet_v8, [mm, mmid])
     for r, o, ne in zip(ref, ours, [(16, 3, 4), (8, 2, 6)], strict=True):
         assert np.array_equal(as_f32(o, ne), as_f32(r, ne)), ne
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_1", "Q6_K"])  # q8_0, q8_1, q8_K activations
+def test_activation_ties_round_like_reference(name, path, real_weights, reference_v8):
+    """Activations exactly halfway between two codes: ggml's x86 path rounds them to even."""
+    type_id = TYPES[name]
+    k = k_values(type_id)[0]
+    _, wq = real_weights[(type_id, k)]
+    rng = np.random.default_rng(11)
+    x = (rng.integers(-100, 100, (1, k)) + 0.5).astype(np.float32)
+    x[0, ::32] = 127.0  # amax 127 in every block: scale 1, the codes are x itself
+    g = OpGraph()
+    w = g.input(type_id, (k, M), wq.reshape(-1))
+    out = g.op(MUL_MAT, F32, (M, 1), (w, g.input(F32, (k, 1), x)))
+    want = as_f32(g.run(reference_v8, [out])[0], (M, 1)).reshape(1, M)
+    got = run_kernel(type_id, wq, wq.shape[1], x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name

@@ -118,12 +118,15 @@ pub fn quantize_q8_x86(x: &[f32]) -> (u16, u16, [i8; 32]) {
     let mut qs = [0i8; 32];
     let mut sum = 0i32;
     for (q, v) in qs.iter_mut().zip(x) {
-        // vroundps (nearest even), vcvtps2dq, then saturating packs to i8
-        let r = (v * id).round_ties_even();
-        let i = if r.is_nan() || r.abs() >= 2_147_483_648.0 {
+        // vroundps (nearest even), vcvtps2dq (NaN / out of range: i32::MIN), saturating packs
+        let p = v * id;
+        let i = if p.abs() < 4_194_304.0 {
+            // |p| < 2^22: adding 1.5·2^23 rounds to an integer, ties to even
+            ((p + 12_582_912.0) - 12_582_912.0) as i32
+        } else if p.is_nan() || p.abs() >= 2_147_483_648.0 {
             i32::MIN
         } else {
-            r as i32
+            p.round_ties_even() as i32
         };
         sum = sum.wrapping_add(i);
         *q = i.clamp(-128, 127) as i8;

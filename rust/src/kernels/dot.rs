@@ -29,6 +29,28 @@ pub trait RowDot {
     unsafe fn dot_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
         Self::dot(w, x, k)
     }
+
+    /// [`Self::dot_simd`] for four activation rows at once (each result the same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline(always)]
+    unsafe fn dot_simd4(w: &[u8], xs: [&[u8]; 4], k: usize) -> [f32; 4] {
+        // SAFETY: forwarded from the caller.
+        xs.map(|x| unsafe { Self::dot_simd(w, x, k) })
+    }
+}
+
+/// Overrides `dot_simd4` with a multi-row function of [`super::dot_avx2`].
+macro_rules! simd_dot4 {
+    ($f:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn dot_simd4(w: &[u8], xs: [&[u8]; 4], k: usize) -> [f32; 4] {
+            // SAFETY: the caller guarantees AVX2, FMA and F16C.
+            unsafe { super::dot_avx2::$f(w, xs, k) }
+        }
+    };
 }
 
 /// Overrides `dot_simd` with a function of [`super::dot_avx2`].
@@ -128,7 +150,7 @@ macro_rules! simple_q8_0 {
     ($name:ident, $bytes:expr, $decode:expr) => {
         simple_q8_0!($name, $bytes, $decode, );
     };
-    ($name:ident, $bytes:expr, $decode:expr, $($simd:ident)?) => {
+    ($name:ident, $bytes:expr, $decode:expr, $($simd:ident)? $(; $simd4:ident)?) => {
         pub struct $name;
         impl RowDot for $name {
             const BLOCK: usize = 32;
@@ -145,6 +167,7 @@ macro_rules! simple_q8_0 {
                 hsum8(&acc)
             }
             $(simd_dot!($simd);)?
+            $(simd_dot4!($simd4);)?
         }
     };
 }
@@ -153,7 +176,7 @@ simple_q8_0!(
     Q8_0,
     34,
     |b: &[u8]| -> [i8; 32] { std::array::from_fn(|i| b[2 + i] as i8) },
-    q8_0
+    q8_0; q8_0_x4
 );
 simple_q8_0!(
     Q4_0,
@@ -433,6 +456,7 @@ impl RowDot for Q4K {
         hsum8(&acc) + hsum4(&acc_m)
     }
     simd_dot!(q4_k);
+    simd_dot4!(q4_k_x4);
 }
 
 pub struct Q5K;
@@ -501,6 +525,7 @@ impl RowDot for Q6K {
         hsum8(&acc)
     }
     simd_dot!(q6_k);
+    simd_dot4!(q6_k_x4);
 }
 
 pub struct IQ4XS;

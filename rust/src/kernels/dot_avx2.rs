@@ -514,8 +514,10 @@ pub unsafe fn q3_k(w: &[u8], x: &[u8], k: usize) -> f32 {
                 let y = load32(q8.add(128 * j + 32 * s as usize));
                 let p = _mm256_sub_epi16(_mm256_maddubs_epi16(ql, y), _mm256_maddubs_epi16(qh, y));
                 let at = 8 * j + 2 * s as usize;
-                sumi =
-                    _mm256_add_epi32(sumi, _mm256_madd_epi16(split_scale(sc[at] as i8, sc[at + 1] as i8), p));
+                sumi = _mm256_add_epi32(
+                    sumi,
+                    _mm256_madd_epi16(split_scale(sc[at] as i8, sc[at + 1] as i8), p),
+                );
             }
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -591,4 +593,137 @@ pub unsafe fn bf16(w: &[u8], x: &[u8], k: usize) -> f32 {
         sumf += (bf(wp, i) * bf(xp, i)) as f64;
     }
     sumf as f32
+}
+
+/// Activation rows one multi-row call takes (their outputs computed exactly as one-row calls).
+pub const ROWS4: usize = 4;
+
+/// [`q8_0`] for 4 activation rows sharing each loaded weight block.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_x4(w: &[u8], xs: [&[u8]; ROWS4], k: usize) -> [f32; ROWS4] {
+    let nb = k / 32;
+    assert!(w.len() >= nb * 34 && xs.iter().all(|x| x.len() >= nb * 34));
+    let wp = w.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); ROWS4];
+    for i in 0..nb {
+        let wb = wp.add(34 * i);
+        let dw = f16_at(wb);
+        let qx = load32(wb.add(2));
+        let ax = _mm256_sign_epi8(qx, qx);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let yb = x.as_ptr().add(34 * i);
+            let sy = _mm256_sign_epi8(load32(yb.add(2)), qx);
+            let q = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+            let d = _mm256_set1_ps(dw * f16_at(yb));
+            *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), *a);
+        }
+    }
+    acc.map(|a| hsum(a))
+}
+
+/// [`q4_k`] for 4 activation rows sharing each decoded weight super-block.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_k_x4(w: &[u8], xs: [&[u8]; ROWS4], k: usize) -> [f32; ROWS4] {
+    let nb = k / 256;
+    assert!(w.len() >= nb * 144 && xs.iter().all(|x| x.len() >= nb * 292));
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); ROWS4];
+    let mut acc_m = [[0.0f32; 4]; ROWS4];
+    for i in 0..nb {
+        let wb = w.as_ptr().add(144 * i);
+        let (wd, wmin) = (f16_at(wb), f16_at(wb.add(2)));
+        let (sc, mn) = scale_min_k4(&w[144 * i + 4..144 * i + 16]);
+        let qs = wb.add(16);
+        let mut sumi = [_mm256_setzero_si256(); ROWS4];
+        for j in 0..4 {
+            let bits = load32(qs.add(32 * j));
+            let lo = _mm256_and_si256(bits, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            let (sl, sh) = (
+                _mm256_set1_epi16(sc[2 * j] as i16),
+                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+            );
+            for (s, x) in sumi.iter_mut().zip(&xs) {
+                let q8 = x.as_ptr().add(292 * i + 4);
+                let pl = _mm256_madd_epi16(sl, _mm256_maddubs_epi16(lo, load32(q8.add(64 * j))));
+                let ph =
+                    _mm256_madd_epi16(sh, _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32))));
+                *s = _mm256_add_epi32(*s, _mm256_add_epi32(pl, ph));
+            }
+        }
+        for r in 0..ROWS4 {
+            let yb = xs[r].as_ptr().add(292 * i);
+            let yd = q8k_d(yb);
+            let (d, dmin) = (yd * wd, -yd * wmin);
+            for (t, m) in acc_m[r].iter_mut().enumerate() {
+                let s0 = bsum(yb, 4 * t) + bsum(yb, 4 * t + 1);
+                let s1 = bsum(yb, 4 * t + 2) + bsum(yb, 4 * t + 3);
+                let prod = mn[2 * t] * s0 + mn[2 * t + 1] * s1;
+                *m = dmin.mul_add(prod as f32, *m);
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| {
+        let m = &acc_m[r];
+        hsum(acc[r]) + ((m[0] + m[2]) + (m[1] + m[3]))
+    })
+}
+
+/// [`q6_k`] for 4 activation rows sharing each decoded weight super-block.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_x4(w: &[u8], xs: [&[u8]; ROWS4], k: usize) -> [f32; ROWS4] {
+    let nb = k / 256;
+    assert!(w.len() >= nb * 210 && xs.iter().all(|x| x.len() >= nb * 292));
+    let m15 = _mm256_set1_epi8(15);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); ROWS4];
+    for i in 0..nb {
+        let wb = w.as_ptr().add(210 * i);
+        let wd = f16_at(wb.add(208));
+        let sc: [i8; 16] = std::array::from_fn(|j| *wb.add(192 + j) as i8);
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192) as *const __m128i));
+        let (ql, qh) = (wb, wb.add(128));
+        let mut sumi = [_mm256_setzero_si256(); ROWS4];
+        for j in 0..2 {
+            let b1 = load32(ql.add(64 * j));
+            let b2 = load32(ql.add(64 * j + 32));
+            let h = load32(qh.add(32 * j));
+            let h0 = _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
+            let h1 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(12)), 2);
+            let h2 = _mm256_and_si256(h, _mm256_set1_epi8(48));
+            let h3 = _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(-64)), 2);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
+                _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15), h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15), h3),
+            ];
+            for (c, qc) in q.iter().enumerate() {
+                let s = split_scale(sc[8 * j + 2 * c], sc[8 * j + 2 * c + 1]);
+                for (sr, x) in sumi.iter_mut().zip(&xs) {
+                    let y = load32(x.as_ptr().add(292 * i + 4 + 128 * j + 32 * c));
+                    let p = _mm256_maddubs_epi16(*qc, y);
+                    *sr = _mm256_add_epi32(*sr, _mm256_madd_epi16(s, p));
+                }
+            }
+        }
+        for r in 0..ROWS4 {
+            let yb = xs[r].as_ptr().add(292 * i);
+            let sub = _mm256_slli_epi32(_mm256_madd_epi16(load32(yb.add(260)), scales16), 5);
+            let d = q8k_d(yb) * wd;
+            let s = _mm256_sub_epi32(sumi[r], sub);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    acc.map(|a| hsum(a))
 }

@@ -16,8 +16,10 @@ use super::act::ActFormat;
 use super::dot::{self, RowDot};
 use super::KernelError;
 
-/// Weight rows per tile (a few KiB to tens of KiB: stays in L1/L2 across activation rows).
+/// Most weight rows per tile.
 pub const TILE_ROWS: usize = 16;
+/// Activation rows per block (with a weight tile, a working set of L2 size).
+const ACT_BLOCK: usize = 16;
 /// Below this many weight bytes per thread, extra threads cost more than they save.
 const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
 
@@ -180,20 +182,41 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
 ) {
     let n = act.rows;
     let wrow_bytes = k / D::BLOCK * D::BLOCK_BYTES;
-    for (t, tile) in out.chunks_mut(TILE_ROWS * n).enumerate() {
-        let base = first + t * TILE_ROWS;
-        let tile_rows = tile.len() / n;
-        for r in 0..n {
-            let x = act.row(r);
-            for i in 0..tile_rows {
-                let at = (base + i) * stride;
-                let wr = &w[at..at + wrow_bytes];
-                tile[i * n + r] = if SIMD {
-                    // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
-                    unsafe { D::dot_simd(wr, x, k) }
-                } else {
-                    D::dot(wr, x, k)
-                };
+    let rows_total = out.len() / n.max(1);
+    let dot1 = |i: usize, r: usize| -> f32 {
+        let at = (first + i) * stride;
+        let wr = &w[at..at + wrow_bytes];
+        if SIMD {
+            // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+            unsafe { D::dot_simd(wr, act.row(r), k) }
+        } else {
+            D::dot(wr, act.row(r), k)
+        }
+    };
+    // Blocks of activation rows × tiles of weight rows, both cache-sized, so each weight tile is
+    // reused by a block of activation rows and each block by every tile (read once for decode).
+    for r0 in (0..n).step_by(ACT_BLOCK) {
+        let r1 = n.min(r0 + ACT_BLOCK);
+        for i0 in (0..rows_total).step_by(TILE_ROWS) {
+            let i1 = rows_total.min(i0 + TILE_ROWS);
+            let mut r = r0;
+            if SIMD {
+                // four activation rows per pass: each weight block decoded once for all four
+                while r + 4 <= r1 {
+                    let xs = [act.row(r), act.row(r + 1), act.row(r + 2), act.row(r + 3)];
+                    for i in i0..i1 {
+                        let at = (first + i) * stride;
+                        // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+                        let res = unsafe { D::dot_simd4(&w[at..at + wrow_bytes], xs, k) };
+                        out[i * n + r..i * n + r + 4].copy_from_slice(&res);
+                    }
+                    r += 4;
+                }
+            }
+            for r in r..r1 {
+                for i in i0..i1 {
+                    out[i * n + r] = dot1(i, r);
+                }
             }
         }
     }
