@@ -1,9 +1,11 @@
-"""Decode-shaped MUL_MAT (q8_0 weights, N activation rows): native block kernel vs NumPy path.
+"""Native MUL_MAT (`_native.matmul_quant`), every weight type: decode GB/s, prefill GFLOP/s.
 
-The NumPy path is what `kernels/matmul.py` does per run once its float32 weight copy is cached:
-round the activations to q8_0 values, then np.matmul against the (M, K) float32 weights.
+Decode (N = 1): weight bytes read per second, against the host's measured read bandwidth (a
+NumPy reduction over 512 MiB). Prefill (N = 64, 256): 2·M·K·N / time. Weights are random block
+bytes with sane f16 scales (timing does not depend on the values).
 
-Usage: PYTHONPATH=python python bench/bench_matmul.py [--threads 2] [--repeat 50]
+Usage: PYTHONPATH=python python bench/bench_matmul.py [--threads 2] [--types q8_0,q4_K]
+       [--portable] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -14,47 +16,69 @@ import time
 
 import numpy as np
 from rpcnet import _native
-from rpcnet.compute import quant
-from rpcnet.compute.kernels.operands import vec_dot_operand
 
-Q8_0 = 8
-SHAPES = [(2816, 1024, 1), (16384, 1024, 1), (2816, 1024, 8), (1024, 2816, 1)]
+TYPES = {
+    "f32": 0, "f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+    "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13, "q6_K": 14, "iq4_nl": 20, "iq4_xs": 23,
+    "mxfp4": 39,
+}  # fmt: skip
+DECODE_SHAPES = [(4096, 4096), (11008, 4096)]  # (M, K): attention and FFN-up of a 7 B model
+PREFILL = [(4096, 4096, 64), (4096, 4096, 256)]
 
 
-def best_ms(fn, repeat: int) -> float:
+def best_s(fn, repeat: int) -> float:
     fn()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times) * 1e3
+    return min(times)
+
+
+def read_bandwidth() -> float:
+    """GB/s of one NumPy pass reading 512 MiB (single thread)."""
+    a = np.ones(1 << 26, np.float64)
+    return a.nbytes / best_s(lambda: a.sum(), 3) / 1e9
+
+
+def weights(type_id: int, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    block, block_bytes, _ = _native.matmul_quant_block(type_id)
+    w = rng.integers(0, 256, (m, k // block * block_bytes), dtype=np.uint8)
+    if type_id == 0:
+        w = rng.standard_normal((m, k), dtype=np.float32).view(np.uint8)
+    elif type_id in (1, 30):
+        w[:, 1::2] &= 0x3F  # moderate exponents
+    return w
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--portable", action="store_true")
     args = ap.parse_args()
+    simd = _native.set_portable_kernels(args.portable)
     rng = np.random.default_rng(0)
-    print(f"threads={args.threads}")
-    print(f"{'M':>6} {'K':>5} {'N':>2} {'numpy ms':>9} {'native ms':>9} {'speedup':>7} {'GB/s':>6}")
-    for m, k, n in SHAPES:
-        packed = quant.quantize(Q8_0, rng.standard_normal((m, k), dtype=np.float32))
-        w32 = quant.dequantize(Q8_0, packed, m, k)
-        x = rng.standard_normal((n, k), dtype=np.float32)
-        out = np.empty((n, m), np.float32)
-        stride = packed.shape[1]
-
-        def numpy_path(x=x, w32=w32, out=out) -> None:
-            np.matmul(vec_dot_operand(x, Q8_0), w32.T, out=out)
-
-        def native_path(packed=packed, stride=stride, x=x, out=out) -> None:
-            _native.matmul_q8_0(packed, stride, x, out, args.threads)
-
-        t_np, t_nat = best_ms(numpy_path, args.repeat), best_ms(native_path, args.repeat)
-        gbs = packed.nbytes / (t_nat * 1e-3) / 1e9
-        print(f"{m:>6} {k:>5} {n:>2} {t_np:>9.3f} {t_nat:>9.3f} {t_np / t_nat:>6.1f}x {gbs:>6.1f}")
+    bw = read_bandwidth()
+    print(f"threads={args.threads} simd={simd} host read bandwidth {bw:.1f} GB/s (1 thread)")
+    print(f"{'type':>7} {'M':>6} {'K':>5} {'N':>4} {'ms':>9} {'GB/s':>6} {'GFLOP/s':>8}")
+    for name in args.types.split(","):
+        t = TYPES[name]
+        for m, k, n in [(m, k, 1) for m, k in DECODE_SHAPES] + PREFILL:
+            w = weights(t, m, k, rng)
+            x = rng.standard_normal((n, k), dtype=np.float32)
+            out = np.empty((n, m), np.float32)
+            s = best_s(
+                lambda t=t, w=w, x=x, out=out: _native.matmul_quant(
+                    t, w, w.shape[1], x, out, args.threads
+                ),
+                args.repeat if n == 1 else max(1, args.repeat // 2),
+            )
+            gbs = w.nbytes / s / 1e9
+            gflops = 2 * m * k * n / s / 1e9
+            print(f"{name:>7} {m:>6} {k:>5} {n:>4} {s * 1e3:>9.2f} {gbs:>6.2f} {gflops:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ from rpcnet.compute.scratch import PLAN_BYTES_PER_TENSOR
 from support import require
 from support.opgraph import contiguous_nb
 
-Q8_0, F32, MUL_MAT = 8, 0, 29
+Q8_0, F32, F16, MUL_MAT = 8, 0, 1, 29
 
 
 async def test_weight_cache_hits_and_invalidation(server):
     rng = np.random.default_rng(5)
     w = rng.standard_normal((4, 64), dtype=np.float32)
-    # 12 activation rows: past the native q8_0 decode path (N <= 8), which keeps no f32 copy
-    x = rng.standard_normal((12, 64), dtype=np.float32)
+    # f16 activations: the native kernels (which keep no f32 copy) take f32 ones, so this runs
+    # the NumPy fallback that caches the dequantized weights
+    x = rng.standard_normal((12, 64), dtype=np.float32).astype(np.float16)
     gguf = require.module("gguf")  # the oracle's q8_0 codec
     q8_0 = gguf.GGMLQuantizationType.Q8_0
     wq = gguf.quants.quantize(w, q8_0).tobytes()
@@ -28,7 +29,7 @@ async def test_weight_cache_hits_and_invalidation(server):
         ah, _ = await c.alloc_buffer(4096)
         ab = await c.buffer_base(ah)
         tw = _native.RpcTensor(id=1, type=Q8_0, buffer=wh, data=wb, ne=(64, 4, 1, 1))
-        tx = _native.RpcTensor(id=2, type=F32, buffer=ah, data=ab, ne=(64, 12, 1, 1))
+        tx = _native.RpcTensor(id=2, type=F16, buffer=ah, data=ab, ne=(64, 12, 1, 1))
         to = _native.RpcTensor(
             id=3,
             type=F32,
@@ -45,7 +46,7 @@ async def test_weight_cache_hits_and_invalidation(server):
         first = np.frombuffer(await c.get_tensor(to, 0, 192), np.float32).reshape(12, 4)
         deq = gguf.quants.dequantize(np.frombuffer(wq, np.uint8).reshape(4, -1), q8_0)
         # ggml rounds activations to q8_0 against q8_0 weights (quantize_row_q8_0_ref)
-        xq = gguf.quants.dequantize(gguf.quants.quantize(x, q8_0), q8_0)
+        xq = gguf.quants.dequantize(gguf.quants.quantize(x.astype(np.float32), q8_0), q8_0)
         np.testing.assert_allclose(first, xq @ deq.T, rtol=1e-5)
         held = server.call(lambda: server.server.devices[0].derived.held)
         assert held == 4 * 64 * 4  # the f32 copy is kept, and counted

@@ -131,14 +131,15 @@ def _tensor(type_id, ne, nb=None, op=0, src=()):
     )
 
 
-def test_selected_for_decode_shapes_only():
+def test_generic_native_kernel_selected_for_all_shapes():
+    """The q8_0-only decode path is superseded by `mul_mat_native` (any N, batched too)."""
     w = _tensor(Q8_0, (1024, 256))
-    for n, native in [(1, True), (8, True), (9, False)]:
+    for n in (1, 8, 9, 300):
         node = _tensor(F32, (256, n), op=MUL_MAT, src=(w, _tensor(F32, (1024, n))))
-        assert (select(node).name == "mul_mat_q8_0_native") is native
+        assert select(node).name == "mul_mat_native"
     batched = _tensor(Q8_0, (1024, 256, 2))
     node = _tensor(F32, (256, 1, 2), op=MUL_MAT, src=(batched, _tensor(F32, (1024, 1, 2))))
-    assert select(node).name != "mul_mat_q8_0_native"
+    assert select(node).name == "mul_mat_native"
 
 
 def _mm_graph(gguf, rng, m, k, shapes, stride_pad=0):

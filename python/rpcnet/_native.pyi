@@ -59,6 +59,11 @@ __all__ = [
     "decode_graph",
     "fnv1a64",
     "matmul_q8_0",
+    "matmul_quant",
+    "matmul_quant_supports",
+    "matmul_quant_block",
+    "set_portable_kernels",
+    "kernels_simd",
     "rdma_scan",
     "rdma_env",
     "rdma_resolve",
@@ -267,6 +272,33 @@ def check_region_2d(
     """
 
 # --- compute kernels (the GIL is released during the arithmetic) -----------------------------
+
+def matmul_quant(
+    type_id: int, w: _ArrayBuffer, row_stride: int, x: _ArrayBuffer, out: _ArrayBuffer, threads: int = 1
+) -> None:
+    """out[n, m] = sum_k w[m, k] * x[n, k] for weights of ggml type ``type_id`` in block form.
+
+    ``w``: M rows, row i at byte ``i * row_stride``. ``x``: C-contiguous float32 (N, K),
+    converted like ggml's x86 CPU backend to the type's vec_dot type (q8_0, q8_1, q8_K, f16,
+    bf16 or f32), then each row pair is dotted in the order of ggml's AVX2 vec_dot. ``out``:
+    writable C-contiguous float32 (N, M). Weight rows split over up to ``threads`` threads.
+    ValueError on an unsupported type or inconsistent shapes or sizes.
+    """
+
+def matmul_quant_supports(type_id: int) -> bool:
+    """Whether ``matmul_quant`` handles ggml type ``type_id``."""
+
+def matmul_quant_block(type_id: int) -> tuple[int, int, int] | None:
+    """(elements per block, bytes per block, K multiple) of a supported type, else None."""
+
+def set_portable_kernels(on: bool) -> bool:
+    """Force (True) or release (False) the portable kernel build; returns whether SIMD is used.
+
+    ``RPCNET_PORTABLE_KERNELS=1`` in the environment forces it too.
+    """
+
+def kernels_simd() -> bool:
+    """Whether the matmul kernels take their SIMD (AVX2+FMA+F16C) build on this CPU."""
 
 def matmul_q8_0(
     w: _ArrayBuffer, row_stride: int, x: _ArrayBuffer, out: _ArrayBuffer, threads: int = 1

@@ -1,7 +1,15 @@
 //! CPU compute kernels working directly on ggml's quantized block layouts (no Python types).
 //!
 //! * [`q8_0`] — q8_0 weights × float32 activations (quantized to q8_0 like ggml's CPU backend)
+//! * [`act`] — activations converted to a weight type's vec_dot type (x86 ggml rules)
+//! * [`dot`] — one weight row · one activation row per weight type (ggml's AVX2 order)
+//! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
 
+pub mod act;
+pub mod dot;
+#[cfg(target_arch = "x86_64")]
+pub mod dot_avx2;
+pub mod matmul;
 pub mod q8_0;
 
 use std::fmt;

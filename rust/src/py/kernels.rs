@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::buffer::ByteView;
-use crate::kernels::q8_0;
+use crate::kernels::{matmul, q8_0};
 
 fn matrix_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize)> {
     if !buf.is_c_contiguous() {
@@ -57,4 +57,66 @@ pub fn matmul_q8_0(
     py.detach(|| q8_0::matmul_q8_0(wb, row_stride, m, k, &xs, &mut res, threads))
         .map_err(|e| PyValueError::new_err(e.reason))?;
     out.copy_from_slice(py, &res)
+}
+
+/// `out[n, m] = Σ_k w[m, k] · x[n, k]` for weights of ggml type `type_id` (rows `row_stride`
+/// bytes apart, in block form) against float32 activations converted like ggml's CPU backend
+/// (quantized to the type's vec_dot type); weight rows split over `threads` threads.
+#[pyfunction]
+#[pyo3(signature = (type_id, w, row_stride, x, out, threads = 1))]
+pub fn matmul_quant(
+    py: Python<'_>,
+    type_id: u32,
+    w: &Bound<'_, PyAny>,
+    row_stride: usize,
+    x: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    threads: usize,
+) -> PyResult<()> {
+    let w = ByteView::new(w)?;
+    let x = PyBuffer::<f32>::get(x)?;
+    let out = PyBuffer::<f32>::get(out)?;
+    let (n, k) = matrix_shape(&x, "x")?;
+    let (n_out, m) = matrix_shape(&out, "out")?;
+    if out.readonly() {
+        return Err(PyValueError::new_err("out must be writable"));
+    }
+    if n_out != n {
+        return Err(PyValueError::new_err(format!(
+            "out has {n_out} rows, x has {n}"
+        )));
+    }
+    let xs = x.to_vec(py)?;
+    let mut res = vec![0.0f32; n * m];
+    // SAFETY: as in matmul_q8_0, no other thread writes the weight buffer during the call.
+    let wb = unsafe { w.raw_slice() };
+    py.detach(|| matmul::matmul_quant(type_id, wb, row_stride, m, k, &xs, &mut res, threads))
+        .map_err(|e| PyValueError::new_err(e.reason))?;
+    out.copy_from_slice(py, &res)
+}
+
+/// Whether `matmul_quant` has a kernel for ggml type `type_id`.
+#[pyfunction]
+pub fn matmul_quant_supports(type_id: u32) -> bool {
+    matmul::type_info(type_id).is_some()
+}
+
+/// (elements per block, bytes per block, K must be a multiple of) for a supported weight
+/// type, else None.
+#[pyfunction]
+pub fn matmul_quant_block(type_id: u32) -> Option<(usize, usize, usize)> {
+    matmul::type_info(type_id).map(|t| (t.block, t.block_bytes, t.block.max(t.act.block())))
+}
+
+/// Forces (True) or releases (False) the portable kernels; returns whether SIMD is now used.
+#[pyfunction]
+pub fn set_portable_kernels(on: bool) -> bool {
+    matmul::set_force_portable(on);
+    matmul::simd_active()
+}
+
+/// Whether the native matmul kernels take their SIMD build on this CPU.
+#[pyfunction]
+pub fn kernels_simd() -> bool {
+    matmul::simd_active()
 }

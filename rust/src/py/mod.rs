@@ -59,6 +59,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
     m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_q8_0, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_quant, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_quant_supports, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_quant_block, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::set_portable_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::kernels_simd, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;

@@ -14,6 +14,7 @@ KERNEL_MODULES = (
     "matmul",
     "matmul_native",
     "moe",
+    "moe_native",
     "norm",
     "reduce",
     "rope",

@@ -1,12 +1,15 @@
-"""MUL_MAT fast path for decode: q8_0 weights read as blocks by the native kernel.
+"""MUL_MAT fast path: weights of every supported type read in block form by the native kernel.
 
-For a few activation rows (N <= 8) a matmul is bound by reading the weights. The generic kernel
-multiplies a float32 copy (4 bytes per weight); `_native.matmul_q8_0` reads the 34-byte q8_0
-blocks directly (1.06 bytes per weight) and computes like ggml's CPU vec_dot_q8_0_q8_0: the
-activations are quantized to q8_0, each block pair gives an exact integer dot product.
+`_native.matmul_quant` converts the float32 activations to the weight type's vec_dot type the
+way ggml's x86 CPU backend does (q8_0 / q8_1 / q8_K / f16 / bf16) and computes each row pair in
+the order of ggml's AVX2 vec_dot, so decode reads each weight byte once (no float copy) and the
+results match the reference server's. Batch dims follow ggml's broadcast rule
+(i02 = i12 / (ne12 / ne02)) by looping, never by materializing repeats.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -15,65 +18,100 @@ from rpcnet.compute import scratch
 from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import plain_view, row_bytes_view, storage
-from rpcnet.ggml_types import TYPE_TRAITS, GgmlType
+from rpcnet.compute.views import plain_view, storage
+from rpcnet.ggml_types import GgmlType
 
-Q8_0_BLOCK = TYPE_TRAITS[GgmlType.Q8_0].block_size
-Q8_0_BYTES = TYPE_TRAITS[GgmlType.Q8_0].type_size
-MAX_ROWS = 8  # activation rows the native kernel takes in one pass
+
+def weight_layout(a: Tensor) -> tuple[int, int] | None:
+    """(row bytes, K multiple) when `a`'s rows are whole blocks the kernel reads, else None."""
+    if not _native.matmul_quant_supports(a.type):
+        return None
+    block, block_bytes, k_multiple = _native.matmul_quant_block(a.type)
+    k, m = a.ne[0], a.ne[1]
+    if k <= 0 or k % k_multiple or a.nb[0] != block_bytes:
+        return None
+    row = k // block * block_bytes
+    if m > 1 and a.nb[1] < row:
+        return None
+    return row, k_multiple
+
+
+def weight_rows(a: Tensor, offset: int, row: int) -> np.ndarray:
+    """The `a.ne[1]` weight rows starting at byte `offset` as one flat byte span."""
+    m = a.ne[1]
+    span = (m - 1) * a.nb[1] + row if m else 0
+    return np.ndarray((span,), dtype=np.uint8, buffer=storage(a), offset=offset)
+
+
+def device_threads(node: Tensor) -> int:
+    device = node.buffer.device if node.buffer is not None else None
+    return max(1, int(getattr(device, "threads", 1) or 1))
 
 
 def _supported(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     if a is None or b is None or node.type != GgmlType.F32 or b.type != GgmlType.F32:
         return False
-    k, m = a.ne[0], a.ne[1]
+    if weight_layout(a) is None:
+        return False
     return (
-        a.type == GgmlType.Q8_0
-        and a.nb[0] == Q8_0_BYTES
-        and a.ne[2] == 1
-        and a.ne[3] == 1
-        and k > 0
-        and k % Q8_0_BLOCK == 0
-        and a.nb[1] >= k // Q8_0_BLOCK * Q8_0_BYTES
-        and b.ne[0] == k
-        and 1 <= b.ne[1] * b.ne[2] * b.ne[3] <= MAX_ROWS
-        and node.ne[0] == m
-        and tuple(node.ne[1:]) == tuple(b.ne[1:])
+        b.ne[0] == a.ne[0]
+        and a.ne[2] > 0
+        and a.ne[3] > 0
+        and b.ne[2] % a.ne[2] == 0
+        and b.ne[3] % a.ne[3] == 0
+        and tuple(node.ne) == (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
     )
 
 
-@kernel(Op.MUL_MAT, "q8_0 x f32 -> f32 (native, N<=8)", _supported, priority=NATIVE)
-def mul_mat_q8_0_native(node: Tensor) -> Step:
+def _batches(a: Tensor, b: Tensor) -> Iterator[tuple[int, int, int]]:
+    """(i13, i12, weight byte offset) per activation batch, ggml's broadcast of src0."""
+    r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
+    for i13 in range(b.ne[3]):
+        for i12 in range(b.ne[2]):
+            yield i13, i12, a.offset + (i12 // r2) * a.nb[2] + (i13 // r3) * a.nb[3]
+
+
+@kernel(Op.MUL_MAT, "any supported weight type x f32 -> f32 (native)", _supported, priority=NATIVE)
+def mul_mat_native(node: Tensor) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
+    layout = weight_layout(a_t)
+    assert layout is not None
+    row = layout[0]
     k, m = a_t.ne[0], a_t.ne[1]
-    n = b_t.ne[1] * b_t.ne[2] * b_t.ne[3]
-    stride = a_t.nb[1]
-    row_bytes_view(a_t)  # checks the rows against the buffer
-    # the weight rows as one flat byte span (rows may be `stride` > row bytes apart)
-    span = (m - 1) * stride + k // Q8_0_BLOCK * Q8_0_BYTES if m else 0
-    w = np.ndarray((span,), dtype=np.uint8, buffer=storage(a_t), offset=a_t.offset)
-    x = plain_view(b_t)
-    out = plain_view(node)
-    out_flat = out.reshape(n, m) if out.flags.c_contiguous else None
-    assert node.buffer is not None  # plain_view(node) has checked it
-    threads = max(1, int(getattr(node.buffer.device, "threads", 1) or 1))
+    type_id, stride, threads = a_t.type, a_t.nb[1], device_threads(node)
+    x = plain_view(b_t)  # (ne3, ne2, ne1, K)
+    out = plain_view(node)  # (ne3, ne2, ne1, M)
+    single = a_t.ne[2] == 1 and a_t.ne[3] == 1
+    batches = list(_batches(a_t, b_t))
+    weights = {off: weight_rows(a_t, off, row) for _, _, off in batches}
 
-    def run() -> None:
-        xs = np.ascontiguousarray(x).reshape(n, k)
-        if out_flat is not None:
-            _native.matmul_q8_0(w, stride, xs, out_flat, threads)
+    def mul(w: np.ndarray, xs: np.ndarray, dst: np.ndarray) -> None:
+        n = xs.shape[0]
+        if dst.flags.c_contiguous and dst.shape == (n, m):
+            _native.matmul_quant(type_id, w, stride, xs, dst, threads)
         else:
             res = np.empty((n, m), dtype=np.float32)
-            _native.matmul_q8_0(w, stride, xs, res, threads)
-            out[...] = res.reshape(out.shape)
+            _native.matmul_quant(type_id, w, stride, xs, res, threads)
+            dst[...] = res.reshape(dst.shape)
+
+    def run() -> None:
+        if single:
+            # every activation row meets the same weights: one call, activations converted once
+            xs = np.ascontiguousarray(x).reshape(-1, k)
+            dst = out.reshape(-1, m) if out.flags.c_contiguous else out
+            mul(weights[batches[0][2]], xs, dst)
+            return
+        for i13, i12, off in batches:
+            mul(weights[off], np.ascontiguousarray(x[i13, i12]), out[i13, i12])
 
     return run
 
 
-# Reads the q8_0 rows in place: only the activation rows (<= 8) and the output are temporaries.
+# Temporaries: the activations made contiguous and the kernel's converted copy of them, and an
+# output staging array when the destination is strided.
 scratch.register(
-    mul_mat_q8_0_native.__name__,
+    mul_mat_native.__name__,
     lambda node: 2 * scratch.logical_f32(node.src[1]) + 2 * scratch.logical_f32(node),
 )

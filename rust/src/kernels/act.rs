@@ -1,0 +1,221 @@
+//! Activation rows converted to a weight type's `vec_dot_type`, exactly as ggml's CPU backend
+//! does it on x86 with AVX2 (the path the reference rpc-server runs on this project's hosts):
+//!
+//! * q8_0 / q8_1: `quantize_row_q8_0` / `quantize_row_q8_1` of arch/x86/quants.c: `d = amax / 127`,
+//!   codes `round_half_even(x · (127 / amax))`; q8_1 also stores `s = fp16(d · Σ codes)`.
+//! * q8_K: `quantize_row_q8_K_ref` (x86 has no SIMD version): `iscale = -127 / max` where `max`
+//!   is the signed value of largest magnitude, codes `min(127, nearest_int(iscale · x))`,
+//!   `d = 1 / iscale` as float32, and the 16 sums of 16 codes.
+//! * f16: F16C's round-to-nearest-even; bf16: `GGML_FP32_TO_BF16` (nearest even, NaN quieted).
+//! * f32: the bytes as they are.
+
+use super::f32_to_fp16;
+
+/// The activation formats (ggml's vec_dot types) the dot products consume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActFormat {
+    Q8_0,
+    Q8_1,
+    Q8K,
+    F16,
+    BF16,
+    F32,
+}
+
+impl ActFormat {
+    /// Elements per block.
+    pub fn block(self) -> usize {
+        match self {
+            Self::Q8_0 | Self::Q8_1 => 32,
+            Self::Q8K => 256,
+            Self::F16 | Self::BF16 | Self::F32 => 1,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => 34,
+            Self::Q8_1 => 36,
+            Self::Q8K => 292,
+            Self::F16 | Self::BF16 => 2,
+            Self::F32 => 4,
+        }
+    }
+
+    /// Bytes of one converted row of `k` values (`k` a multiple of [`Self::block`]).
+    pub fn row_bytes(self, k: usize) -> usize {
+        k / self.block() * self.block_bytes()
+    }
+
+    /// Converts one row (`x.len()` a multiple of the block) into `out` (`row_bytes` long).
+    pub fn convert_row(self, x: &[f32], out: &mut [u8]) {
+        match self {
+            Self::Q8_0 => {
+                for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+                    let (d, _, qs) = quantize_q8_x86(xb);
+                    ob[..2].copy_from_slice(&d.to_le_bytes());
+                    ob[2..].copy_from_slice(&qs.map(|q| q as u8));
+                }
+            }
+            Self::Q8_1 => {
+                for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(36)) {
+                    let (d, s, qs) = quantize_q8_x86(xb);
+                    ob[..2].copy_from_slice(&d.to_le_bytes());
+                    ob[2..4].copy_from_slice(&s.to_le_bytes());
+                    ob[4..].copy_from_slice(&qs.map(|q| q as u8));
+                }
+            }
+            Self::Q8K => {
+                for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
+                    quantize_q8_k(xb, ob);
+                }
+            }
+            Self::F16 => {
+                for (v, o) in x.iter().zip(out.chunks_exact_mut(2)) {
+                    o.copy_from_slice(&f32_to_fp16(*v).to_le_bytes());
+                }
+            }
+            Self::BF16 => {
+                for (v, o) in x.iter().zip(out.chunks_exact_mut(2)) {
+                    o.copy_from_slice(&f32_to_bf16(*v).to_le_bytes());
+                }
+            }
+            Self::F32 => {
+                for (v, o) in x.iter().zip(out.chunks_exact_mut(4)) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// `_mm_max_ps(a, b)`: `a > b ? a : b` (the second operand wins ties and NaNs).
+#[inline(always)]
+fn max_ps(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// One 32-value block as arch/x86 `quantize_row_q8_0/1` computes it: (fp16 `d`, fp16 `s`, codes).
+pub fn quantize_q8_x86(x: &[f32]) -> (u16, u16, [i8; 32]) {
+    // max over 4 registers of 8 lanes, then the same 8 -> 4 -> 2 -> 1 reduction
+    let mut lanes = [0.0f32; 8];
+    for (l, m) in lanes.iter_mut().enumerate() {
+        *m = x[l].abs();
+        for r in 1..4 {
+            *m = max_ps(*m, x[8 * r + l].abs());
+        }
+    }
+    let m4: [f32; 4] = std::array::from_fn(|i| max_ps(lanes[i + 4], lanes[i]));
+    let m2 = [max_ps(m4[0], m4[2]), max_ps(m4[1], m4[3])];
+    let amax = max_ps(m2[0], m2[1]);
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (q, v) in qs.iter_mut().zip(x) {
+        // vroundps (nearest even), vcvtps2dq (NaN / out of range: i32::MIN), saturating packs
+        let p = v * id;
+        let i = if p.abs() < 4_194_304.0 {
+            // |p| < 2^22: adding 1.5·2^23 rounds to an integer, ties to even
+            ((p + 12_582_912.0) - 12_582_912.0) as i32
+        } else if p.is_nan() || p.abs() >= 2_147_483_648.0 {
+            i32::MIN
+        } else {
+            p.round_ties_even() as i32
+        };
+        sum = sum.wrapping_add(i);
+        *q = i.clamp(-128, 127) as i8;
+    }
+    (f32_to_fp16(d), f32_to_fp16(d * sum as f32), qs)
+}
+
+/// ggml's `nearest_int`: round half to even via the 1.5·2^23 trick (|v| < 2^22).
+#[inline(always)]
+fn nearest_int(v: f32) -> i32 {
+    let val = v + 12_582_912.0;
+    ((val.to_bits() & 0x007f_ffff) as i32) - 0x0040_0000
+}
+
+/// One 256-value block as `quantize_row_q8_K_ref`: f32 `d`, 256 codes, 16 i16 sums.
+pub fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        let a = v.abs();
+        if a > amax {
+            amax = a;
+            max = v;
+        }
+    }
+    out.fill(0);
+    if amax == 0.0 {
+        return;
+    }
+    let iscale = -127.0 / max;
+    let mut qs = [0i8; 256];
+    for (q, v) in qs.iter_mut().zip(x) {
+        *q = nearest_int(iscale * v).min(127) as i8;
+    }
+    out[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    for (o, q) in out[4..260].iter_mut().zip(qs) {
+        *o = q as u8;
+    }
+    for (j, chunk) in qs.chunks_exact(16).enumerate() {
+        let s: i32 = chunk.iter().map(|&q| q as i32).sum();
+        out[260 + 2 * j..262 + 2 * j].copy_from_slice(&(s as i16).to_le_bytes());
+    }
+}
+
+/// `GGML_FP32_TO_BF16`: round to nearest even, NaN forced quiet.
+pub fn f32_to_bf16(f: f32) -> u16 {
+    let u = f.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_ties_round_to_even() {
+        // amax 127 -> id = 1: 2.5 -> 2, 3.5 -> 4, -0.5 -> 0
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = 3.5;
+        x[3] = -0.5;
+        let (d, s, qs) = quantize_q8_x86(&x);
+        assert_eq!(d, f32_to_fp16(1.0));
+        assert_eq!(&qs[..4], &[127, 2, 4, 0]);
+        assert_eq!(s, f32_to_fp16(133.0));
+    }
+
+    #[test]
+    fn q8_k_uses_signed_max() {
+        let mut x = [0.1f32; 256];
+        x[5] = -2.0;
+        let mut out = [0u8; 292];
+        quantize_q8_k(&x, &mut out);
+        let d = f32::from_le_bytes(out[..4].try_into().unwrap());
+        assert_eq!(d, 1.0 / (-127.0f32 / -2.0));
+        assert_eq!(out[4 + 5] as i8, -127);
+        assert_eq!(out[4] as i8, nearest_int(63.5 * 0.1) as i8);
+    }
+
+    #[test]
+    fn bf16_rounding() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        // halfway between 0x3f80 and 0x3f81: to even
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(f32_to_bf16(f32::NAN) & 0x40, 0x40);
+    }
+}

@@ -1,0 +1,528 @@
+//! `out[n][m] = Σ_k w[m][k] · x[n][k]` for weights of any supported ggml type in block form and
+//! float32 activations, computed like ggml's CPU backend: the activations are converted once
+//! per call to the weight type's vec_dot type ([`super::act`]), then every (weight row,
+//! activation row) pair gives one [`super::dot`] result.
+//!
+//! Weight rows are split over threads. Within a thread, weight rows are taken in tiles of
+//! [`TILE_ROWS`] and each tile meets every activation row while it is in cache, so decode
+//! (few activation rows) reads each weight byte once and prefill reuses each tile N times.
+//!
+//! Two builds of the same arithmetic: portable, and one compiled for AVX2+FMA+F16C chosen at
+//! run time. Both perform the same float operations in the same order (bit-identical).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::act::ActFormat;
+use super::dot::{self, RowDot};
+use super::KernelError;
+
+/// Most weight rows per tile.
+pub const TILE_ROWS: usize = 16;
+/// Activation rows per block (with a weight tile, a working set of L2 size).
+const ACT_BLOCK: usize = 16;
+/// Below this many weight bytes per thread, extra threads cost more than they save.
+const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
+
+static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+
+/// Forces the portable build (tests run both paths); also `RPCNET_PORTABLE_KERNELS=1`.
+pub fn set_force_portable(on: bool) {
+    FORCE_PORTABLE.store(on, Ordering::Relaxed);
+}
+
+fn portable_forced() -> bool {
+    FORCE_PORTABLE.load(Ordering::Relaxed)
+        || std::env::var_os("RPCNET_PORTABLE_KERNELS").is_some_and(|v| v == "1")
+}
+
+/// Whether calls take the SIMD build on this CPU right now.
+pub fn simd_active() -> bool {
+    !portable_forced() && simd_available()
+}
+
+fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// What a kernel needs to know about one weight type.
+#[derive(Debug, Clone, Copy)]
+pub struct TypeInfo {
+    pub block: usize,
+    pub block_bytes: usize,
+    pub act: ActFormat,
+}
+
+macro_rules! for_type {
+    ($type_id:expr, $d:ident => $body:expr, $none:expr) => {
+        match $type_id {
+            0 => {
+                type $d = dot::F32;
+                $body
+            }
+            1 => {
+                type $d = dot::F16;
+                $body
+            }
+            2 => {
+                type $d = dot::Q4_0;
+                $body
+            }
+            3 => {
+                type $d = dot::Q4_1;
+                $body
+            }
+            6 => {
+                type $d = dot::Q5_0;
+                $body
+            }
+            7 => {
+                type $d = dot::Q5_1;
+                $body
+            }
+            8 => {
+                type $d = dot::Q8_0;
+                $body
+            }
+            10 => {
+                type $d = dot::Q2K;
+                $body
+            }
+            11 => {
+                type $d = dot::Q3K;
+                $body
+            }
+            12 => {
+                type $d = dot::Q4K;
+                $body
+            }
+            13 => {
+                type $d = dot::Q5K;
+                $body
+            }
+            14 => {
+                type $d = dot::Q6K;
+                $body
+            }
+            20 => {
+                type $d = dot::IQ4NL;
+                $body
+            }
+            23 => {
+                type $d = dot::IQ4XS;
+                $body
+            }
+            30 => {
+                type $d = dot::BF16;
+                $body
+            }
+            39 => {
+                type $d = dot::MXFP4;
+                $body
+            }
+            _ => $none,
+        }
+    };
+}
+
+/// Block facts of a supported weight type (ggml type id), `None` when unsupported.
+pub fn type_info(type_id: u32) -> Option<TypeInfo> {
+    for_type!(type_id, D => Some(TypeInfo {
+        block: D::BLOCK,
+        block_bytes: D::BLOCK_BYTES,
+        act: D::ACT,
+    }), None)
+}
+
+/// Activation rows converted to a vec_dot type, `row_bytes` apart.
+pub struct Converted {
+    pub data: Vec<u8>,
+    pub row_bytes: usize,
+    pub rows: usize,
+}
+
+impl Converted {
+    pub fn new(fmt: ActFormat, x: &[f32], k: usize) -> Self {
+        let rows = x.len() / k;
+        let row_bytes = fmt.row_bytes(k);
+        let mut data = vec![0u8; rows * row_bytes];
+        for (xr, or) in x.chunks_exact(k).zip(data.chunks_exact_mut(row_bytes)) {
+            fmt.convert_row(xr, or);
+        }
+        Self {
+            data,
+            row_bytes,
+            rows,
+        }
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+}
+
+/// Weight rows `first..first + out.len() / rows` against every activation row;
+/// `out[(i - first) * rows + r]`.
+#[inline(always)]
+fn rows_impl<D: RowDot, const SIMD: bool>(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+) {
+    let n = act.rows;
+    let wrow_bytes = k / D::BLOCK * D::BLOCK_BYTES;
+    let rows_total = out.len() / n.max(1);
+    let dot1 = |i: usize, r: usize| -> f32 {
+        let at = (first + i) * stride;
+        let wr = &w[at..at + wrow_bytes];
+        if SIMD {
+            // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+            unsafe { D::dot_simd(wr, act.row(r), k) }
+        } else {
+            D::dot(wr, act.row(r), k)
+        }
+    };
+    // Blocks of activation rows × tiles of weight rows, both cache-sized, so each weight tile is
+    // reused by a block of activation rows and each block by every tile (read once for decode).
+    for r0 in (0..n).step_by(ACT_BLOCK) {
+        let r1 = n.min(r0 + ACT_BLOCK);
+        for i0 in (0..rows_total).step_by(TILE_ROWS) {
+            let i1 = rows_total.min(i0 + TILE_ROWS);
+            let mut r = r0;
+            if SIMD {
+                // four activation rows per pass: each weight block decoded once for all four
+                while r + 4 <= r1 {
+                    let xs = [act.row(r), act.row(r + 1), act.row(r + 2), act.row(r + 3)];
+                    for i in i0..i1 {
+                        let at = (first + i) * stride;
+                        // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+                        let res = unsafe { D::dot_simd4(&w[at..at + wrow_bytes], xs, k) };
+                        out[i * n + r..i * n + r + 4].copy_from_slice(&res);
+                    }
+                    r += 4;
+                }
+            }
+            for r in r..r1 {
+                for i in i0..i1 {
+                    out[i * n + r] = dot1(i, r);
+                }
+            }
+        }
+    }
+}
+
+fn rows_portable<D: RowDot>(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+) {
+    rows_impl::<D, false>(w, stride, first, k, act, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_avx2<D: RowDot>(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+) {
+    rows_impl::<D, true>(w, stride, first, k, act, out)
+}
+
+type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32]);
+
+fn rows_fn<D: RowDot>() -> RowsFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd_active() {
+            return |w, s, f, k, a, o| {
+                // SAFETY: simd_active() checked AVX2, FMA and F16C on this CPU.
+                unsafe { rows_avx2::<D>(w, s, f, k, a, o) }
+            };
+        }
+    }
+    rows_portable::<D>
+}
+
+/// Checks sizes; returns the weight row bytes.
+fn check(
+    info: TypeInfo,
+    w_len: usize,
+    row_stride: usize,
+    m: usize,
+    k: usize,
+    x_len: usize,
+    out_len: usize,
+) -> Result<usize, KernelError> {
+    if k == 0 || !k.is_multiple_of(info.block) || !k.is_multiple_of(info.act.block()) {
+        return Err(KernelError::new(format!(
+            "K = {k} is not a positive multiple of the block ({})",
+            info.block.max(info.act.block())
+        )));
+    }
+    if !x_len.is_multiple_of(k) {
+        return Err(KernelError::new(format!(
+            "{x_len} activation values are not rows of K = {k}"
+        )));
+    }
+    let row_bytes = k / info.block * info.block_bytes;
+    if m > 1 && row_stride < row_bytes {
+        return Err(KernelError::new(format!(
+            "row stride {row_stride} is shorter than a row ({row_bytes} bytes)"
+        )));
+    }
+    let need = match m {
+        0 => 0,
+        _ => (m - 1)
+            .checked_mul(row_stride)
+            .and_then(|v| v.checked_add(row_bytes))
+            .ok_or_else(|| KernelError::new("weight extent overflows"))?,
+    };
+    if w_len < need {
+        return Err(KernelError::new(format!(
+            "weights hold {w_len} bytes, {m} rows need {need}"
+        )));
+    }
+    let n = x_len / k;
+    if out_len != n * m {
+        return Err(KernelError::new(format!(
+            "output holds {out_len} values, expected {n} × {m}"
+        )));
+    }
+    Ok(row_bytes)
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Runs the rows over up to `threads` threads into `tmp` (`[m][n]`).
+fn run_rows(
+    f: RowsFn,
+    w: &[u8],
+    stride: usize,
+    m: usize,
+    k: usize,
+    row_bytes: usize,
+    act: &Converted,
+    threads: usize,
+) -> Vec<f32> {
+    let n = act.rows;
+    let mut tmp = vec![0.0f32; m * n];
+    let by_size = (m * row_bytes * n.min(8) / MIN_BYTES_PER_THREAD).max(1);
+    let threads = threads.clamp(1, by_size.min(m.div_ceil(TILE_ROWS)));
+    if threads == 1 {
+        f(w, stride, 0, k, act, &mut tmp);
+    } else {
+        let per = m.div_ceil(threads).next_multiple_of(TILE_ROWS);
+        std::thread::scope(|s| {
+            for (i, chunk) in tmp.chunks_mut(per * n).enumerate() {
+                s.spawn(move || f(w, stride, i * per, k, act, chunk));
+            }
+        });
+    }
+    tmp
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Weight rows (ggml type `type_id`, `m` rows `row_stride` bytes apart, `k` values each) times
+/// converted activations `act`; `out` is `act.rows × m` row-major.
+pub fn matmul_converted(
+    type_id: u32,
+    w: &[u8],
+    row_stride: usize,
+    m: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), KernelError> {
+    let info = type_info(type_id)
+        .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
+    let row_bytes = check(info, w.len(), row_stride, m, k, act.rows * k, out.len())?;
+    if act.row_bytes != info.act.row_bytes(k) {
+        return Err(KernelError::new("activations converted to another format"));
+    }
+    if m == 0 || act.rows == 0 {
+        return Ok(());
+    }
+    let f = for_type!(type_id, D => rows_fn::<D>(), unreachable!());
+    let n = act.rows;
+    let tmp = run_rows(f, w, row_stride, m, k, row_bytes, act, threads);
+    for (mi, vals) in tmp.chunks_exact(n).enumerate() {
+        for (r, v) in vals.iter().enumerate() {
+            out[r * m + mi] = *v;
+        }
+    }
+    Ok(())
+}
+
+/// [`matmul_converted`] from float32 activations `x` (`n × k` row-major), converted here.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_quant(
+    type_id: u32,
+    w: &[u8],
+    row_stride: usize,
+    m: usize,
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), KernelError> {
+    let info = type_info(type_id)
+        .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
+    check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
+    let act = Converted::new(info.act, x, k);
+    matmul_converted(type_id, w, row_stride, m, k, &act, out, threads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{f32_to_fp16, fp16_to_f32};
+
+    fn noise(seed: u64, len: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Random bytes for a weight type whose f16 scales are small finite numbers.
+    fn weights(type_id: u32, m: usize, k: usize, seed: u64) -> Vec<u8> {
+        let info = type_info(type_id).unwrap();
+        let nbytes = m * k / info.block * info.block_bytes;
+        let mut b: Vec<u8> = noise(seed, nbytes)
+            .iter()
+            .map(|v| ((v + 1.0) * 127.9) as u8)
+            .collect();
+        let fix = |b: &mut [u8], at: usize| {
+            b[at..at + 2].copy_from_slice(&f32_to_fp16(0.01).to_le_bytes());
+        };
+        for blk in b.chunks_exact_mut(info.block_bytes) {
+            match type_id {
+                0 => blk.copy_from_slice(&0.5f32.to_le_bytes()),
+                1 | 30 => {
+                    blk[1] &= 0x3f;
+                }
+                2 | 6 | 8 | 20 | 23 => fix(blk, 0),
+                3 | 7 | 12 | 13 => {
+                    fix(blk, 0);
+                    fix(blk, 2)
+                }
+                10 => {
+                    fix(blk, 80);
+                    fix(blk, 82)
+                }
+                11 => fix(blk, 108),
+                14 => fix(blk, 208),
+                39 => blk[0] = 120,
+                _ => {}
+            }
+        }
+        b
+    }
+
+    const TYPES: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39];
+
+    #[test]
+    fn portable_and_simd_agree_bitwise() {
+        for &t in &TYPES {
+            let (m, k, n) = (37, 512, 3);
+            let w = weights(t, m, k, 5 + t as u64);
+            let x = noise(7, n * k);
+            let info = type_info(t).unwrap();
+            let row = k / info.block * info.block_bytes;
+            let mut a = vec![0.0f32; n * m];
+            let mut b = vec![0.0f32; n * m];
+            let act = Converted::new(info.act, &x, k);
+            for_type!(t, D => {
+                rows_portable::<D>(&w, row, 0, k, &act, &mut a);
+                rows_fn::<D>()(&w, row, 0, k, &act, &mut b);
+            }, unreachable!());
+            assert_eq!(a, b, "type {t}");
+            assert!(a.iter().all(|v| v.is_finite()), "type {t}");
+        }
+    }
+
+    #[test]
+    fn threads_and_strides_do_not_change_results() {
+        for &t in &TYPES {
+            let (m, k, n) = (70, 256, 2);
+            let info = type_info(t).unwrap();
+            let row = k / info.block * info.block_bytes;
+            let dense = weights(t, m, k, 11);
+            let stride = row + 6;
+            let mut w = vec![0x55u8; (m - 1) * stride + row];
+            for i in 0..m {
+                w[i * stride..i * stride + row].copy_from_slice(&dense[i * row..(i + 1) * row]);
+            }
+            let x = noise(13, n * k);
+            let mut one = vec![0.0f32; n * m];
+            let mut many = vec![0.0f32; n * m];
+            matmul_quant(t, &dense, row, m, k, &x, &mut one, 1).unwrap();
+            matmul_quant(t, &w, stride, m, k, &x, &mut many, 3).unwrap();
+            assert_eq!(one, many, "type {t}");
+        }
+    }
+
+    #[test]
+    fn q8_0_close_to_f64() {
+        let (m, k) = (5, 96);
+        let w = weights(8, m, k, 3);
+        let x = noise(4, k);
+        let mut out = vec![0.0f32; m];
+        matmul_quant(8, &w, 34 * 3, m, k, &x, &mut out, 1).unwrap();
+        let act = Converted::new(ActFormat::Q8_0, &x, k);
+        for i in 0..m {
+            let mut s = 0.0f64;
+            for b in 0..3 {
+                let wb = &w[i * 102 + 34 * b..];
+                let yb = &act.data[34 * b..];
+                let dw = fp16_to_f32(u16::from_le_bytes([wb[0], wb[1]])) as f64;
+                let dy = fp16_to_f32(u16::from_le_bytes([yb[0], yb[1]])) as f64;
+                for j in 0..32 {
+                    s += dw * dy * (wb[2 + j] as i8 as f64) * (yb[2 + j] as i8 as f64);
+                }
+            }
+            assert!(
+                (out[i] as f64 - s).abs() <= 1e-5 * s.abs().max(1.0),
+                "{} {s}",
+                out[i]
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_bad_sizes() {
+        let w = vec![0u8; 34 * 4];
+        let x = vec![0.0f32; 64];
+        let mut out = vec![0.0f32; 2];
+        assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out, 1).is_ok());
+        assert!(matmul_quant(8, &w, 68, 3, 64, &x, &mut out, 1).is_err());
+        assert!(matmul_quant(8, &w, 60, 2, 64, &x, &mut out, 1).is_err());
+        assert!(matmul_quant(8, &w, 68, 2, 48, &x, &mut out, 1).is_err());
+        assert!(matmul_quant(12, &w, 68, 2, 64, &x, &mut out, 1).is_err());
+        assert!(matmul_quant(99, &w, 68, 2, 64, &x, &mut out, 1).is_err());
+        assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out[..1], 1).is_err());
+    }
+}
