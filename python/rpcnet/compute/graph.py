@@ -78,6 +78,9 @@ class Plan:
     def run(self) -> None:
         for buf in self.written:
             buf.touched()  # derived caches of these buffers are stale from here on
+        if profile.enabled():
+            profile.timed_plan(self.steps)
+            return
         for step in self.steps:
             step()
 

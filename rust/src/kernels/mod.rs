@@ -1,8 +1,13 @@
 //! CPU compute kernels working directly on ggml's quantized block layouts (no Python types).
 //!
 //! * [`q8_0`] — q8_0 weights × float32 activations (quantized to q8_0 like ggml's CPU backend)
+//! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
+//!   roundings
 
+pub mod f16vec;
+pub mod flash_attn;
 pub mod q8_0;
+pub mod rowops;
 
 use std::fmt;
 

@@ -7,6 +7,7 @@ mod functions;
 mod graph;
 mod hash;
 mod kernels;
+mod native_ops;
 mod rdma;
 mod tensor;
 
@@ -58,6 +59,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
     m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_q8_0, m)?)?;
+    m.add_class::<native_ops::NativeStep>()?;
+    m.add_function(wrap_pyfunction!(native_ops::run_steps, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::native_ops_portable, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::flash_attn_ext_f16_step, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;
