@@ -10,23 +10,13 @@ path for >= 64 query rows; those nodes stay with the NumPy kernel, which follows
 
 from __future__ import annotations
 
-from typing import Any
-
 from rpcnet import _native
 from rpcnet.compute.kernels.attention import Q_TILE
+from rpcnet.compute.kernels.native_args import device_threads, tensor_arg
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.compute.views import GGML_F16, GGML_F32, storage
-
-
-def tensor_arg(t: Tensor) -> tuple[Any, int, tuple[int, ...], tuple[int, ...]]:
-    """A tensor as the native step builders take it: (buffer bytes, offset, ne, nb)."""
-    return (storage(t), t.offset, tuple(t.ne), tuple(t.nb))
-
-
-def device_threads(node: Tensor) -> int:
-    return max(1, int(getattr(node.buffer.device, "threads", 1) or 1))
+from rpcnet.compute.views import GGML_F16, GGML_F32
 
 
 def _supported(node: Tensor) -> bool:
