@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,4 +110,29 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu") -> Plan:
         if profile.enabled():
             step = profile.timed(f"{op_name(node.op)} {'/'.join(registry.types_of(node))}", step)
         steps.append(step)
+    if not profile.enabled():  # a profile times every node on its own
+        steps = batch_native_steps(steps)
     return Plan(steps, frozenset(handles), len(nodes), tuple(written.values()))
+
+
+def batch_native_steps(steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    """Fold each run of consecutive native steps into one `_native.run_steps` call: the run
+    executes detached from the interpreter, with no Python between its nodes."""
+    out: list[Callable[[], None]] = []
+    run: list[Any] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.append(functools.partial(_native.run_steps, list(run)))
+        run.clear()
+
+    for step in steps:
+        if isinstance(step, _native.NativeStep):
+            run.append(step)
+        else:
+            flush()
+            out.append(step)
+    flush()
+    return out

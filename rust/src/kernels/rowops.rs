@@ -148,6 +148,27 @@ impl Rope {
     }
 }
 
+/// Element-wise binary op of ADD / SUB / MUL / DIV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BinOp {
+    #[inline(always)]
+    fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::Mul => a * b,
+            BinOp::Div => a / b,
+        }
+    }
+}
+
 /// One prepared row-wise node.
 #[derive(Clone, Debug)]
 pub enum RowOp {
@@ -183,6 +204,13 @@ pub enum RowOp {
         src_elem: Elem,
         idx: Operand,
         out: Operand,
+    },
+    /// `out = a op b`, f32, `b` repeated over `a` by modulo in every dim (ggml's broadcast).
+    Binary {
+        a: Operand,
+        b: Operand,
+        out: Operand,
+        op: BinOp,
     },
     /// Same-shape copy with conversion.
     Copy {
@@ -294,7 +322,7 @@ impl RowOp {
             RowOp::RmsNorm { out, .. } | RowOp::Rope { out, .. } | RowOp::Swiglu { out, .. } => {
                 out.ne
             }
-            RowOp::GetRows { out, .. } => out.ne,
+            RowOp::GetRows { out, .. } | RowOp::Binary { out, .. } => out.ne,
             RowOp::SetRows { src, .. } | RowOp::Copy { src, .. } => src.ne,
         };
         let rows = ne[1] * ne[2] * ne[3];
@@ -441,6 +469,31 @@ impl RowOp {
                         unsafe { src.ptr.add(s * src.nb[1] + i2 * src.nb[2] + i3 * src.nb[3]) };
                     let ys = unsafe { f32_row_mut(out, i1, i2, i3, n) };
                     unsafe { load_row(sp, *src_elem, ys) };
+                }
+            }
+            RowOp::Binary { a, b, out, op } => {
+                let n = out.ne[0];
+                let nb0 = b.ne[0];
+                for r in r0..r1 {
+                    let (i1, i2, i3) = row_index(&out.ne, r);
+                    // raw pointers: out may be a or b (in place)
+                    let ap = unsafe { row_ptr(a, i1, i2, i3) } as *const f32;
+                    let bp = unsafe { row_ptr(b, i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]) }
+                        as *const f32;
+                    let yp = unsafe { row_ptr(out, i1, i2, i3) } as *mut f32;
+                    if nb0 == n {
+                        for i in 0..n {
+                            unsafe {
+                                yp.add(i)
+                                    .write(op.apply(ap.add(i).read(), bp.add(i).read()))
+                            };
+                        }
+                    } else {
+                        for i in 0..n {
+                            let v = unsafe { op.apply(ap.add(i).read(), bp.add(i % nb0).read()) };
+                            unsafe { yp.add(i).write(v) };
+                        }
+                    }
                 }
             }
             RowOp::Copy {

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use crate::kernels::f16vec;
 use crate::kernels::flash_attn::{FlashAttn, Operand};
-use crate::kernels::rowops::{Elem, Rope, RowOp};
+use crate::kernels::rowops::{BinOp, Elem, Rope, RowOp};
 
 /// A tensor as Python passes it: (uint8 buffer, byte offset of element 0, ne, nb).
 type TensorArg<'py> = (Bound<'py, PyAny>, usize, [usize; 4], [usize; 4]);
@@ -413,4 +413,33 @@ pub fn flash_attn_ext_f16_step(
         threads: threads.max(1),
         _keep: ops.keep,
     })
+}
+
+/// ADD / SUB / MUL / DIV (`op` 0..3) of f32 tensors, `b` repeated over `a` (every dim of `b`
+/// divides `a`'s), into `out` shaped like `a`.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, op, threads = 1))]
+pub fn binary_step(
+    a: TensorArg<'_>,
+    b: TensorArg<'_>,
+    out: TensorArg<'_>,
+    op: u32,
+    threads: usize,
+) -> PyResult<NativeStep> {
+    let op = match op {
+        0 => BinOp::Add,
+        1 => BinOp::Sub,
+        2 => BinOp::Mul,
+        3 => BinOp::Div,
+        _ => return Err(PyValueError::new_err(format!("binary op {op} unknown"))),
+    };
+    let mut ops = Operands::new();
+    let a = ops.take(&a, 4, false, "a")?;
+    let b = ops.take(&b, 4, false, "b")?;
+    let out = ops.take(&out, 4, true, "out")?;
+    same_ne(&a, &out, "binary")?;
+    if (0..4).any(|d| a.ne[d] % b.ne[d] != 0) {
+        return Err(PyValueError::new_err("binary: b does not repeat into a"));
+    }
+    Ok(row_step(RowOp::Binary { a, b, out, op }, threads, ops))
 }
