@@ -25,10 +25,9 @@ f32, f16, f64 = np.float32, np.float16, np.float64
 ld = np.longdouble
 
 _libm = ctypes.CDLL(ctypes.util.find_library("m"))
-for _name in ("expf", "tanhf", "powf"):
+for _name in ("expf", "tanhf", "powf", "sinf", "cosf"):
     getattr(_libm, _name).restype = ctypes.c_float
-_libm.expf.argtypes = [ctypes.c_float]
-_libm.tanhf.argtypes = [ctypes.c_float]
+    getattr(_libm, _name).argtypes = [ctypes.c_float] * (2 if _name == "powf" else 1)
 _libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
 
 
@@ -342,3 +341,239 @@ def test_flash_attn_matches_reference_server(reference_v8, rpcnet_v8, isa, case)
         ref = reference_fa(reference_v8, q, k, v, m, s, scale, max_bias, softcap)
         ours = reference_fa(rpcnet_v8, q, k, v, m, s, scale, max_bias, softcap)
         np.testing.assert_array_equal(ours, ref)
+
+
+def test_flash_attn_parallel_workers_match_oracle(isa):
+    # large enough to run on several threads (split-KV chunks spread over workers)
+    rng = np.random.default_rng(11)
+    q, k, v, m, s = fa_case(rng, n_q=1, n_kv=1100, n_head=4, n_head_kv=2, dk=256, dv=256)
+    for threads in (2, 3):
+        ours = run_native_fa(q, k, v, m, s, 0.0625, 0.0, 0.0, threads)
+        want = fa_oracle(q, k[1], v[1], m, s, 0.0625, 0.0, 0.0, threads)
+        np.testing.assert_array_equal(ours, want)
+
+
+# --- row ops: NumPy oracles from ggml's definitions ---------------------------------------------
+
+
+def rms_norm_oracle(x: np.ndarray, eps: float) -> np.ndarray:
+    out = np.empty_like(x)
+    for idx in np.ndindex(*x.shape[:-1]):
+        row = x[idx]
+        total = 0.0
+        for v in (row * row).astype(f64):  # ggml: sequential double sum of float squares
+            total += v
+        mean = f32(total / row.shape[0])
+        out[idx] = row * (f32(1) / np.sqrt(mean + f32(eps), dtype=f32))
+    return out
+
+
+def v_expf(x: np.ndarray) -> np.ndarray:
+    """ggml_v_expf (AVX2) lane by lane; fma via long double (exact products of floats)."""
+
+    def fma_v(a, b, c):
+        return (np.asarray(a, ld) * np.asarray(b, ld) + np.asarray(c, ld)).astype(f32)
+
+    def c32(h):
+        return f32(float.fromhex(h))
+
+    x = x.astype(f32)
+    r = c32("0x1.8p23")
+    z = fma_v(x, c32("0x1.715476p+0"), r)
+    n = (z - r).astype(f32)
+    b = fma_v(-n, c32("0x1.7f7d1cp-20"), fma_v(-n, c32("0x1.62e4p-1"), x))
+    e = (z.view(np.uint32) << np.uint32(23)).astype(np.uint32)
+    k = (e + np.float32(1).view(np.uint32)).astype(np.uint32).view(f32)
+    u = (b * b).astype(f32)
+    j = fma_v(
+        fma_v(
+            fma_v(c32("0x1.0e4020p-7"), b, c32("0x1.573e2ep-5")),
+            u,
+            fma_v(c32("0x1.555e66p-3"), b, c32("0x1.fffdb6p-2")),
+        ),
+        u,
+        (c32("0x1.ffffecp-1") * b).astype(f32),
+    )
+    normal = fma_v(j, k, k)
+    g = np.where(n <= 0, np.uint32(0x82000000), np.uint32(0)).astype(np.uint32)
+    s1 = (g + np.uint32(0x7F000000)).astype(np.uint32).view(f32)
+    s2 = (e - g).astype(np.uint32).view(f32)
+    big = np.abs(n) > 126
+    huge = np.abs(n) > 192
+    scaled = (fma_v(s2, j, s2) * s1).astype(f32)
+    return np.where(huge, (s1 * s1).astype(f32), np.where(big, scaled, normal))
+
+
+def swiglu_oracle(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    n = x.shape[-1]
+    n_main = n & ~7
+    e = np.empty_like(x)
+    e[..., :n_main] = v_expf(f32(0) - x[..., :n_main])
+    e[..., n_main:] = (
+        [[expf(-v) for v in row] for row in x[..., n_main:].reshape(-1, n - n_main)]
+        if n > n_main
+        else e[..., n_main:]
+    )
+    return ((x / (f32(1) + e)).astype(f32) * g).astype(f32)
+
+
+def rope_oracle(x, pos, n_dims, neox, freq_base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0):
+    """x (n3, n_pos, n_head, ne0) f32; ggml_rope_cache_init + rotate_pairs, no YaRN ramp unless
+    ext_factor (ramp over corr dims of n_ctx_orig 4096, beta 32/1)."""
+    out = x.copy()
+    theta_scale = f32(np.power(f64(f32(freq_base)), f64(f32(-2.0) / f32(n_dims))))
+    half = n_dims // 2
+    mscale = f32(attn_factor)
+    for i2, p in enumerate(pos):
+        theta = f32(p)
+        cache = []
+        for _ in range(half):
+            t = f32(f32(freq_scale) * theta)
+            # ggml calls the C library's cosf/sinf (glibc's are not correctly rounded)
+            cache.append((f32(_libm.cosf(float(t))) * mscale, f32(_libm.sinf(float(t))) * mscale))
+            theta = f32(theta * theta_scale)
+        for i, (c, s) in enumerate(cache):
+            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = x[:, i2, :, a], x[:, i2, :, b]
+            out[:, i2, :, a] = (x0.astype(ld) * ld(c) - (x1 * s).astype(ld)).astype(f32)
+            out[:, i2, :, b] = (x0.astype(ld) * ld(s) + (x1 * c).astype(ld)).astype(f32)
+    return out
+
+
+def _buf(a: np.ndarray) -> np.ndarray:
+    return np.frombuffer(a, np.uint8) if a.flags.c_contiguous else a.base.view(np.uint8)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1000), (2, 3, 5, 67), (1, 1, 4, 4096)])
+def test_rms_norm_matches_oracle(isa, shape):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 3).astype(f32)
+    out = np.zeros_like(x)
+    ob = out.view(np.uint8).reshape(-1)
+    _native.rms_norm_step(arg(x, np.frombuffer(x, np.uint8)), arg(out, ob), 1e-5, 2)()
+    np.testing.assert_array_equal(out, rms_norm_oracle(x, 1e-5))
+
+
+@pytest.mark.parametrize("nc", [8, 13, 1408])
+def test_swiglu_matches_oracle(isa, nc):
+    rng = np.random.default_rng(nc)
+    a = (rng.standard_normal((3, 2 * nc)) * 6).astype(f32)
+    a[0, :4] = [-120.0, 95.0, 0.0, -0.0]  # vector expf's overflow/underflow branches
+    ab = np.frombuffer(a, np.uint8)
+    out = np.zeros((3, nc), f32)
+    x, g = a[:, :nc], a[:, nc:]
+    step = _native.swiglu_step(
+        (ab, 0, (nc, 3, 1, 1), (4, 8 * nc, 24 * nc, 24 * nc)),
+        (ab, 4 * nc, (nc, 3, 1, 1), (4, 8 * nc, 24 * nc, 24 * nc)),
+        arg(out, out.view(np.uint8).reshape(-1)),
+        2,
+    )
+    with np.errstate(over="ignore"):
+        step()
+        want = swiglu_oracle(x, g)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("ne0,n_dims", [(64, 64), (80, 32)])
+def test_rope_matches_oracle(isa, neox, ne0, n_dims):
+    rng = np.random.default_rng(ne0 + n_dims + neox)
+    x = (rng.standard_normal((2, 3, 4, ne0)) * 2).astype(f32)
+    pos = np.array([0, 7, 1500], np.int32)
+    out = np.zeros_like(x)
+    params = (n_dims, 2 if neox else 0, 4096, 0, 10000.0, 0.5, 0.0, 1.0, 32.0, 1.0)
+    _native.rope_step(
+        arg(x, np.frombuffer(x, np.uint8)),
+        arg(pos, np.frombuffer(pos, np.uint8)),
+        None,
+        arg(out, out.view(np.uint8).reshape(-1)),
+        params,
+        2,
+    )()
+    want = rope_oracle(x, pos, n_dims, neox, 10000.0, freq_scale=0.5)
+    np.testing.assert_array_equal(out, want)
+
+
+# --- row ops against the reference server (same single-op graph) --------------------------------
+
+RMS_NORM, ROPE, GLU, SET_ROWS, GET_ROWS, CPY, CONT = 25, 48, 100, 42, 40, 34, 35
+ADD, MUL = 2, 7
+I32, I64 = 26, 27
+
+
+def both(ref_port, our_port, g, out):
+    (r,), (o,) = g.run(ref_port, [out]), g.run(our_port, [out])
+    return r, o
+
+
+def test_rms_norm_mul_add_match_reference(reference_v8, rpcnet_v8, isa):
+    rng = np.random.default_rng(1)
+    ne = (1000, 3, 2, 1)
+    g = OpGraph()
+    x = g.input(F32, ne, (rng.standard_normal(ne[::-1]) * 4).astype(f32))
+    w = g.input(F32, (1000, 1, 1, 1), rng.standard_normal(1000).astype(f32))
+    res = g.input(F32, ne, rng.standard_normal(ne[::-1]).astype(f32))
+    n = g.op(RMS_NORM, F32, ne, (x,), params=pack_params(1e-6))
+    m = g.op(MUL, F32, ne, (n, w))
+    out = g.op(ADD, F32, ne, (m, res))
+    r, o = both(reference_v8, rpcnet_v8, g, out)
+    np.testing.assert_array_equal(as_f32(o, ne), as_f32(r, ne))
+
+
+@pytest.mark.parametrize("nc,swapped,fused", [(1408, 0, False), (37, 1, False), (100, 0, True)])
+def test_swiglu_matches_reference(reference_v8, rpcnet_v8, isa, nc, swapped, fused):
+    rng = np.random.default_rng(nc)
+    g = OpGraph()
+    if fused:
+        a = g.input(F32, (nc, 3, 1, 1), (rng.standard_normal((3, nc)) * 5).astype(f32))
+        b = g.input(F32, (nc, 3, 1, 1), rng.standard_normal((3, nc)).astype(f32))
+        srcs = (a, b)
+    else:
+        srcs = (
+            g.input(F32, (2 * nc, 3, 1, 1), (rng.standard_normal((3, 2 * nc)) * 5).astype(f32)),
+        )
+    out = g.op(GLU, F32, (nc, 3, 1, 1), srcs, params=pack_params(2, swapped))
+    r, o = both(reference_v8, rpcnet_v8, g, out)
+    np.testing.assert_array_equal(as_f32(o, (nc, 3)), as_f32(r, (nc, 3)))
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+@pytest.mark.parametrize("ext_factor", [0.0, 1.0])
+def test_rope_matches_reference(reference_v8, rpcnet_v8, isa, mode, ext_factor):
+    rng = np.random.default_rng(mode + int(ext_factor))
+    ne = (128, 4, 3, 1)
+    g = OpGraph()
+    x = g.input(F32, ne, (rng.standard_normal(ne[::-1]) * 2).astype(f32))
+    pos = g.input(I32, (3, 1, 1, 1), np.array([5, 900, 4000], np.int32))
+    params = pack_params(
+        0, 96, mode, 0, 2048, 10000.0, 0.25, ext_factor, 1.0, 32.0, 1.0, 0, 0, 0, 0, 0
+    )
+    out = g.op(ROPE, F32, ne, (x, pos), params=params)
+    r, o = both(reference_v8, rpcnet_v8, g, out)
+    np.testing.assert_array_equal(as_f32(o, ne), as_f32(r, ne))
+
+
+@pytest.mark.parametrize("dst_type,idx_type", [(F16, I64), (F32, I32)])
+def test_set_get_rows_and_copy_match_reference(reference_v8, rpcnet_v8, isa, dst_type, idx_type):
+    rng = np.random.default_rng(dst_type)
+    g = OpGraph()
+    ne0, n_rows, n_dst = 70, 3, 9
+    rows = g.input(
+        F32, (ne0, n_rows, 2, 1), (rng.standard_normal((2, n_rows, ne0)) * 3).astype(f32)
+    )
+    ids = np.array([[7, 0, 4], [2, 8, 5]], np.int64 if idx_type == I64 else np.int32)
+    idx = g.input(idx_type, (n_rows, 2, 1, 1), ids)
+    dst0 = rng.standard_normal((2, n_dst, ne0)).astype(f32)
+    dst = g.input(dst_type, (ne0, n_dst, 2, 1), dst0.astype(f16) if dst_type == F16 else dst0)
+    setr = g.op(SET_ROWS, dst_type, (ne0, n_dst, 2, 1), (rows, idx, dst), inplace_of=dst)
+    gidx = g.input(I32, (4, 2, 1, 1), np.array([[1, 7, 7, 0], [8, 5, 2, 3]], np.int32))
+    got = g.op(GET_ROWS, F32, (ne0, 4, 2, 1), (setr, gidx))
+    # a transposed view copied to f16 and back (CPY into a strided view, CONT of it)
+    tview = g.view(got, (4, ne0, 2, 1), (ne0 * 4, 4, ne0 * 16, ne0 * 32))
+    half = g.op(CONT, F16, (4, ne0, 2, 1), (tview,))
+    back = g.op(
+        CPY, F32, (4, ne0, 2, 1), (half, g.input(F32, (4, ne0, 2, 1), np.zeros(8 * ne0, f32)))
+    )
+    for node, shape in ((got, (ne0, 4, 2)), (back, (4, ne0, 2))):
+        r, o = both(reference_v8, rpcnet_v8, g, node)
+        np.testing.assert_array_equal(as_f32(o, shape), as_f32(r, shape))

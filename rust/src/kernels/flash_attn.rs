@@ -23,6 +23,9 @@ pub fn tanhf(x: f32) -> f32 {
     (x as f64).tanh() as f32
 }
 
+/// Multiply-adds (rows × KV × (DK + DV)) below which a node runs on one thread.
+const MIN_PARALLEL_WORK: usize = 1 << 22;
+
 /// KV positions from which ggml splits one decode row over threads.
 pub const SPLIT_KV_MIN: usize = 512;
 
@@ -252,6 +255,17 @@ impl FlashAttn {
         (iq3 * n_q + iq1) * n_head + iq2
     }
 
+    /// Threads worth starting: the split of the work (and so the numerics) follows `threads`,
+    /// but a small node runs on the calling thread (starting threads costs ~50-200 µs).
+    fn workers(&self, threads: usize) -> usize {
+        let work = self.n_rows() * self.n_kv() * (self.dk() + self.dv());
+        if work < MIN_PARALLEL_WORK {
+            1
+        } else {
+            threads
+        }
+    }
+
     fn split_kv(&self, threads: usize) -> bool {
         threads > 1 && self.q.ne[1] == 1 && self.q.ne[3] == 1 && self.n_kv() >= SPLIT_KV_MIN
     }
@@ -278,7 +292,7 @@ impl FlashAttn {
                 }
             }
         };
-        let threads = threads.min(nr).max(1);
+        let threads = self.workers(threads).min(nr).max(1);
         if threads == 1 {
             work(0, nr);
             return;
@@ -321,17 +335,34 @@ impl FlashAttn {
             }
         };
         {
-            let mut by_thread: Vec<Vec<(usize, &mut [f32])>> =
+            // partials grouped by KV chunk; chunk t runs on worker t % workers
+            let mut by_chunk: Vec<Vec<(usize, &mut [f32])>> =
                 (0..threads).map(|_| Vec::new()).collect();
             for (i, p) in partials.chunks_exact_mut(stride).enumerate() {
-                by_thread[i % threads].push((i / threads, p));
+                by_chunk[i % threads].push((i / threads, p));
             }
-            std::thread::scope(|s| {
-                for (t, mut mine) in by_thread.into_iter().enumerate() {
-                    let fill = &fill;
-                    s.spawn(move || fill(t, &mut mine));
+            let workers = self.workers(threads);
+            if workers == 1 {
+                for (t, mut mine) in by_chunk.into_iter().enumerate() {
+                    fill(t, &mut mine);
                 }
-            });
+            } else {
+                let mut per_worker: Vec<Vec<(usize, Vec<(usize, &mut [f32])>)>> =
+                    (0..workers).map(|_| Vec::new()).collect();
+                for (t, mine) in by_chunk.into_iter().enumerate() {
+                    per_worker[t % workers].push((t, mine));
+                }
+                std::thread::scope(|s| {
+                    for jobs in per_worker {
+                        let fill = &fill;
+                        s.spawn(move || {
+                            for (t, mut mine) in jobs {
+                                fill(t, &mut mine);
+                            }
+                        });
+                    }
+                });
+            }
         }
         let mut acc = vec![0.0f32; dv];
         for h in 0..n_head {

@@ -2,12 +2,12 @@
 //!
 //! * RMS_NORM — `Σ x²` in double, `mean` rounded to float, `y = x · (1 / sqrtf(mean + eps))`;
 //! * ROPE (normal, neox; f32) — ggml's running `theta *= theta_scale` in float32, YaRN ramp,
-//!   correctly rounded cos/sin (the reference's libm), rotation with fused multiply-adds;
+//!   the C library's cosf/sinf (as ggml), rotation with fused multiply-adds;
 //! * SWIGLU (f32) — `silu(x)·g` with ggml's AVX2 `ggml_v_expf` on 8-lane chunks and libm's
 //!   `expf` on the tail;
 //! * SET_ROWS / GET_ROWS / CPY between f32 and f16 (round to nearest even) or f32 and f32.
 
-use super::f16vec::{f16_row_to_f32, f32_row_to_f16};
+use super::f16vec::{f16_row_to_f32, f32_row_to_f16, use_avx2};
 use super::flash_attn::Operand;
 use super::KernelError;
 
@@ -112,6 +112,7 @@ impl Rope {
     }
 
     /// cos, sin interleaved per pair for position `p` (ggml_rope_cache_init).
+    #[inline(always)]
     fn cache(&self, p: i32, freq_factors: Option<*const f32>, out: &mut [f32]) {
         let mut theta = p as f32;
         for (i, pair) in out.chunks_exact_mut(2).enumerate() {
@@ -125,12 +126,15 @@ impl Rope {
             } else {
                 interp
             };
-            pair[0] = ((t as f64).cos() as f32) * self.mscale;
-            pair[1] = ((t as f64).sin() as f32) * self.mscale;
+            // the C library's cosf/sinf, as ggml calls them (glibc's are not correctly
+            // rounded; the reference's and the host's give the same bits)
+            pair[0] = t.cos() * self.mscale;
+            pair[1] = t.sin() * self.mscale;
             theta *= self.theta_scale;
         }
     }
 
+    #[inline(always)]
     fn rotate(&self, cache: &[f32], src: &[f32], dst: &mut [f32]) {
         let half = self.n_dims / 2;
         let off = self.n_offs;
@@ -262,7 +266,7 @@ unsafe fn f32_row_mut<'a>(
 }
 
 /// ggml's AVX2 `ggml_v_expf`, lane by lane (the same operations, so the same bits).
-#[inline]
+#[inline(always)]
 pub fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
@@ -299,6 +303,7 @@ pub fn v_expf(x: f32) -> f32 {
 ///
 /// # Safety
 /// `x`, `g` readable and `y` writable for `n` floats.
+#[inline(always)]
 unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
     let np = n & !7;
     for i in 0..n {
@@ -356,7 +361,25 @@ impl RowOp {
         })
     }
 
+    /// Rows `r0..r1`, compiled for FMA where the CPU has it (the scalar `mul_add`s of rope,
+    /// SiLU's vector expf ... become single instructions; the results are the same bits).
     unsafe fn rows(&self, r0: usize, r1: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2() {
+            // SAFETY: the features were detected; the rest per run()'s contract.
+            return unsafe { self.rows_fma(r0, r1) };
+        }
+        unsafe { self.rows_any(r0, r1) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_fma(&self, r0: usize, r1: usize) -> bool {
+        unsafe { self.rows_any(r0, r1) }
+    }
+
+    #[inline(always)]
+    unsafe fn rows_any(&self, r0: usize, r1: usize) -> bool {
         let mut ok = true;
         match self {
             RowOp::RmsNorm { x, out, eps } => {
