@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from rpcnet import _native
 from rpcnet.compute.kernels.attention import Q_TILE
-from rpcnet.compute.kernels.native_args import device_threads, tensor_arg
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.native_args import device_threads, native_kernel, tensor_arg
+from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import GGML_F16, GGML_F32
@@ -53,7 +53,9 @@ def _supported(node: Tensor) -> bool:
     return True
 
 
-@kernel(Op.FLASH_ATTN_EXT, "f32 q x f16 k, v (+f16 mask, sinks), < 64 rows (native)", _supported)
+@native_kernel(
+    Op.FLASH_ATTN_EXT, "f32 q x f16 k, v (+f16 mask, sinks), < 64 rows (native)", _supported
+)
 def flash_attn_ext_native(node: Tensor) -> Step:
     src = tuple(node.src) + (None,) * (5 - len(node.src))
     q, k, v, mask, sinks = src[:5]

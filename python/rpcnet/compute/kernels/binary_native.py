@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from rpcnet import _native
 from rpcnet.compute.kernels.common import repeats_into, same_shape
-from rpcnet.compute.kernels.native_args import device_threads, rows_contiguous, tensor_arg
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.native_args import (
+    device_threads,
+    native_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
+from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import GGML_F32
@@ -43,4 +48,4 @@ def _build(node: Tensor) -> Step:
 
 
 for _op in _OPS:
-    kernel(_op, "f32 (src1 repeat-broadcast, native)", _supported)(_build)
+    native_kernel(_op, "f32 (src1 repeat-broadcast, native)", _supported)(_build)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from rpcnet import _native
-from rpcnet.compute.kernels.native_args import device_threads, rows_contiguous, tensor_arg
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.native_args import (
+    device_threads,
+    native_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
+from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Glu, Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import GGML_F32
@@ -28,7 +33,7 @@ def _supported(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.GLU, "SWIGLU f32 split or fused (native)", _supported)
+@native_kernel(Op.GLU, "SWIGLU f32 split or fused (native)", _supported)
 def swiglu_native(node: Tensor) -> Step:
     a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
     assert a is not None

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
+from rpcnet.compute.kernels.registry import Builder, Predicate, kernel
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import storage
 
 TensorArg = tuple[Any, int, tuple[int, ...], tuple[int, ...]]
+
+# RPCNET_NATIVE_OPS=0 leaves the non-matmul ops to the NumPy kernels (for comparisons).
+ENABLED = os.environ.get("RPCNET_NATIVE_OPS", "1") != "0"
+
+
+def native_kernel(op: int, types: str, supports: Predicate) -> Callable[[Builder], Builder]:
+    """`registry.kernel`, unless the native ops are switched off."""
+    if ENABLED:
+        return kernel(op, types, supports)
+    return lambda build: build
 
 
 def tensor_arg(t: Tensor, offset: int = 0, ne0: int | None = None) -> TensorArg:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from rpcnet import _native
-from rpcnet.compute.kernels.native_args import device_threads, rows_contiguous, tensor_arg
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.native_args import (
+    device_threads,
+    native_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
+from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import GGML_F32
@@ -22,7 +27,7 @@ def _supported(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.RMS_NORM, "f32 (native)", _supported)
+@native_kernel(Op.RMS_NORM, "f32 (native)", _supported)
 def rms_norm_native(node: Tensor) -> Step:
     x = node.src[0]
     assert x is not None

@@ -4,8 +4,13 @@ YaRN ramp and fused rotation; multi-section and vision modes stay with the NumPy
 from __future__ import annotations
 
 from rpcnet import _native
-from rpcnet.compute.kernels.native_args import device_threads, rows_contiguous, tensor_arg
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.native_args import (
+    device_threads,
+    native_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
+from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.kernels.rope import NEOX, NORMAL, RopeParams
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -36,7 +41,7 @@ def _disjoint(a: Tensor, b: Tensor) -> bool:
     return a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
 
 
-@kernel(Op.ROPE, "f32 x i32 positions (+f32 freq factors), normal/neox (native)", _supported)
+@native_kernel(Op.ROPE, "f32 x i32 positions (+f32 freq factors), normal/neox (native)", _supported)
 def rope_native(node: Tensor) -> Step:
     x, pos = node.src[0], node.src[1]
     ff = node.src[2] if len(node.src) > 2 else None

@@ -8,8 +8,13 @@ destinations and other types stay with the NumPy kernels.
 from __future__ import annotations
 
 from rpcnet import _native
-from rpcnet.compute.kernels.native_args import device_threads, rows_contiguous, tensor_arg
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.native_args import (
+    device_threads,
+    native_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
+from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import GGML_F16, GGML_F32, GGML_I32, GGML_I64
@@ -34,7 +39,7 @@ def _get_rows_supported(node: Tensor) -> bool:
     return a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1
 
 
-@kernel(Op.GET_ROWS, "f32/f16 rows x i32 ids -> f32 (native)", _get_rows_supported)
+@native_kernel(Op.GET_ROWS, "f32/f16 rows x i32 ids -> f32 (native)", _get_rows_supported)
 def get_rows_native(node: Tensor) -> Step:
     a, b = node.src[0], node.src[1]
     assert a is not None and b is not None
@@ -58,7 +63,7 @@ def _set_rows_supported(node: Tensor) -> bool:
     return rows.ne[2] % idx.ne[1] == 0 and rows.ne[3] % idx.ne[2] == 0
 
 
-@kernel(Op.SET_ROWS, "f32 rows x i32/i64 ids -> f32/f16 (native)", _set_rows_supported)
+@native_kernel(Op.SET_ROWS, "f32 rows x i32/i64 ids -> f32/f16 (native)", _set_rows_supported)
 def set_rows_native(node: Tensor) -> Step:
     rows, idx = node.src[0], node.src[1]
     assert rows is not None and idx is not None
@@ -95,16 +100,16 @@ def _copy(node: Tensor) -> Step:
     )
 
 
-@kernel(Op.CPY, "f32/f16 -> f32/f16, same shape (native)", _copy_supported)
+@native_kernel(Op.CPY, "f32/f16 -> f32/f16, same shape (native)", _copy_supported)
 def cpy_native(node: Tensor) -> Step:
     return _copy(node)
 
 
-@kernel(Op.CONT, "f32/f16 -> f32/f16, same shape (native)", _copy_supported)
+@native_kernel(Op.CONT, "f32/f16 -> f32/f16, same shape (native)", _copy_supported)
 def cont_native(node: Tensor) -> Step:
     return _copy(node)
 
 
-@kernel(Op.DUP, "f32/f16 -> f32/f16, same shape (native)", _copy_supported)
+@native_kernel(Op.DUP, "f32/f16 -> f32/f16, same shape (native)", _copy_supported)
 def dup_native(node: Tensor) -> Step:
     return _copy(node)
