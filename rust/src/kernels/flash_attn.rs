@@ -24,7 +24,7 @@ pub fn tanhf(x: f32) -> f32 {
 }
 
 /// Multiply-adds (rows × KV × (DK + DV)) below which a node runs on one thread.
-const MIN_PARALLEL_WORK: usize = 1 << 22;
+const MIN_PARALLEL_WORK: usize = 1 << 20;
 
 /// KV positions from which ggml splits one decode row over threads.
 pub const SPLIT_KV_MIN: usize = 512;
