@@ -59,6 +59,9 @@ pub struct FlashAttn {
 unsafe impl Send for FlashAttn {}
 unsafe impl Sync for FlashAttn {}
 
+/// One KV chunk's work: (chunk index, [(head, its partial slot)]).
+type ChunkJob<'a> = (usize, Vec<(usize, &'a mut [f32])>);
+
 /// Per-thread scratch for one row.
 struct Scratch {
     q16: Vec<u16>,
@@ -347,7 +350,7 @@ impl FlashAttn {
                     fill(t, &mut mine);
                 }
             } else {
-                let mut per_worker: Vec<Vec<(usize, Vec<(usize, &mut [f32])>)>> =
+                let mut per_worker: Vec<Vec<ChunkJob<'_>>> =
                     (0..workers).map(|_| Vec::new()).collect();
                 for (t, mine) in by_chunk.into_iter().enumerate() {
                     per_worker[t % workers].push((t, mine));

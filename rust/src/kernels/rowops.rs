@@ -580,8 +580,8 @@ mod tests {
 
     #[test]
     fn v_expf_is_close_to_exp() {
-        for i in -2000..2000 {
-            let x = i as f32 * 0.05;
+        for i in -1700..1700 {
+            let x = i as f32 * 0.05; // |x| < 85: finite results
             let (a, b) = (v_expf(x), x.exp());
             assert!(
                 (a - b).abs() <= b * 4e-7 + f32::MIN_POSITIVE,
