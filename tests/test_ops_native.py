@@ -577,3 +577,29 @@ def test_set_get_rows_and_copy_match_reference(reference_v8, rpcnet_v8, isa, dst
     for node, shape in ((got, (ne0, 4, 2)), (back, (4, ne0, 2))):
         r, o = both(reference_v8, rpcnet_v8, g, node)
         np.testing.assert_array_equal(as_f32(o, shape), as_f32(r, shape))
+
+
+SOFT_MAX = 46
+
+
+@pytest.mark.parametrize(
+    "mask_type,sinks,max_bias",
+    [(None, False, 0.0), (F16, True, 0.0), (F32, False, 8.0), (F16, True, 4.0)],
+)
+def test_soft_max_matches_reference(reference_v8, rpcnet_v8, isa, mask_type, sinks, max_bias):
+    rng = np.random.default_rng(3 + int(max_bias))
+    ne = (77, 5, 6, 1)  # rows not a multiple of 8: vector chunks plus a tail
+    g = OpGraph()
+    x = g.input(F32, ne, (rng.standard_normal(ne[::-1]) * 3).astype(f32))
+    srcs = [x]
+    if mask_type is not None:
+        m = rng.standard_normal((1, 2, 8, 77)).astype(f32)
+        m[rng.random(m.shape) < 0.2] = -np.inf
+        srcs.append(g.input(mask_type, (77, 8, 2, 1), m.astype(f16) if mask_type == F16 else m))
+    elif sinks:
+        srcs.append(0)
+    if sinks:
+        srcs.append(g.input(F32, (6, 1, 1, 1), rng.standard_normal(6).astype(f32)))
+    out = g.op(SOFT_MAX, F32, ne, srcs, params=pack_params(0.3, float(max_bias)))
+    r, o = both(reference_v8, rpcnet_v8, g, out)
+    np.testing.assert_array_equal(as_f32(o, ne), as_f32(r, ne))

@@ -9,7 +9,7 @@
 
 use super::f16vec::{f16_row_to_f32, f32_row_to_f16, use_avx2};
 use super::flash_attn::Operand;
-use super::KernelError;
+use super::{fp16_to_f32, KernelError};
 
 /// Below this many elements an op runs on the calling thread (spawning costs more).
 const MIN_PARALLEL: usize = 1 << 16;
@@ -216,6 +216,15 @@ pub enum RowOp {
         out: Operand,
         op: BinOp,
     },
+    /// SOFT_MAX of f32 rows: `x·scale (+ slope·mask)`, optional sinks per head (ne2).
+    SoftMax {
+        x: Operand,
+        out: Operand,
+        mask: Option<(Operand, Elem)>,
+        sinks: Option<*const f32>,
+        scale: f32,
+        max_bias: f32,
+    },
     /// Same-shape copy with conversion.
     Copy {
         src: Operand,
@@ -320,6 +329,46 @@ unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
     }
 }
 
+/// ggml_vec_soft_max_f32 (AVX2 build): `y = exp(x - max)` with the vector expf on 8-lane
+/// chunks (each chunk summed in float32 in the SSE order, then added in double), expf on the tail.
+#[inline(always)]
+fn soft_max_row(x: &[f32], y: &mut [f32], max: f32) -> f64 {
+    let n = x.len();
+    let np = n & !7;
+    let mut sum = 0.0f64;
+    for i in (0..np).step_by(8) {
+        let mut v = [0.0f32; 8];
+        for l in 0..8 {
+            v[l] = v_expf(x[i + l] - max);
+            y[i + l] = v[l];
+        }
+        let h: [f32; 4] = std::array::from_fn(|l| v[l + 4] + v[l]);
+        sum += f64::from((h[0] + h[2]) + (h[1] + h[3]));
+    }
+    for i in np..n {
+        let v = (x[i] - max).exp();
+        sum += f64::from(v);
+        y[i] = v;
+    }
+    sum
+}
+
+/// ALiBi slope of head `h` (ggml's m0/m1 powers); 1 without max_bias.
+fn alibi_slope(h: usize, n_head: usize, max_bias: f32) -> f32 {
+    if max_bias <= 0.0 {
+        return 1.0;
+    }
+    let n_head_log2 = 1u32 << (n_head as f64).log2().floor() as u32;
+    let m0 = 2.0f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2.0f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    let h = h as u32;
+    if h < n_head_log2 {
+        m0.powf((h + 1) as f32)
+    } else {
+        m1.powf((2 * (h - n_head_log2) + 1) as f32)
+    }
+}
+
 impl RowOp {
     /// (rows, elements) of the work, for threading.
     fn shape(&self) -> (usize, usize) {
@@ -327,7 +376,9 @@ impl RowOp {
             RowOp::RmsNorm { out, .. } | RowOp::Rope { out, .. } | RowOp::Swiglu { out, .. } => {
                 out.ne
             }
-            RowOp::GetRows { out, .. } | RowOp::Binary { out, .. } => out.ne,
+            RowOp::GetRows { out, .. } | RowOp::Binary { out, .. } | RowOp::SoftMax { out, .. } => {
+                out.ne
+            }
             RowOp::SetRows { src, .. } | RowOp::Copy { src, .. } => src.ne,
         };
         let rows = ne[1] * ne[2] * ne[3];
@@ -492,6 +543,53 @@ impl RowOp {
                         unsafe { src.ptr.add(s * src.nb[1] + i2 * src.nb[2] + i3 * src.nb[3]) };
                     let ys = unsafe { f32_row_mut(out, i1, i2, i3, n) };
                     unsafe { load_row(sp, *src_elem, ys) };
+                }
+            }
+            RowOp::SoftMax {
+                x,
+                out,
+                mask,
+                sinks,
+                scale,
+                max_bias,
+            } => {
+                let n = x.ne[0];
+                let mut w = vec![0.0f32; n];
+                for r in r0..r1 {
+                    let (i1, i2, i3) = row_index(&x.ne, r);
+                    let slope = alibi_slope(i2, x.ne[2], *max_bias);
+                    let xs = unsafe { f32_row(x, i1, i2, i3, n) };
+                    for (wi, xi) in w.iter_mut().zip(xs) {
+                        *wi = xi * scale;
+                    }
+                    if let Some((m, elem)) = mask {
+                        let mp = unsafe { row_ptr(m, i1, i2 % m.ne[2], i3 % m.ne[3]) };
+                        for (i, wi) in w.iter_mut().enumerate() {
+                            let mv = match elem {
+                                Elem::F16 => fp16_to_f32(unsafe {
+                                    (mp as *const u16).add(i).read_unaligned()
+                                }),
+                                Elem::F32 => unsafe { (mp as *const f32).add(i).read_unaligned() },
+                            };
+                            // ggml's `wp[i] += slope*mask[i]`, contracted to an fma
+                            *wi = slope.mul_add(mv, *wi);
+                        }
+                    }
+                    let mut max = f32::NEG_INFINITY;
+                    for &v in &w {
+                        max = if max > v { max } else { v };
+                    }
+                    let sink = sinks.map(|sk| unsafe { sk.add(i2).read_unaligned() });
+                    if let Some(sk) = sink {
+                        max = if max > sk { max } else { sk };
+                    }
+                    let ys = unsafe { f32_row_mut(out, i1, i2, i3, n) };
+                    let mut sum = soft_max_row(&w, ys, max);
+                    if let Some(sk) = sink {
+                        sum += f64::from((sk - max).exp());
+                    }
+                    let inv = (1.0 / sum) as f32;
+                    ys.iter_mut().for_each(|y| *y *= inv);
                 }
             }
             RowOp::Binary { a, b, out, op } => {

@@ -443,3 +443,63 @@ pub fn binary_step(
     }
     Ok(row_step(RowOp::Binary { a, b, out, op }, threads, ops))
 }
+
+/// SOFT_MAX of f32 rows with an optional f16/f32 mask (rows broadcast over heads by modulo),
+/// f32 sinks (one per head), scale and ALiBi max_bias.
+#[pyfunction]
+#[pyo3(signature = (x, mask, mask_type, sinks, out, scale, max_bias, threads = 1))]
+#[allow(clippy::too_many_arguments)]
+pub fn soft_max_step(
+    x: TensorArg<'_>,
+    mask: Option<TensorArg<'_>>,
+    mask_type: u32,
+    sinks: Option<TensorArg<'_>>,
+    out: TensorArg<'_>,
+    scale: f32,
+    max_bias: f32,
+    threads: usize,
+) -> PyResult<NativeStep> {
+    let mut ops = Operands::new();
+    let x = ops.take(&x, 4, false, "x")?;
+    let mask = match mask {
+        Some(m) => {
+            let elem = elem_of(mask_type, "soft_max mask")?;
+            let op = ops.take(&m, elem.size(), false, "mask")?;
+            if op.ne[0] != x.ne[0] || op.ne[1] < x.ne[1] {
+                return Err(PyValueError::new_err(
+                    "soft_max: mask smaller than the rows",
+                ));
+            }
+            if x.ne[2] % op.ne[2] != 0 || x.ne[3] % op.ne[3] != 0 {
+                return Err(PyValueError::new_err(
+                    "soft_max: mask does not repeat into x",
+                ));
+            }
+            Some((op, elem))
+        }
+        None => None,
+    };
+    let sinks = match sinks {
+        Some(s) => {
+            let op = ops.take(&s, 4, false, "sinks")?;
+            if op.ne[0] < x.ne[2] || op.ne[1] * op.ne[2] * op.ne[3] != 1 {
+                return Err(PyValueError::new_err(
+                    "soft_max: sinks must be one value per head",
+                ));
+            }
+            Some(op.ptr as *const f32)
+        }
+        None => None,
+    };
+    let out = ops.take(&out, 4, true, "out")?;
+    same_ne(&x, &out, "soft_max")?;
+    let op = RowOp::SoftMax {
+        x,
+        out,
+        mask,
+        sinks,
+        scale,
+        max_bias,
+    };
+    Ok(row_step(op, threads, ops))
+}
