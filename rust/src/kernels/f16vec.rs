@@ -85,7 +85,8 @@ pub fn dot_f16_portable(x: &[u16], y: &[u16]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16_avx2(x: &[u16], y: &[u16]) -> f32 {
+#[inline]
+pub unsafe fn dot_f16_avx2(x: &[u16], y: &[u16]) -> f32 {
     use std::arch::x86_64::*;
     let n = x.len().min(y.len());
     let np = n & !(STEP - 1);
@@ -133,7 +134,8 @@ pub fn mad_f16_portable(y: &mut [u16], x: &[u16], v: f32) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mad_f16_avx2(y: &mut [u16], x: &[u16], v: f32) {
+#[inline]
+pub unsafe fn mad_f16_avx2(y: &mut [u16], x: &[u16], v: f32) {
     use std::arch::x86_64::*;
     let n = y.len().min(x.len());
     let np = n & !(LANES - 1);
@@ -171,7 +173,8 @@ pub fn scale_f16_portable(y: &mut [u16], v: f32) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_f16_avx2(y: &mut [u16], v: f32) {
+#[inline]
+pub unsafe fn scale_f16_avx2(y: &mut [u16], v: f32) {
     use std::arch::x86_64::*;
     let n = y.len();
     let np = n & !(LANES - 1);

@@ -14,7 +14,42 @@
 //!
 //! The cost is proportional to the KV positions the graph passes (`n_kv`), never to the cache.
 
-use super::f16vec::{dot_f16, f32_row_to_f16, mad_f16, scale_f16};
+use super::f16vec::{
+    dot_f16_portable, f32_row_to_f16, mad_f16_portable, scale_f16_portable, use_avx2,
+};
+
+// The AVX2 primitives, callable from `row_impl::<true>` (compiled with the same features); on
+// other targets the SIMD variant is never chosen.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
+    // SAFETY: only reached from row_avx2, after feature detection.
+    unsafe { super::f16vec::dot_f16_avx2(x, y) }
+}
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
+    // SAFETY: as simd_dot.
+    unsafe { super::f16vec::mad_f16_avx2(y, x, v) }
+}
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn simd_scale(y: &mut [u16], v: f32) {
+    // SAFETY: as simd_dot.
+    unsafe { super::f16vec::scale_f16_avx2(y, v) }
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
+    dot_f16_portable(x, y)
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
+    mad_f16_portable(y, x, v)
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_scale(y: &mut [u16], v: f32) {
+    scale_f16_portable(y, v)
+}
 use super::{fp16_to_f32, KernelError};
 
 /// tanhf correctly rounded, as the reference's C library (glibc >= 2.41, CORE-MATH) computes it.
@@ -140,7 +175,38 @@ impl FlashAttn {
     ///
     /// # Safety
     /// The operands must be valid for the shapes and strides they describe.
+    /// [`Self::row_impl`] compiled for the detected ISA (the f16 primitives inline there).
     unsafe fn row(
+        &self,
+        ir: usize,
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        sc: &mut Scratch,
+    ) -> (f32, f32) {
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2() {
+            // SAFETY: features detected; the rest per this function's contract.
+            return unsafe { self.row_avx2(ir, c0, c1, with_sinks, sc) };
+        }
+        unsafe { self.row_impl::<false>(ir, c0, c1, with_sinks, sc) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_avx2(
+        &self,
+        ir: usize,
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        sc: &mut Scratch,
+    ) -> (f32, f32) {
+        unsafe { self.row_impl::<true>(ir, c0, c1, with_sinks, sc) }
+    }
+
+    #[inline(always)]
+    unsafe fn row_impl<const SIMD: bool>(
         &self,
         ir: usize,
         c0: usize,
@@ -197,7 +263,11 @@ impl FlashAttn {
             }
             let krow =
                 unsafe { std::slice::from_raw_parts(k_base.add(ic * k.nb[1]) as *const u16, dk) };
-            let mut s = dot_f16(krow, &sc.q16);
+            let mut s = if SIMD {
+                simd_dot(krow, &sc.q16)
+            } else {
+                dot_f16_portable(krow, &sc.q16)
+            };
             s *= scale;
             if self.softcap != 0.0 {
                 s = self.softcap * tanhf(s);
@@ -209,13 +279,21 @@ impl FlashAttn {
             if s > m_max {
                 m_max = s;
                 ms = (m_old - m_max).exp();
-                scale_f16(&mut sc.vkq16, ms);
+                if SIMD {
+                    simd_scale(&mut sc.vkq16, ms);
+                } else {
+                    scale_f16_portable(&mut sc.vkq16, ms);
+                }
             } else {
                 vs = (s - m_max).exp();
             }
             let vrow =
                 unsafe { std::slice::from_raw_parts(v_base.add(ic * v.nb[1]) as *const u16, dv) };
-            mad_f16(&mut sc.vkq16, vrow, vs);
+            if SIMD {
+                simd_mad(&mut sc.vkq16, vrow, vs);
+            } else {
+                mad_f16_portable(&mut sc.vkq16, vrow, vs);
+            }
             s_sum = s_sum.mul_add(ms, vs);
         }
         for (o, h) in sc.vkq32.iter_mut().zip(&sc.vkq16) {
