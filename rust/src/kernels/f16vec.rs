@@ -83,6 +83,8 @@ pub fn dot_f16_portable(x: &[u16], y: &[u16]) -> f32 {
     sum as f32
 }
 
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C ([`use_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -132,6 +134,8 @@ pub fn mad_f16_portable(y: &mut [u16], x: &[u16], v: f32) {
     }
 }
 
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C ([`use_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -171,6 +175,8 @@ pub fn scale_f16_portable(y: &mut [u16], v: f32) {
     }
 }
 
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C ([`use_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
