@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,9 @@ class Plan:
     def run(self) -> None:
         for buf in self.written:
             buf.touched()  # derived caches of these buffers are stale from here on
+        if profile.enabled():
+            profile.timed_plan(self.steps)
+            return
         for step in self.steps:
             step()
 
@@ -121,6 +125,8 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         if profile.enabled():
             step = profile.timed(f"{op_name(node.op)} {'/'.join(registry.types_of(node))}", step)
         steps.append(step)
+    if not profile.enabled():  # a profile times every node on its own
+        steps = batch_native_steps(steps)
     plan = Plan(steps, frozenset(handles), len(nodes), tuple(written.values()))
     plan.footprint = scratch.plan_footprint(nodes)
     if budget is not None:
@@ -128,3 +134,26 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         plan.scratch = budget.admit(need, plan.footprint, what)
         plan.scratch.bind(plan)
     return plan
+
+
+def batch_native_steps(steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    """Fold each run of consecutive native steps into one `_native.run_steps` call: the run
+    executes detached from the interpreter, with no Python between its nodes."""
+    out: list[Callable[[], None]] = []
+    run: list[Any] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.append(functools.partial(_native.run_steps, list(run)))
+        run.clear()
+
+    for step in steps:
+        if isinstance(step, _native.NativeStep):
+            run.append(step)
+        else:
+            flush()
+            out.append(step)
+    flush()
+    return out

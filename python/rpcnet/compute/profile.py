@@ -49,13 +49,35 @@ def timed(label: str, step: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
+PLAN_LABEL = "(plan: host time of whole runs)"
+
+
+def timed_plan(steps: list[Callable[[], None]]) -> None:
+    """Run a plan's steps, timing the whole run: minus the kernels' sum, the per-node overhead."""
+    t0 = time.perf_counter()
+    for step in steps:
+        step()
+    elapsed = time.perf_counter() - t0
+    with _lock:
+        entry = _totals[PLAN_LABEL]
+        entry[0] += elapsed
+        entry[1] += 1
+
+
 def report() -> str:
     with _lock:
         rows = sorted(_totals.items(), key=lambda kv: -kv[1][0])
+    plan = [r for r in rows if r[0] == PLAN_LABEL]
+    rows = [r for r in rows if r[0] != PLAN_LABEL]
     total = sum(v[0] for _, v in rows) or 1.0
     lines = [f"{'kernel':<56} {'calls':>8} {'seconds':>9} {'share':>6}"]
     for label, (seconds, calls) in rows:
         lines.append(f"{label:<56} {calls:>8} {seconds:>9.3f} {seconds / total:>6.1%}")
+    for label, (seconds, calls) in plan:
+        overhead = (seconds - total) / max(1, calls) * 1e3
+        lines.append(
+            f"{label:<56} {calls:>8} {seconds:>9.3f}  outside kernels {overhead:.3f} ms/run"
+        )
     return "\n".join(lines)
 
 

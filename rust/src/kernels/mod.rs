@@ -4,13 +4,18 @@
 //! * [`act`] — activations converted to a weight type's vec_dot type (x86 ggml rules)
 //! * [`dot`] — one weight row · one activation row per weight type (ggml's AVX2 order)
 //! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
+//! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
+//!   roundings
 
 pub mod act;
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_avx2;
+pub mod f16vec;
+pub mod flash_attn;
 pub mod matmul;
 pub mod q8_0;
+pub mod rowops;
 
 use std::fmt;
 

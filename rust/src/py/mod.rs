@@ -7,6 +7,7 @@ mod functions;
 mod graph;
 mod hash;
 mod kernels;
+mod native_ops;
 mod rdma;
 mod tensor;
 
@@ -64,6 +65,18 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_block, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::set_portable_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::kernels_simd, m)?)?;
+    m.add_class::<native_ops::NativeStep>()?;
+    m.add_function(wrap_pyfunction!(native_ops::run_steps, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::native_ops_portable, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::flash_attn_ext_f16_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::rms_norm_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::rope_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::swiglu_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::set_rows_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::get_rows_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::copy_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::binary_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::soft_max_step, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;

@@ -1,11 +1,12 @@
 """Probe: prefill and decode speed of the REAL llama.cpp client with every layer on an endpoint.
 
-    speed.py MODEL ENDPOINT --pp 64,256 --tg 32 [--threads 2] [--flash-attn 0]
+    speed.py MODEL ENDPOINT --pp 64,256 --tg 32 [--threads 2] [--flash-attn 0] [--depth 0]
 
 ENDPOINT is HOST:PORT, several comma-separated (``--split-mode`` and ``--tensor-split`` place the
 model across them; tensor split needs ``--flash-attn 1``), or "local". For each pp size: one
 batch of that many tokens (logits for the last one only), timed after a warm-up batch; for tg:
-one warm-up token, then `tg` single-token decodes. The KV cache is cleared between
+one warm-up token, then `tg` single-token decodes (after a `depth`-token
+prompt, in 256-token batches, when given). The KV cache is cleared between
 measurements. Prints one JSON line:
 {"pp": {"64": tokens_per_s, ...}, "tg": tokens_per_s, "load_s": ...}
 """
@@ -26,6 +27,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tg", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--flash-attn", type=int, default=0)
+    parser.add_argument("--depth", type=int, default=0, help="KV positions filled before tg")
     parser.add_argument("--split-mode", choices=("none", "layer", "row", "tensor"), default=None)
     parser.add_argument("--tensor-split", default=None, help="per-device proportions, e.g. 1,1")
     args = parser.parse_args(argv)
@@ -67,11 +69,12 @@ def main(argv: list[str]) -> int:
     model = lib.llama_model_load_from_file(args.model.encode(), params)
     if model == ffi.NULL:
         raise RuntimeError("load failed")
-    n_ctx = max(pp_sizes + [0]) + args.tg + 16
+    n_ctx = max(pp_sizes + [0]) + args.tg + 16 + args.depth
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = n_ctx
-    cparams.n_batch = max(pp_sizes + [1])
-    cparams.n_ubatch = max(pp_sizes + [1])
+    batch = max(pp_sizes + [8] + ([256] if args.depth else []))
+    cparams.n_batch = batch
+    cparams.n_ubatch = batch
     cparams.n_seq_max = 1
     cparams.n_threads = args.threads
     cparams.n_threads_batch = args.threads
@@ -113,11 +116,16 @@ def main(argv: list[str]) -> int:
         result["pp"][str(n)] = round(n / (time.perf_counter() - t0), 3)
     if args.tg:
         lib.llama_memory_clear(mem, True)
-        decode(tokens(8, 3), 0)
-        decode([11], 8)  # warm-up of the single-token graph
+        d = 0
+        while d < args.depth:
+            n = min(256, args.depth - d)
+            decode(tokens(n, 5 + d), d)
+            d += n
+        decode(tokens(8, 3), d)
+        decode([11], d + 8)  # warm-up of the single-token graph
         t0 = time.perf_counter()
         for i in range(args.tg):
-            decode([(i * 31) % (n_vocab - 10) + 5], 9 + i)
+            decode([(i * 31) % (n_vocab - 10) + 5], d + 9 + i)
         result["tg"] = round(args.tg / (time.perf_counter() - t0), 3)
     lib.llama_free(ctx)
     lib.llama_model_free(model)

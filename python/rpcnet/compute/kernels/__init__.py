@@ -8,19 +8,26 @@ import importlib
 
 KERNEL_MODULES = (
     "attention",
+    "attention_native",
     "binary",
+    "binary_native",
     "copy",
     "glu",
+    "glu_native",
     "matmul",
     "matmul_native",
     "moe",
     "moe_native",
     "norm",
+    "norm_native",
     "reduce",
     "rope",
+    "rope_native",
     "rows",
+    "rows_native",
     "shape",
     "softmax",
+    "softmax_native",
     "unary",
 )
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import scratch
+from rpcnet.compute.kernels.native_args import device_threads
 from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -41,11 +42,6 @@ def weight_rows(a: Tensor, offset: int, row: int) -> np.ndarray:
     m = a.ne[1]
     span = (m - 1) * a.nb[1] + row if m else 0
     return np.ndarray((span,), dtype=np.uint8, buffer=storage(a), offset=offset)
-
-
-def device_threads(node: Tensor) -> int:
-    device = node.buffer.device if node.buffer is not None else None
-    return max(1, int(getattr(device, "threads", 1) or 1))
 
 
 def _supported(node: Tensor) -> bool:

@@ -1,0 +1,48 @@
+"""Arguments of the native step builders (`_native.*_step`): tensors as raw buffer spans."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from rpcnet.compute import scratch
+from rpcnet.compute.kernels.registry import NATIVE, Builder, Predicate, kernel
+from rpcnet.compute.tensor import Tensor
+from rpcnet.compute.views import storage
+
+TensorArg = tuple[Any, int, tuple[int, ...], tuple[int, ...]]
+
+# RPCNET_NATIVE_OPS=0 leaves the non-matmul ops to the NumPy kernels (for comparisons).
+ENABLED = os.environ.get("RPCNET_NATIVE_OPS", "1") != "0"
+# The native row kernels work in place on the buffers; what they allocate is a few rows of
+# accumulators per thread, far below this.
+ROW_SCRATCH = 1 << 20
+
+
+def native_kernel(op: int, types: str, supports: Predicate) -> Callable[[Builder], Builder]:
+    """`registry.kernel` at native priority, unless the native ops are switched off."""
+    if not ENABLED:
+        return lambda build: build
+
+    def register(build: Builder) -> Builder:
+        scratch.register(build.__name__, lambda node: ROW_SCRATCH)
+        return kernel(op, types, supports, priority=NATIVE)(build)
+
+    return register
+
+
+def tensor_arg(t: Tensor, offset: int = 0, ne0: int | None = None) -> TensorArg:
+    """(buffer bytes, offset of element 0, ne, nb); `offset`/`ne0` select a column range."""
+    ne = tuple(t.ne) if ne0 is None else (ne0, *t.ne[1:])
+    return (storage(t), t.offset + offset, ne, tuple(t.nb))
+
+
+def device_threads(node: Tensor) -> int:
+    device = node.buffer.device if node.buffer is not None else None
+    return max(1, int(getattr(device, "threads", 1) or 1))
+
+
+def rows_contiguous(t: Tensor, elem: int) -> bool:
+    """Elements of a row are adjacent (ggml's nb[0] == type size)."""
+    return t.nb[0] == elem

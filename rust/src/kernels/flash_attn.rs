@@ -1,0 +1,482 @@
+//! FLASH_ATTN_EXT for f16 K and V, computed like ggml's CPU backend (`ops.cpp`, one query row
+//! at a time, `ggml_compute_forward_flash_attn_ext_f16_one_chunk`):
+//!
+//! * the q row is rounded to f16 (K's vec_dot type); `s = dot_f16(k, q)` in ggml's lane order;
+//! * `s = s·scale`, then `softcap·tanh(s)`, then `+ slope·mask` (rows with mask -inf skipped);
+//! * online softmax with the V accumulator in f16 (`VKQ16`): on a new maximum the accumulator is
+//!   scaled by `exp(M_old − M)`, then `VKQ16 += v·exp(s − M)`; `S = S·ms + vs` (fused);
+//! * sinks are merged after the loop in float32, then the row is scaled by `1/S`.
+//!
+//! For one query row at one sequence and at least 512 KV positions, ggml splits the KV range
+//! into `threads` chunks and merges the chunks' (M, S, VKQ) partials in order
+//! (`ggml_flash_attn_ext_reduce_partials`); the result depends on the thread count, so this
+//! kernel does the same with its own thread count (the reference's `-t` when they match).
+//!
+//! The cost is proportional to the KV positions the graph passes (`n_kv`), never to the cache.
+
+use super::f16vec::{
+    dot_f16_portable, f32_row_to_f16, mad_f16_portable, scale_f16_portable, use_avx2,
+};
+
+// The AVX2 primitives, callable from `row_impl::<true>` (compiled with the same features); on
+// other targets the SIMD variant is never chosen.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
+    // SAFETY: only reached from row_avx2, after feature detection.
+    unsafe { super::f16vec::dot_f16_avx2(x, y) }
+}
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
+    // SAFETY: as simd_dot.
+    unsafe { super::f16vec::mad_f16_avx2(y, x, v) }
+}
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn simd_scale(y: &mut [u16], v: f32) {
+    // SAFETY: as simd_dot.
+    unsafe { super::f16vec::scale_f16_avx2(y, v) }
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
+    dot_f16_portable(x, y)
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
+    mad_f16_portable(y, x, v)
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_scale(y: &mut [u16], v: f32) {
+    scale_f16_portable(y, v)
+}
+use super::{fp16_to_f32, KernelError};
+
+/// tanhf correctly rounded, as the reference's C library (glibc >= 2.41, CORE-MATH) computes it.
+#[inline]
+pub fn tanhf(x: f32) -> f32 {
+    (x as f64).tanh() as f32
+}
+
+/// Multiply-adds (rows × KV × (DK + DV)) below which a node runs on one thread.
+const MIN_PARALLEL_WORK: usize = 1 << 20;
+
+/// KV positions from which ggml splits one decode row over threads.
+pub const SPLIT_KV_MIN: usize = 512;
+
+/// A strided 4-D operand: base pointer of element 0 and byte strides (ggml's `nb`).
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub ptr: *const u8,
+    pub ne: [usize; 4],
+    pub nb: [usize; 4],
+}
+
+/// Everything one FLASH_ATTN_EXT node needs. `q` f32 [DK, n_q, n_head, ne3]; `k` f16 [DK, n_kv,
+/// ..]; `v` f16 [DV, n_kv, ..]; `mask` f16 [>= n_kv, >= n_q, ..]; `sinks` f32 [n_head];
+/// `out` f32 rows of DV, row `(i3·n_q + i1)·n_head + i2`, `out_row` bytes apart.
+#[derive(Clone, Copy, Debug)]
+pub struct FlashAttn {
+    pub q: Operand,
+    pub k: Operand,
+    pub v: Operand,
+    pub mask: Option<Operand>,
+    pub sinks: Option<*const f32>,
+    pub out: *mut u8,
+    pub out_row: usize,
+    pub scale: f32,
+    pub max_bias: f32,
+    pub softcap: f32,
+}
+
+// SAFETY: the pointers are only read (inputs) or written at disjoint rows (out) by the threads
+// of one call; the caller guarantees they stay valid for the call.
+unsafe impl Send for FlashAttn {}
+unsafe impl Sync for FlashAttn {}
+
+/// One KV chunk's work: (chunk index, [(head, its partial slot)]).
+type ChunkJob<'a> = (usize, Vec<(usize, &'a mut [f32])>);
+
+/// Per-thread scratch for one row.
+struct Scratch {
+    q16: Vec<u16>,
+    vkq16: Vec<u16>,
+    vkq32: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(dk: usize, dv: usize) -> Self {
+        Self {
+            q16: vec![0; dk],
+            vkq16: vec![0; dv],
+            vkq32: vec![0.0; dv],
+        }
+    }
+}
+
+impl FlashAttn {
+    fn dk(&self) -> usize {
+        self.k.ne[0]
+    }
+    fn dv(&self) -> usize {
+        self.v.ne[0]
+    }
+    fn n_kv(&self) -> usize {
+        self.k.ne[1]
+    }
+    fn n_rows(&self) -> usize {
+        self.q.ne[1] * self.q.ne[2] * self.q.ne[3]
+    }
+
+    /// Sizes that must agree (extents against buffers are the caller's job).
+    pub fn check(&self) -> Result<(), KernelError> {
+        let [dk, n_q, n_head, n3] = self.q.ne;
+        let bad = |why: &str| Err(KernelError::new(format!("flash_attn_ext: {why}")));
+        if self.k.ne[0] != dk || self.v.ne[1] != self.k.ne[1] {
+            return bad("K/V shapes do not match Q");
+        }
+        for kv in [&self.k, &self.v] {
+            if kv.ne[2] == 0 || kv.ne[3] == 0 || n_head % kv.ne[2] != 0 || n3 % kv.ne[3] != 0 {
+                return bad("K/V heads do not divide Q heads");
+            }
+        }
+        if let Some(m) = &self.mask {
+            if m.ne[0] < self.n_kv() || m.ne[1] < n_q || m.ne[2] == 0 || m.ne[3] == 0 {
+                return bad("mask is smaller than KV × Q");
+            }
+            if n_head % m.ne[2] != 0 || n3 % m.ne[3] != 0 {
+                return bad("mask heads do not divide Q heads");
+            }
+        }
+        if self.out_row < self.dv() * 4 {
+            return bad("output rows overlap");
+        }
+        Ok(())
+    }
+
+    fn slope(&self, h: usize) -> f32 {
+        if self.max_bias <= 0.0 {
+            return 1.0;
+        }
+        let n_head = self.q.ne[2] as u32;
+        let n_head_log2 = 1u32 << (n_head as f64).log2().floor() as u32;
+        let m0 = 2.0f32.powf(-self.max_bias / n_head_log2 as f32);
+        let m1 = 2.0f32.powf(-(self.max_bias / 2.0) / n_head_log2 as f32);
+        let h = h as u32;
+        if h < n_head_log2 {
+            m0.powf((h + 1) as f32)
+        } else {
+            m1.powf((2 * (h - n_head_log2) + 1) as f32)
+        }
+    }
+
+    /// Online softmax of row `ir` over KV positions `c0..c1`; leaves the f32 accumulator in
+    /// `sc.vkq32` and returns (M, S). Sinks are merged when `with_sinks`.
+    ///
+    /// # Safety
+    /// The operands must be valid for the shapes and strides they describe.
+    /// [`Self::row_impl`] compiled for the detected ISA (the f16 primitives inline there).
+    unsafe fn row(
+        &self,
+        ir: usize,
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        sc: &mut Scratch,
+    ) -> (f32, f32) {
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2() {
+            // SAFETY: features detected; the rest per this function's contract.
+            return unsafe { self.row_avx2(ir, c0, c1, with_sinks, sc) };
+        }
+        unsafe { self.row_impl::<false>(ir, c0, c1, with_sinks, sc) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_avx2(
+        &self,
+        ir: usize,
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        sc: &mut Scratch,
+    ) -> (f32, f32) {
+        unsafe { self.row_impl::<true>(ir, c0, c1, with_sinks, sc) }
+    }
+
+    #[inline(always)]
+    unsafe fn row_impl<const SIMD: bool>(
+        &self,
+        ir: usize,
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        sc: &mut Scratch,
+    ) -> (f32, f32) {
+        let [dk, n_q, n_head, n3] = self.q.ne;
+        let dv = self.dv();
+        let iq3 = ir / (n_head * n_q);
+        let iq2 = (ir - iq3 * n_head * n_q) / n_q;
+        let iq1 = ir - iq3 * n_head * n_q - iq2 * n_q;
+        let slope = self.slope(iq2);
+        // ggml folds the softcap into the scale: softcap · tanh(s · scale / softcap)
+        let scale = if self.softcap != 0.0 {
+            self.scale / self.softcap
+        } else {
+            self.scale
+        };
+        let q = &self.q;
+        // SAFETY (all raw reads below): in bounds per the caller's contract.
+        let qrow = unsafe {
+            std::slice::from_raw_parts(
+                q.ptr.add(iq1 * q.nb[1] + iq2 * q.nb[2] + iq3 * q.nb[3]) as *const f32,
+                dk,
+            )
+        };
+        f32_row_to_f16(qrow, &mut sc.q16);
+        let (k, v) = (&self.k, &self.v);
+        let k_base = unsafe {
+            k.ptr
+                .add((iq2 / (n_head / k.ne[2])) * k.nb[2] + (iq3 / (n3 / k.ne[3])) * k.nb[3])
+        };
+        let v_base = unsafe {
+            v.ptr
+                .add((iq2 / (n_head / v.ne[2])) * v.nb[2] + (iq3 / (n3 / v.ne[3])) * v.nb[3])
+        };
+        let mask_row = self.mask.map(|m| unsafe {
+            m.ptr
+                .add(iq1 * m.nb[1] + (iq2 % m.ne[2]) * m.nb[2] + (iq3 % m.ne[3]) * m.nb[3])
+        });
+        sc.vkq16.fill(0);
+        let mut s_sum = 0.0f32;
+        let mut m_max = f32::NEG_INFINITY;
+        for ic in c0..c1 {
+            let mv = match mask_row {
+                Some(p) => {
+                    slope * fp16_to_f32(unsafe { (p.add(ic * 2) as *const u16).read_unaligned() })
+                }
+                None => 0.0,
+            };
+            if mv == f32::NEG_INFINITY {
+                continue;
+            }
+            let krow =
+                unsafe { std::slice::from_raw_parts(k_base.add(ic * k.nb[1]) as *const u16, dk) };
+            let mut s = if SIMD {
+                simd_dot(krow, &sc.q16)
+            } else {
+                dot_f16_portable(krow, &sc.q16)
+            };
+            s *= scale;
+            if self.softcap != 0.0 {
+                s = self.softcap * tanhf(s);
+            }
+            s += mv;
+            let m_old = m_max;
+            let mut ms = 1.0f32;
+            let mut vs = 1.0f32;
+            if s > m_max {
+                m_max = s;
+                ms = (m_old - m_max).exp();
+                if SIMD {
+                    simd_scale(&mut sc.vkq16, ms);
+                } else {
+                    scale_f16_portable(&mut sc.vkq16, ms);
+                }
+            } else {
+                vs = (s - m_max).exp();
+            }
+            let vrow =
+                unsafe { std::slice::from_raw_parts(v_base.add(ic * v.nb[1]) as *const u16, dv) };
+            if SIMD {
+                simd_mad(&mut sc.vkq16, vrow, vs);
+            } else {
+                mad_f16_portable(&mut sc.vkq16, vrow, vs);
+            }
+            s_sum = s_sum.mul_add(ms, vs);
+        }
+        for (o, h) in sc.vkq32.iter_mut().zip(&sc.vkq16) {
+            *o = fp16_to_f32(*h);
+        }
+        if let (Some(sinks), true) = (self.sinks, with_sinks) {
+            let s = unsafe { sinks.add(iq2).read_unaligned() };
+            let mut ms = 1.0f32;
+            let mut vs = 1.0f32;
+            if s > m_max {
+                ms = (m_max - s).exp();
+                m_max = s;
+                sc.vkq32.iter_mut().for_each(|x| *x *= ms);
+            } else {
+                vs = (s - m_max).exp();
+            }
+            s_sum = s_sum.mul_add(ms, vs);
+        }
+        (m_max, s_sum)
+    }
+
+    /// # Safety
+    /// Output row `r` must be valid for DV float32 writes and no other thread writes it.
+    unsafe fn write_row(&self, r: usize, vals: &[f32], s: f32) {
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(self.out.add(r * self.out_row) as *mut f32, vals.len())
+        };
+        for (o, v) in out.iter_mut().zip(vals) {
+            *o = v * inv;
+        }
+    }
+
+    /// Destination row of query row `ir` (dst is q permuted (0, 2, 1, 3)).
+    fn out_index(&self, ir: usize) -> usize {
+        let [_, n_q, n_head, _] = self.q.ne;
+        let iq3 = ir / (n_head * n_q);
+        let iq2 = (ir - iq3 * n_head * n_q) / n_q;
+        let iq1 = ir - iq3 * n_head * n_q - iq2 * n_q;
+        (iq3 * n_q + iq1) * n_head + iq2
+    }
+
+    /// Threads worth starting: the split of the work (and so the numerics) follows `threads`,
+    /// but a small node runs on the calling thread (starting threads costs ~50-200 µs).
+    fn workers(&self, threads: usize) -> usize {
+        let work = self.n_rows() * self.n_kv() * (self.dk() + self.dv());
+        if work < MIN_PARALLEL_WORK {
+            1
+        } else {
+            threads
+        }
+    }
+
+    fn split_kv(&self, threads: usize) -> bool {
+        threads > 1 && self.q.ne[1] == 1 && self.q.ne[3] == 1 && self.n_kv() >= SPLIT_KV_MIN
+    }
+
+    /// Run the whole node on up to `threads` threads.
+    ///
+    /// # Safety
+    /// Every operand must be valid for its shape and strides for the duration of the call, the
+    /// output must not overlap the inputs, and `check()` must have passed.
+    pub unsafe fn run(&self, threads: usize) {
+        let threads = threads.max(1);
+        if self.split_kv(threads) {
+            return unsafe { self.run_split(threads) };
+        }
+        let nr = self.n_rows();
+        let (dk, dv, n_kv) = (self.dk(), self.dv(), self.n_kv());
+        let work = |r0: usize, r1: usize| {
+            let mut sc = Scratch::new(dk, dv);
+            for ir in r0..r1 {
+                // SAFETY: per this function's contract; rows are disjoint between threads.
+                unsafe {
+                    let (_, s) = self.row(ir, 0, n_kv, true, &mut sc);
+                    self.write_row(self.out_index(ir), &sc.vkq32, s);
+                }
+            }
+        };
+        let threads = self.workers(threads).min(nr).max(1);
+        if threads == 1 {
+            work(0, nr);
+            return;
+        }
+        let per = nr.div_ceil(threads);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let r0 = t * per;
+                let r1 = ((t + 1) * per).min(nr);
+                if r0 < r1 {
+                    s.spawn(move || work(r0, r1));
+                }
+            }
+        });
+    }
+
+    /// ggml's split-KV decode path: KV chunk `t` of `ceil(n_kv / threads)` positions per thread,
+    /// partials (M, S, VKQ) merged chunk by chunk in order.
+    unsafe fn run_split(&self, threads: usize) {
+        let (dk, dv, n_kv) = (self.dk(), self.dv(), self.n_kv());
+        let n_head = self.q.ne[2];
+        let chunk = n_kv.div_ceil(threads);
+        let stride = 2 + dv;
+        // partials[(head * threads + chunk) * stride ..]: M, S, VKQ
+        let mut partials = vec![0.0f32; n_head * threads * stride];
+        let fill = |t: usize, mine: &mut [(usize, &mut [f32])]| {
+            let mut sc = Scratch::new(dk, dv);
+            let (c0, c1) = (t * chunk, ((t + 1) * chunk).min(n_kv));
+            for (h, p) in mine.iter_mut() {
+                if c0 >= n_kv {
+                    p[0] = f32::NEG_INFINITY;
+                    p[1] = 0.0;
+                    continue;
+                }
+                // SAFETY: per run()'s contract.
+                let (m, s) = unsafe { self.row(*h, c0, c1, c0 == 0, &mut sc) };
+                p[0] = m;
+                p[1] = s;
+                p[2..].copy_from_slice(&sc.vkq32);
+            }
+        };
+        {
+            // partials grouped by KV chunk; chunk t runs on worker t % workers
+            let mut by_chunk: Vec<Vec<(usize, &mut [f32])>> =
+                (0..threads).map(|_| Vec::new()).collect();
+            for (i, p) in partials.chunks_exact_mut(stride).enumerate() {
+                by_chunk[i % threads].push((i / threads, p));
+            }
+            let workers = self.workers(threads);
+            if workers == 1 {
+                for (t, mut mine) in by_chunk.into_iter().enumerate() {
+                    fill(t, &mut mine);
+                }
+            } else {
+                let mut per_worker: Vec<Vec<ChunkJob<'_>>> =
+                    (0..workers).map(|_| Vec::new()).collect();
+                for (t, mine) in by_chunk.into_iter().enumerate() {
+                    per_worker[t % workers].push((t, mine));
+                }
+                std::thread::scope(|s| {
+                    for jobs in per_worker {
+                        let fill = &fill;
+                        s.spawn(move || {
+                            for (t, mut mine) in jobs {
+                                fill(t, &mut mine);
+                            }
+                        });
+                    }
+                });
+            }
+        }
+        let mut acc = vec![0.0f32; dv];
+        for h in 0..n_head {
+            let mut m_fin = f32::NEG_INFINITY;
+            let mut s_fin = 0.0f32;
+            acc.fill(0.0);
+            for t in 0..threads {
+                if t * chunk >= n_kv {
+                    continue;
+                }
+                let p = &partials[(h * threads + t) * stride..][..stride];
+                let (m_c, s_c) = (p[0], p[1]);
+                if s_c == 0.0 {
+                    continue;
+                }
+                let m_new = m_fin.max(m_c);
+                let scale_old = (m_fin - m_new).exp();
+                let scale_new = (m_c - m_new).exp();
+                for (a, c) in acc.iter_mut().zip(&p[2..]) {
+                    *a = a.mul_add(scale_old, c * scale_new);
+                }
+                s_fin = s_fin.mul_add(scale_old, s_c * scale_new);
+                m_fin = m_new;
+            }
+            if s_fin != 0.0 {
+                let inv = 1.0 / s_fin;
+                acc.iter_mut().for_each(|a| *a *= inv);
+            }
+            // SAFETY: per run()'s contract (row h of the single query).
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(self.out.add(h * self.out_row) as *mut f32, dv)
+            };
+            out.copy_from_slice(&acc);
+        }
+    }
+}
