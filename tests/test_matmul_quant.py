@@ -43,7 +43,7 @@ TYPES = {
 VEC_DOT = {2: "q8_0", 3: "q8_1", 6: "q8_0", 7: "q8_1", 8: "q8_0", 20: "q8_0", 39: "q8_0"}
 VEC_DOT |= {t: "q8_K" for t in (10, 11, 12, 13, 14, 23)}
 VEC_DOT |= {0: "f32", 1: "f16", 30: "bf16"}
-M = 37  # weight rows in every test matrix
+M = 37  # weight rows in every test matrix (not a multiple of 4: ggml keeps vec_dot)
 
 
 def k_values(type_id: int) -> tuple[int, int]:
@@ -319,3 +319,27 @@ def test_activation_ties_round_like_reference(name, path, real_weights, referenc
     want = as_f32(g.run(reference_v8, [out])[0], (M, 1)).reshape(1, M)
     got = run_kernel(type_id, wq, wq.shape[1], x)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("name", ["F32", "F16", "BF16"])
+def test_float_weights_follow_llamafile_sgemm(name, path, real_weights, reference_v8, rpcnet_v8):
+    """M % 4 == 0 and N >= 2: ggml's MUL_MAT runs llamafile's tinyBLAS; rpcnet its order."""
+    type_id, m = TYPES[name], 36
+    rng = np.random.default_rng(21)
+    for k in k_values(type_id):
+        wq = real_weights[(type_id, k)][1][:m]
+        g = OpGraph()
+        w = g.input(type_id, (k, m), wq.reshape(-1))
+        outs = []
+        for n in (1, 2, 9, 64):
+            xv = rng.standard_normal((n, k)).astype(np.float32)
+            outs.append((g.op(MUL_MAT, F32, (m, n), (w, g.input(F32, (k, n), xv))), xv))
+        ids = [o for o, _ in outs]
+        ref, served = g.run(reference_v8, ids), g.run(rpcnet_v8, ids)
+        for (_, xv), r, s in zip(outs, ref, served, strict=True):
+            n = xv.shape[0]
+            want = as_f32(r, (m, n)).reshape(n, m)
+            got = np.empty((n, m), np.float32)
+            _native.matmul_quant(type_id, wq, wq.shape[1], xv, got, 2, True)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{name} K={k} N={n}"
+            assert np.array_equal(as_f32(s, (m, n)).reshape(n, m), got), f"{name}: server"

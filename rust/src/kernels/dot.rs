@@ -30,6 +30,14 @@ pub trait RowDot {
         Self::dot(w, x, k)
     }
 
+    /// The order of llamafile's tinyBLAS (ggml's MUL_MAT for f32/f16/bf16 weights when N >= 2
+    /// and M % 4 == 0): one 8-lane FMA accumulator over K (a zero-padded last step), then
+    /// `hsum`. Other types: [`Self::dot`].
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        Self::dot(w, x, k)
+    }
+
     /// [`Self::dot_simd`] for four activation rows at once (each result the same bits).
     ///
     /// # Safety
@@ -573,6 +581,19 @@ fn four_acc(k: usize, get: impl Fn(usize) -> (f32, f32)) -> [[f32; 8]; 4] {
     sum
 }
 
+/// tinyBLAS's per-output accumulation (see [`RowDot::dot_gemm`]).
+#[inline(always)]
+fn tinyblas_order(k: usize, get: impl Fn(usize) -> (f32, f32)) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for l in (0..k.div_ceil(8) * 8).step_by(8) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let (x, y) = if l + j < k { get(l + j) } else { (0.0, 0.0) };
+            *a = x.mul_add(y, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
 /// `GGML_F32x8_REDUCE` of four registers: (0+2), (1+3), then together, then two vhaddps.
 #[inline(always)]
 fn reduce4(s: &[[f32; 8]; 4]) -> f32 {
@@ -596,6 +617,10 @@ impl RowDot for F16 {
         sumf as f32
     }
     simd_dot!(f16);
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        tinyblas_order(k, |i| (f16_at(w, 2 * i), f16_at(x, 2 * i)))
+    }
 }
 
 #[inline(always)]
@@ -620,6 +645,10 @@ impl RowDot for BF16 {
         sumf as f32
     }
     simd_dot!(bf16);
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        tinyblas_order(k, |i| (bf16_at(w, i), bf16_at(x, i)))
+    }
 }
 
 pub struct F32;
@@ -648,4 +677,8 @@ impl RowDot for F32 {
         sumf
     }
     simd_dot!(f32);
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        tinyblas_order(k, |i| (f32_at(w, 4 * i), f32_at(x, 4 * i)))
+    }
 }
