@@ -43,7 +43,9 @@ async def test_weight_cache_hits_and_invalidation(server):
         await c.graph_compute([3], [tw, tx, to], uid=1)
         first = np.frombuffer(await c.get_tensor(to, 0, 192), np.float32).reshape(12, 4)
         deq = quant.dequantize(Q8_0, np.frombuffer(wq, np.uint8), 4, 64)
-        xq = vec_dot_operand(x.astype(np.float32), Q8_0)  # ggml rounds activations to q8_0 against q8_0 weights
+        xq = vec_dot_operand(
+            x.astype(np.float32), Q8_0
+        )  # ggml rounds activations to q8_0 against q8_0 weights
         np.testing.assert_allclose(first, xq @ deq.T, rtol=1e-5)
         held = server.call(lambda: server.server.devices[0].derived.held)
         assert held == 4 * 64 * 4  # the f32 copy is kept, and counted
