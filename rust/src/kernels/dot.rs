@@ -38,6 +38,15 @@ pub trait RowDot {
         Self::dot(w, x, k)
     }
 
+    /// [`Self::dot_gemm`] with AVX2 intrinsics where a type has them (same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline(always)]
+    unsafe fn dot_gemm_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
+        Self::dot_gemm(w, x, k)
+    }
+
     /// [`Self::dot_simd`] for four activation rows at once (each result the same bits).
     ///
     /// # Safety
@@ -253,7 +262,7 @@ min_q8_1!(
 /// IQ4_NL / MXFP4 × q8_0: two float accumulators (even and odd blocks), an odd last block
 /// added separately as `d · sumi` (multiply, then add).
 macro_rules! table_q8_0 {
-    ($name:ident, $bytes:expr, $table:expr, $d:expr, $qs:expr, $simd:ident) => {
+    ($name:ident, $bytes:expr, $table:expr, $d:expr, $qs:expr, $simd:ident $(; $gemm_simd:ident)?) => {
         pub struct $name;
         impl RowDot for $name {
             const BLOCK: usize = 32;
@@ -286,11 +295,29 @@ macro_rules! table_q8_0 {
                 sumf
             }
             simd_dot!($simd);
+            $(
+            /// llamafile's tinyBLAS Q0 kernel (ggml's MUL_MAT at N >= 2): one accumulator.
+            #[inline(always)]
+            fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+                let mut acc = [0.0f32; 8];
+                for (wb, yb) in w.chunks_exact($bytes).zip(x.chunks_exact(34)).take(k / 32) {
+                    let q = nibbles(&wb[$qs..$qs + 16]).map(|v| $table[v as usize]);
+                    fma_lanes(&mut acc, f16_at(yb, 0) * $d(wb), &chunk_lanes(&q, &yb[2..]));
+                }
+                hsum8(&acc)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn dot_gemm_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
+                // SAFETY: the caller guarantees AVX2, FMA and F16C.
+                unsafe { super::dot_avx2::$gemm_simd(w, x, k) }
+            }
+            )?
         }
     };
 }
 
-table_q8_0!(IQ4NL, 18, KVALUES_IQ4NL, |b: &[u8]| f16_at(b, 0), 2, iq4_nl);
+table_q8_0!(IQ4NL, 18, KVALUES_IQ4NL, |b: &[u8]| f16_at(b, 0), 2, iq4_nl; iq4_nl_gemm);
 table_q8_0!(
     MXFP4,
     17,

@@ -187,7 +187,10 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
     let dot1 = |i: usize, r: usize| -> f32 {
         let at = (first + i) * stride;
         let wr = &w[at..at + wrow_bytes];
-        if gemm {
+        if gemm && SIMD {
+            // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+            unsafe { D::dot_gemm_simd(wr, act.row(r), k) }
+        } else if gemm {
             D::dot_gemm(wr, act.row(r), k)
         } else if SIMD {
             // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
@@ -347,8 +350,8 @@ fn run_rows(
 #[allow(clippy::too_many_arguments)]
 /// Weight rows (ggml type `type_id`, `m` rows `row_stride` bytes apart, `k` values each) times
 /// converted activations `act`; `out` is `act.rows × m` row-major. `llamafile`: follow ggml's
-/// MUL_MAT dispatch, which sends f32/f16/bf16 weights to llamafile's tinyBLAS (another
-/// summation order) when N >= 2 and M % 4 == 0; false for MUL_MAT_ID (always vec_dot).
+/// MUL_MAT dispatch, which sends N >= 2 to llamafile's tinyBLAS (another summation order for
+/// f32/f16/bf16 when M % 4 == 0, and for IQ4_NL); false for MUL_MAT_ID (always vec_dot).
 pub fn matmul_converted(
     type_id: u32,
     w: &[u8],
@@ -371,7 +374,15 @@ pub fn matmul_converted(
     }
     let f = for_type!(type_id, D => rows_fn::<D>(), unreachable!());
     let n = act.rows;
-    let gemm = llamafile && n >= 2 && m.is_multiple_of(4);
+    // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
+    // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
+    let gemm = llamafile
+        && n >= 2
+        && match type_id {
+            0 | 1 | 30 => m.is_multiple_of(4),
+            20 => true,
+            _ => false,
+        };
     let tmp = run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm);
     for (mi, vals) in tmp.chunks_exact(n).enumerate() {
         for (r, v) in vals.iter().enumerate() {
