@@ -43,7 +43,7 @@ TYPES = {
 VEC_DOT = {2: "q8_0", 3: "q8_1", 6: "q8_0", 7: "q8_1", 8: "q8_0", 20: "q8_0", 39: "q8_0"}
 VEC_DOT |= {t: "q8_K" for t in (10, 11, 12, 13, 14, 23)}
 VEC_DOT |= {0: "f32", 1: "f16", 30: "bf16"}
-M = 37  # weight rows in every test matrix
+M = 37  # weight rows in every test matrix (not a multiple of 4: ggml keeps vec_dot)
 
 
 def k_values(type_id: int) -> tuple[int, int]:
@@ -153,9 +153,9 @@ def oracle(type_id: int, wbytes: np.ndarray, k: int, x: np.ndarray):
     return xd @ wd.T + correction, scale
 
 
-def run_kernel(type_id, w, stride, x, threads=2):
+def run_kernel(type_id, w, stride, x, threads=2, llamafile=False):
     out = np.full((x.shape[0], w.shape[0] if w.ndim == 2 else M), np.nan, np.float32)
-    _native.matmul_quant(type_id, w, stride, np.ascontiguousarray(x), out, threads)
+    _native.matmul_quant(type_id, w, stride, np.ascontiguousarray(x), out, threads, llamafile)
     return out
 
 
@@ -196,20 +196,22 @@ def test_portable_and_simd_builds_agree_bitwise(name, real_weights):
         for k in k_values(type_id):
             _, wq = real_weights[(type_id, k)]
             x = rng.standard_normal((5, k)).astype(np.float32)
-            assert _native.set_portable_kernels(False)
-            simd = run_kernel(type_id, wq, wq.shape[1], x)
-            assert not _native.set_portable_kernels(True)
-            portable = run_kernel(type_id, wq, wq.shape[1], x)
-            assert np.array_equal(simd.view(np.uint32), portable.view(np.uint32)), name
+            for llamafile in (False, True):  # vec_dot and tinyBLAS orders (M = 36 for the latter)
+                w = wq if not llamafile else wq[:36]
+                assert _native.set_portable_kernels(False)
+                simd = run_kernel(type_id, w, w.shape[1], x, llamafile=llamafile)
+                assert not _native.set_portable_kernels(True)
+                portable = run_kernel(type_id, w, w.shape[1], x, llamafile=llamafile)
+                assert np.array_equal(simd.view(np.uint32), portable.view(np.uint32)), name
     finally:
         _native.set_portable_kernels(False)
 
 
 # ---- the reference rpc-server ----------------------------------------------------------------
 
-# Where ggml's CPU backend leaves vec_dot for N >= 2 (llamafile's tinyBLAS for these types, and
-# the tiled K-quant kernel for N >= 8), its sums are ordered differently: float noise, not bits.
-SGEMM_TYPES = {0, 1, 30, 2, 6, 8, 20}
+# ggml's MUL_MAT at N >= 8 runs its tiled kernel for the K-quants and IQ4_XS: other sums,
+# float noise rather than bits there. (llamafile's tinyBLAS, which takes N >= 2 for the q8_0
+# family, f32, f16 and bf16, is reproduced: the kernel's `llamafile` flag.)
 TILED_TYPES = {10, 11, 12, 13, 14, 23}
 
 
@@ -237,9 +239,9 @@ def test_against_reference_server(name, path, real_weights, reference_v8, rpcnet
         for (_, xv), r, s in zip(outs, ref, served, strict=True):
             n = xv.shape[0]
             want = as_f32(r, (M, n)).reshape(n, M)
-            got = run_kernel(type_id, wq, wq.shape[1], xv)
+            got = run_kernel(type_id, wq, wq.shape[1], xv, llamafile=True)
             assert np.array_equal(as_f32(s, (M, n)).reshape(n, M), got), "server != kernel"
-            exact = n == 1 or not (type_id in SGEMM_TYPES or (type_id in TILED_TYPES and n >= 8))
+            exact = n < 8 or type_id not in TILED_TYPES
             if exact:
                 assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
                     f"{name} K={k} N={n} ({path}): not bit-exact, max |d| "
@@ -319,3 +321,27 @@ def test_activation_ties_round_like_reference(name, path, real_weights, referenc
     want = as_f32(g.run(reference_v8, [out])[0], (M, 1)).reshape(1, M)
     got = run_kernel(type_id, wq, wq.shape[1], x)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("name", ["F32", "F16", "BF16"])
+def test_float_weights_follow_llamafile_sgemm(name, path, real_weights, reference_v8, rpcnet_v8):
+    """M % 4 == 0 and N >= 2: ggml's MUL_MAT runs llamafile's tinyBLAS; rpcnet its order."""
+    type_id, m = TYPES[name], 36
+    rng = np.random.default_rng(21)
+    for k in k_values(type_id):
+        wq = real_weights[(type_id, k)][1][:m]
+        g = OpGraph()
+        w = g.input(type_id, (k, m), wq.reshape(-1))
+        outs = []
+        for n in (1, 2, 9, 64):
+            xv = rng.standard_normal((n, k)).astype(np.float32)
+            outs.append((g.op(MUL_MAT, F32, (m, n), (w, g.input(F32, (k, n), xv))), xv))
+        ids = [o for o, _ in outs]
+        ref, served = g.run(reference_v8, ids), g.run(rpcnet_v8, ids)
+        for (_, xv), r, s in zip(outs, ref, served, strict=True):
+            n = xv.shape[0]
+            want = as_f32(r, (m, n)).reshape(n, m)
+            got = np.empty((n, m), np.float32)
+            _native.matmul_quant(type_id, wq, wq.shape[1], xv, got, 2, True)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{name} K={k} N={n}"
+            assert np.array_equal(as_f32(s, (m, n)).reshape(n, m), got), f"{name}: server"

@@ -274,7 +274,13 @@ def check_region_2d(
 # --- compute kernels (the GIL is released during the arithmetic) -----------------------------
 
 def matmul_quant(
-    type_id: int, w: _ArrayBuffer, row_stride: int, x: _ArrayBuffer, out: _ArrayBuffer, threads: int = 1
+    type_id: int,
+    w: _ArrayBuffer,
+    row_stride: int,
+    x: _ArrayBuffer,
+    out: _ArrayBuffer,
+    threads: int = 1,
+    llamafile: bool = False,
 ) -> None:
     """out[n, m] = sum_k w[m, k] * x[n, k] for weights of ggml type ``type_id`` in block form.
 
@@ -282,7 +288,9 @@ def matmul_quant(
     converted like ggml's x86 CPU backend to the type's vec_dot type (q8_0, q8_1, q8_K, f16,
     bf16 or f32), then each row pair is dotted in the order of ggml's AVX2 vec_dot. ``out``:
     writable C-contiguous float32 (N, M). Weight rows split over up to ``threads`` threads.
-    ValueError on an unsupported type or inconsistent shapes or sizes.
+    ``llamafile``: follow ggml's MUL_MAT dispatch, where f32/f16/bf16 weights with N >= 2 and
+    M % 4 == 0 go to llamafile's tinyBLAS (one 8-lane FMA accumulator per output); leave False
+    for MUL_MAT_ID. ValueError on an unsupported type or inconsistent shapes or sizes.
     """
 
 def matmul_quant_supports(type_id: int) -> bool:

@@ -30,6 +30,23 @@ pub trait RowDot {
         Self::dot(w, x, k)
     }
 
+    /// The order of llamafile's tinyBLAS (ggml's MUL_MAT for f32/f16/bf16 weights when N >= 2
+    /// and M % 4 == 0): one 8-lane FMA accumulator over K (a zero-padded last step), then
+    /// `hsum`. Other types: [`Self::dot`].
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        Self::dot(w, x, k)
+    }
+
+    /// [`Self::dot_gemm`] with AVX2 intrinsics where a type has them (same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline(always)]
+    unsafe fn dot_gemm_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
+        Self::dot_gemm(w, x, k)
+    }
+
     /// [`Self::dot_simd`] for four activation rows at once (each result the same bits).
     ///
     /// # Safety
@@ -245,7 +262,7 @@ min_q8_1!(
 /// IQ4_NL / MXFP4 × q8_0: two float accumulators (even and odd blocks), an odd last block
 /// added separately as `d · sumi` (multiply, then add).
 macro_rules! table_q8_0 {
-    ($name:ident, $bytes:expr, $table:expr, $d:expr, $qs:expr, $simd:ident) => {
+    ($name:ident, $bytes:expr, $table:expr, $d:expr, $qs:expr, $simd:ident $(; $gemm_simd:ident)?) => {
         pub struct $name;
         impl RowDot for $name {
             const BLOCK: usize = 32;
@@ -278,11 +295,29 @@ macro_rules! table_q8_0 {
                 sumf
             }
             simd_dot!($simd);
+            $(
+            /// llamafile's tinyBLAS Q0 kernel (ggml's MUL_MAT at N >= 2): one accumulator.
+            #[inline(always)]
+            fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+                let mut acc = [0.0f32; 8];
+                for (wb, yb) in w.chunks_exact($bytes).zip(x.chunks_exact(34)).take(k / 32) {
+                    let q = nibbles(&wb[$qs..$qs + 16]).map(|v| $table[v as usize]);
+                    fma_lanes(&mut acc, f16_at(yb, 0) * $d(wb), &chunk_lanes(&q, &yb[2..]));
+                }
+                hsum8(&acc)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn dot_gemm_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
+                // SAFETY: the caller guarantees AVX2, FMA and F16C.
+                unsafe { super::dot_avx2::$gemm_simd(w, x, k) }
+            }
+            )?
         }
     };
 }
 
-table_q8_0!(IQ4NL, 18, KVALUES_IQ4NL, |b: &[u8]| f16_at(b, 0), 2, iq4_nl);
+table_q8_0!(IQ4NL, 18, KVALUES_IQ4NL, |b: &[u8]| f16_at(b, 0), 2, iq4_nl; iq4_nl_gemm);
 table_q8_0!(
     MXFP4,
     17,
@@ -573,6 +608,19 @@ fn four_acc(k: usize, get: impl Fn(usize) -> (f32, f32)) -> [[f32; 8]; 4] {
     sum
 }
 
+/// tinyBLAS's per-output accumulation (see [`RowDot::dot_gemm`]).
+#[inline(always)]
+fn tinyblas_order(k: usize, get: impl Fn(usize) -> (f32, f32)) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for l in (0..k.div_ceil(8) * 8).step_by(8) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let (x, y) = if l + j < k { get(l + j) } else { (0.0, 0.0) };
+            *a = x.mul_add(y, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
 /// `GGML_F32x8_REDUCE` of four registers: (0+2), (1+3), then together, then two vhaddps.
 #[inline(always)]
 fn reduce4(s: &[[f32; 8]; 4]) -> f32 {
@@ -596,6 +644,10 @@ impl RowDot for F16 {
         sumf as f32
     }
     simd_dot!(f16);
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        tinyblas_order(k, |i| (f16_at(w, 2 * i), f16_at(x, 2 * i)))
+    }
 }
 
 #[inline(always)]
@@ -620,6 +672,10 @@ impl RowDot for BF16 {
         sumf as f32
     }
     simd_dot!(bf16);
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        tinyblas_order(k, |i| (bf16_at(w, i), bf16_at(x, i)))
+    }
 }
 
 pub struct F32;
@@ -648,4 +704,8 @@ impl RowDot for F32 {
         sumf
     }
     simd_dot!(f32);
+    #[inline(always)]
+    fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+        tinyblas_order(k, |i| (f32_at(w, 4 * i), f32_at(x, 4 * i)))
+    }
 }

@@ -359,6 +359,25 @@ pub unsafe fn iq4_nl(w: &[u8], x: &[u8], k: usize) -> f32 {
     table_q8_0(w, x, k, 18, 2, &KVALUES_IQ4NL, |b| f16_at(b))
 }
 
+/// IQ4_NL weights · q8_0 activations in tinyBLAS's order (one accumulator, no odd tail).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq4_nl_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+    let nb = k / 32;
+    assert!(w.len() >= nb * 18 && x.len() >= nb * 34);
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let (wb, yb) = (w.as_ptr().add(18 * i), x.as_ptr().add(34 * i));
+        let q = dot_i8(table32(table, wb.add(2)), load32(yb.add(2)));
+        let d = _mm256_set1_ps(f16_at(yb) * f16_at(wb));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
+    }
+    hsum(acc)
+}
+
 /// MXFP4 weights · q8_0 activations.
 ///
 /// # Safety

@@ -179,6 +179,7 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
     k: usize,
     act: &Converted,
     out: &mut [f32],
+    gemm: bool,
 ) {
     let n = act.rows;
     let wrow_bytes = k / D::BLOCK * D::BLOCK_BYTES;
@@ -186,7 +187,12 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
     let dot1 = |i: usize, r: usize| -> f32 {
         let at = (first + i) * stride;
         let wr = &w[at..at + wrow_bytes];
-        if SIMD {
+        if gemm && SIMD {
+            // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+            unsafe { D::dot_gemm_simd(wr, act.row(r), k) }
+        } else if gemm {
+            D::dot_gemm(wr, act.row(r), k)
+        } else if SIMD {
             // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
             unsafe { D::dot_simd(wr, act.row(r), k) }
         } else {
@@ -200,7 +206,7 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
         for i0 in (0..rows_total).step_by(TILE_ROWS) {
             let i1 = rows_total.min(i0 + TILE_ROWS);
             let mut r = r0;
-            if SIMD {
+            if SIMD && !gemm {
                 // four activation rows per pass: each weight block decoded once for all four
                 while r + 4 <= r1 {
                     let xs = [act.row(r), act.row(r + 1), act.row(r + 2), act.row(r + 3)];
@@ -229,8 +235,9 @@ fn rows_portable<D: RowDot>(
     k: usize,
     act: &Converted,
     out: &mut [f32],
+    gemm: bool,
 ) {
-    rows_impl::<D, false>(w, stride, first, k, act, out)
+    rows_impl::<D, false>(w, stride, first, k, act, out, gemm)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -242,19 +249,20 @@ fn rows_avx2<D: RowDot>(
     k: usize,
     act: &Converted,
     out: &mut [f32],
+    gemm: bool,
 ) {
-    rows_impl::<D, true>(w, stride, first, k, act, out)
+    rows_impl::<D, true>(w, stride, first, k, act, out, gemm)
 }
 
-type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32]);
+type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32], bool);
 
 fn rows_fn<D: RowDot>() -> RowsFn {
     #[cfg(target_arch = "x86_64")]
     {
         if simd_active() {
-            return |w, s, f, k, a, o| {
+            return |w, s, f, k, a, o, g| {
                 // SAFETY: simd_active() checked AVX2, FMA and F16C on this CPU.
-                unsafe { rows_avx2::<D>(w, s, f, k, a, o) }
+                unsafe { rows_avx2::<D>(w, s, f, k, a, o, g) }
             };
         }
     }
@@ -320,18 +328,19 @@ fn run_rows(
     row_bytes: usize,
     act: &Converted,
     threads: usize,
+    gemm: bool,
 ) -> Vec<f32> {
     let n = act.rows;
     let mut tmp = vec![0.0f32; m * n];
     let by_size = (m * row_bytes * n.min(8) / MIN_BYTES_PER_THREAD).max(1);
     let threads = threads.clamp(1, by_size.min(m.div_ceil(TILE_ROWS)));
     if threads == 1 {
-        f(w, stride, 0, k, act, &mut tmp);
+        f(w, stride, 0, k, act, &mut tmp, gemm);
     } else {
         let per = m.div_ceil(threads).next_multiple_of(TILE_ROWS);
         std::thread::scope(|s| {
             for (i, chunk) in tmp.chunks_mut(per * n).enumerate() {
-                s.spawn(move || f(w, stride, i * per, k, act, chunk));
+                s.spawn(move || f(w, stride, i * per, k, act, chunk, gemm));
             }
         });
     }
@@ -340,7 +349,9 @@ fn run_rows(
 
 #[allow(clippy::too_many_arguments)]
 /// Weight rows (ggml type `type_id`, `m` rows `row_stride` bytes apart, `k` values each) times
-/// converted activations `act`; `out` is `act.rows × m` row-major.
+/// converted activations `act`; `out` is `act.rows × m` row-major. `llamafile`: follow ggml's
+/// MUL_MAT dispatch, which sends N >= 2 to llamafile's tinyBLAS (another summation order for
+/// f32/f16/bf16 when M % 4 == 0, and for IQ4_NL); false for MUL_MAT_ID (always vec_dot).
 pub fn matmul_converted(
     type_id: u32,
     w: &[u8],
@@ -350,6 +361,7 @@ pub fn matmul_converted(
     act: &Converted,
     out: &mut [f32],
     threads: usize,
+    llamafile: bool,
 ) -> Result<(), KernelError> {
     let info = type_info(type_id)
         .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
@@ -362,7 +374,16 @@ pub fn matmul_converted(
     }
     let f = for_type!(type_id, D => rows_fn::<D>(), unreachable!());
     let n = act.rows;
-    let tmp = run_rows(f, w, row_stride, m, k, row_bytes, act, threads);
+    // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
+    // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
+    let gemm = llamafile
+        && n >= 2
+        && match type_id {
+            0 | 1 | 30 => m.is_multiple_of(4),
+            20 => true,
+            _ => false,
+        };
+    let tmp = run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm);
     for (mi, vals) in tmp.chunks_exact(n).enumerate() {
         for (r, v) in vals.iter().enumerate() {
             out[r * m + mi] = *v;
@@ -382,12 +403,13 @@ pub fn matmul_quant(
     x: &[f32],
     out: &mut [f32],
     threads: usize,
+    llamafile: bool,
 ) -> Result<(), KernelError> {
     let info = type_info(type_id)
         .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
     check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
     let act = Converted::new(info.act, x, k);
-    matmul_converted(type_id, w, row_stride, m, k, &act, out, threads)
+    matmul_converted(type_id, w, row_stride, m, k, &act, out, threads, llamafile)
 }
 
 #[cfg(test)]
@@ -456,8 +478,8 @@ mod tests {
             let mut b = vec![0.0f32; n * m];
             let act = Converted::new(info.act, &x, k);
             for_type!(t, D => {
-                rows_portable::<D>(&w, row, 0, k, &act, &mut a);
-                rows_fn::<D>()(&w, row, 0, k, &act, &mut b);
+                rows_portable::<D>(&w, row, 0, k, &act, &mut a, false);
+                rows_fn::<D>()(&w, row, 0, k, &act, &mut b, false);
             }, unreachable!());
             assert_eq!(a, b, "type {t}");
             assert!(a.iter().all(|v| v.is_finite()), "type {t}");
@@ -479,8 +501,8 @@ mod tests {
             let x = noise(13, n * k);
             let mut one = vec![0.0f32; n * m];
             let mut many = vec![0.0f32; n * m];
-            matmul_quant(t, &dense, row, m, k, &x, &mut one, 1).unwrap();
-            matmul_quant(t, &w, stride, m, k, &x, &mut many, 3).unwrap();
+            matmul_quant(t, &dense, row, m, k, &x, &mut one, 1, true).unwrap();
+            matmul_quant(t, &w, stride, m, k, &x, &mut many, 3, true).unwrap();
             assert_eq!(one, many, "type {t}");
         }
     }
@@ -491,7 +513,7 @@ mod tests {
         let w = weights(8, m, k, 3);
         let x = noise(4, k);
         let mut out = vec![0.0f32; m];
-        matmul_quant(8, &w, 34 * 3, m, k, &x, &mut out, 1).unwrap();
+        matmul_quant(8, &w, 34 * 3, m, k, &x, &mut out, 1, true).unwrap();
         let act = Converted::new(ActFormat::Q8_0, &x, k);
         for i in 0..m {
             let mut s = 0.0f64;
@@ -517,12 +539,12 @@ mod tests {
         let w = vec![0u8; 34 * 4];
         let x = vec![0.0f32; 64];
         let mut out = vec![0.0f32; 2];
-        assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out, 1).is_ok());
-        assert!(matmul_quant(8, &w, 68, 3, 64, &x, &mut out, 1).is_err());
-        assert!(matmul_quant(8, &w, 60, 2, 64, &x, &mut out, 1).is_err());
-        assert!(matmul_quant(8, &w, 68, 2, 48, &x, &mut out, 1).is_err());
-        assert!(matmul_quant(12, &w, 68, 2, 64, &x, &mut out, 1).is_err());
-        assert!(matmul_quant(99, &w, 68, 2, 64, &x, &mut out, 1).is_err());
-        assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out[..1], 1).is_err());
+        assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out, 1, true).is_ok());
+        assert!(matmul_quant(8, &w, 68, 3, 64, &x, &mut out, 1, true).is_err());
+        assert!(matmul_quant(8, &w, 60, 2, 64, &x, &mut out, 1, true).is_err());
+        assert!(matmul_quant(8, &w, 68, 2, 48, &x, &mut out, 1, true).is_err());
+        assert!(matmul_quant(12, &w, 68, 2, 64, &x, &mut out, 1, true).is_err());
+        assert!(matmul_quant(99, &w, 68, 2, 64, &x, &mut out, 1, true).is_err());
+        assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out[..1], 1, true).is_err());
     }
 }

@@ -63,7 +63,8 @@ pub fn matmul_q8_0(
 /// bytes apart, in block form) against float32 activations converted like ggml's CPU backend
 /// (quantized to the type's vec_dot type); weight rows split over `threads` threads.
 #[pyfunction]
-#[pyo3(signature = (type_id, w, row_stride, x, out, threads = 1))]
+#[pyo3(signature = (type_id, w, row_stride, x, out, threads = 1, llamafile = false))]
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_quant(
     py: Python<'_>,
     type_id: u32,
@@ -72,6 +73,7 @@ pub fn matmul_quant(
     x: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
     threads: usize,
+    llamafile: bool,
 ) -> PyResult<()> {
     let w = ByteView::new(w)?;
     let x = PyBuffer::<f32>::get(x)?;
@@ -90,8 +92,12 @@ pub fn matmul_quant(
     let mut res = vec![0.0f32; n * m];
     // SAFETY: as in matmul_q8_0, no other thread writes the weight buffer during the call.
     let wb = unsafe { w.raw_slice() };
-    py.detach(|| matmul::matmul_quant(type_id, wb, row_stride, m, k, &xs, &mut res, threads))
-        .map_err(|e| PyValueError::new_err(e.reason))?;
+    py.detach(|| {
+        matmul::matmul_quant(
+            type_id, wb, row_stride, m, k, &xs, &mut res, threads, llamafile,
+        )
+    })
+    .map_err(|e| PyValueError::new_err(e.reason))?;
     out.copy_from_slice(py, &res)
 }
 

@@ -3,8 +3,9 @@
 `_native.matmul_quant` converts the float32 activations to the weight type's vec_dot type the
 way ggml's x86 CPU backend does (q8_0 / q8_1 / q8_K / f16 / bf16) and computes each row pair in
 the order of ggml's AVX2 vec_dot, so decode reads each weight byte once (no float copy) and the
-results match the reference server's. Batch dims follow ggml's broadcast rule
-(i02 = i12 / (ne12 / ne02)) by looping, never by materializing repeats.
+results match the reference server's (also where ggml's MUL_MAT takes llamafile's sgemm for
+f32/f16/bf16 weights: `llamafile=True` reproduces its summation order). Batch dims follow
+ggml's broadcast rule (i02 = i12 / (ne12 / ne02)) by looping, never by materializing repeats.
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ def weight_rows(a: Tensor, offset: int, row: int) -> np.ndarray:
     return np.ndarray((span,), dtype=np.uint8, buffer=storage(a), offset=offset)
 
 
+def f32_contiguous(t: Tensor) -> bool:
+    """ggml_is_contiguous for an f32 tensor (dims of size 1 may have any stride)."""
+    if t.ne[0] != 1 and t.nb[0] != 4:
+        return False
+    expected = 4 * t.ne[0]
+    for ne, nb in zip(t.ne[1:], t.nb[1:], strict=True):
+        if ne != 1:
+            if nb != expected:
+                return False
+            expected *= ne
+    return True
+
+
 def _supported(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     if a is None or b is None or node.type != GgmlType.F32 or b.type != GgmlType.F32:
@@ -80,16 +94,19 @@ def mul_mat_native(node: Tensor) -> Step:
     x = plain_view(b_t)  # (ne3, ne2, ne1, K)
     out = plain_view(node)  # (ne3, ne2, ne1, M)
     single = a_t.ne[2] == 1 and a_t.ne[3] == 1
+    # ggml sends f32 weights to llamafile's sgemm only when src1 is contiguous (f16/bf16 go
+    # after conversion, always); the kernel applies the rest of the rule (N >= 2, M % 4 == 0)
+    llamafile = a_t.type != GgmlType.F32 or f32_contiguous(b_t)
     batches = list(_batches(a_t, b_t))
     weights = {off: weight_rows(a_t, off, row) for _, _, off in batches}
 
     def mul(w: np.ndarray, xs: np.ndarray, dst: np.ndarray) -> None:
         n = xs.shape[0]
         if dst.flags.c_contiguous and dst.shape == (n, m):
-            _native.matmul_quant(type_id, w, stride, xs, dst, threads)
+            _native.matmul_quant(type_id, w, stride, xs, dst, threads, llamafile)
         else:
             res = np.empty((n, m), dtype=np.float32)
-            _native.matmul_quant(type_id, w, stride, xs, res, threads)
+            _native.matmul_quant(type_id, w, stride, xs, res, threads, llamafile)
             dst[...] = res.reshape(dst.shape)
 
     def run() -> None:
