@@ -3,8 +3,10 @@
 * GELU and GELU_QUICK on f32/f16 inputs go through ggml's fp16 lookup tables (argument rounded to
   f16, result is the f16 table entry); the same tables are rebuilt here, so results are exact;
 * libm functions (expf, tanhf, logf, ...) are evaluated in float64 and rounded once, which agrees
-  with glibc far more often than NumPy's float32 SIMD versions; the SiLU family keeps the fast
-  float32 exp (the reference uses its own SIMD exp approximation there);
+  with glibc far more often than NumPy's float32 SIMD versions;
+* where ggml's x86 AVX2 code uses its own vector exp (``ggml_v_expf``: SiLU/SwiGLU on f32 rows,
+  SOFT_MAX), the first ``n - n % 8`` elements of a row go through ``v_expf``, a replay of that
+  approximation operation by operation, and the rest through expf, as the reference does;
 * `a*b + c` that the reference computes with an FMA is rounded once (`fma`).
 """
 
@@ -92,7 +94,59 @@ def gelu_erf(x: Any) -> Any:
 
 
 def silu(x: Any) -> Any:
-    return x / (ONE + exp_fast(-x))
+    """ggml_silu_f32 per element (f16/bf16 rows and the tails of f32 rows): libm expf."""
+    return x / (ONE + exp(-x))
+
+
+def silu_rows(x: Any) -> Any:
+    """ggml_vec_silu_f32 along the last axis: ggml_v_silu on 8-lane chunks, then the scalar."""
+    return simd_then_scalar(x, lambda v: v / (ONE + v_expf(-v)), silu)
+
+
+def simd_then_scalar(x: Any, vector: Callable[[Any], Any], scalar: Callable[[Any], Any]) -> Any:
+    """``vector`` on the first ``n - n % 8`` elements of each row (AVX2 lanes), ``scalar`` on
+    the rest."""
+    n = x.shape[-1]
+    cut = n - n % AVX2_LANES
+    if cut == n:
+        return vector(x)
+    if cut == 0:
+        return scalar(x)
+    return np.concatenate([vector(x[..., :cut]), scalar(x[..., cut:])], axis=-1)
+
+
+AVX2_LANES = 8
+_H = float.fromhex
+_EXP_R = F32(_H("0x1.8p23"))
+_EXP_LOG2E = F32(_H("0x1.715476p+0"))
+_EXP_LN2_HI, _EXP_LN2_LO = F32(_H("0x1.62e4p-1")), F32(_H("0x1.7f7d1cp-20"))
+_EXP_C = [F32(_H(c)) for c in ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3",
+                              "0x1.573e2ep-5", "0x1.0e4020p-7")]  # fmt: skip
+_U32 = np.uint32
+
+
+def v_expf(x: Any) -> Any:
+    """ggml_v_expf (vec.h, AVX2+FMA branch), lane by lane: exp with ~1.5 ulp error, the same bits
+    as the reference (flush to 0 below -103.97, inf above 88.38)."""
+    x = np.asarray(x, F32)
+    c0, c1, c2, c3, c4 = _EXP_C
+    with quiet():
+        z = fma(x, _EXP_LOG2E, _EXP_R)
+        n = z - _EXP_R
+        b = fma(-n, _EXP_LN2_LO, fma(-n, _EXP_LN2_HI, x))
+        e = z.view(_U32) << _U32(23)
+        k = (e + ONE.view(_U32)).view(F32)
+        u = b * b
+        j = fma(fma(fma(c4, b, c3), u, fma(c2, b, c1)), u, c0 * b)
+        out = fma(k, j, k)
+        big = np.abs(n) > F32(126)
+        if not big.any():
+            return out
+        g = np.where(n <= ZERO, _U32(0x82000000), _U32(0))
+        s1 = (g + _U32(0x7F000000)).view(F32)
+        s2 = (e - g).view(F32)
+        scaled = fma(s2, j, s2) * s1
+        return np.where(np.abs(n) > F32(192), s1 * s1, np.where(big, scaled, out))
 
 
 _TABLES: dict[str, Any] = {}
