@@ -7,7 +7,8 @@ in-process rpcnet server and on its own CPU backend. Per case:
 * ``rel = max|rpcnet - reference| / max|reference|`` over the ``[8, n_vocab]`` logits is at most
   ``BOUND`` (1e-3; issue 10 aims at 1e-5) and the argmax agrees on every step;
 * where the reference gives exactly the client's local numbers (every weight type the local CPU
-  backend does not repack), rpcnet must also be within ``BOUND`` of the local run.
+  backend does not repack), rpcnet must also be within ``BOUND`` of the local run (checked for
+  the setups without flash attention, ``LOCAL_CHECKED``).
 
 Cases (see ``CASES``): llama GQA runs the full matrix of weight types x attention setups (flash
 attention off/on, KV cache f16/q8_0, one batch or prefill then single-token decode); llama MHA,
@@ -47,6 +48,9 @@ ATTENTION: dict[str, tuple[str, ...]] = {
     "fa1-kvq8": ("--flash-attn", "1", "--type-k", "q8_0", "--type-v", "q8_0", "--prefill", "4"),
     "fa0-kq8": ("--flash-attn", "0", "--type-k", "q8_0"),  # V stays f16 without FA
 }
+
+#: setups where the local run is compared too (one batch: no thread-dependent FA split)
+LOCAL_CHECKED = ("fa0", "fa0-kq8")
 
 _DIAGONAL = {
     "llama-mha": [("f16", "fa1-decode"), ("q8_0", "fa1-kvq8"), ("Q5_K_M", "fa0"),
@@ -200,11 +204,11 @@ def test_logits_match_reference(
     opts = ATTENTION[attention]
     ref = runner.logits(path, "reference", opts)
     got = runner.logits(path, "rpcnet", opts)
-    local = runner.logits(path, "local", opts)
-    assert got.shape == ref.shape == local.shape
+    assert got.shape == ref.shape
     rel = rel_error(got, ref)
     bad = argmax_mismatches(got, ref)
-    ref_vs_local = rel_error(ref, local)
+    local = runner.logits(path, "local", opts) if attention in LOCAL_CHECKED else None
+    ref_vs_local = rel_error(ref, local) if local is not None else float("nan")
     table.append(
         {
             "case": f"{family}/{wtype}/{attention}",
@@ -212,13 +216,13 @@ def test_logits_match_reference(
             "argmax_bad": len(bad),
             "steps": int(ref.shape[0]),
             "ref_vs_local": ref_vs_local,
-            "rel_vs_local": rel_error(got, local),
+            "rel_vs_local": rel_error(got, local) if local is not None else float("nan"),
             "min_gap": float(top2_gaps(ref).min()),
             "repacked_locally": sorted(LOCALLY_REPACKED & set(tensor_types(path).values())),
         }
     )
     assert rel <= BOUND, f"rel error vs reference {rel:.3e} > {BOUND:.0e}"
     assert not bad, f"argmax differs from the reference at (step, reference, rpcnet) {bad}"
-    if ref_vs_local == 0.0:  # else the client repacks weights locally (LOCALLY_REPACKED)
+    if local is not None and ref_vs_local == 0.0:  # else the client repacks weights locally
         assert rel_error(got, local) <= BOUND
         assert not argmax_mismatches(got, local)

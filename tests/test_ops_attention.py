@@ -231,7 +231,9 @@ def run_softmax(
         params=pack_params(float(scale), float(max_bias)),
     )
     (r,), (o,) = run_both(g, [out], ref, ours)
-    close(as_f32(o, ne), as_f32(r, ne), rtol=1e-5, atol_rel=1e-6)
+    # v_expf lanes and the sum order are replayed; only libm expf on the row tails (ne0 % 8)
+    # may differ by an ulp
+    close(as_f32(o, ne), as_f32(r, ne), rtol=5e-7, atol_rel=0.0)
 
 
 def test_softmax_plain(reference_v8, rpcnet_v8):
@@ -367,8 +369,8 @@ def run_fattn(
     tiled_or_split = plain and (n_q >= 64 or (n_q == 1 and n3 == 1 and n_kv >= 512))
     if tol is None and kv_type in (F32, F16) and not tiled_or_split and softcap == 0:
         # rpcnet replays ggml's one-chunk online softmax (lane-exact f16/f32 K·Q dot, f16 VKQ
-        # buffer for f16 V): bit-exact for f16 K, an ulp of expf away for f32 K/V
-        tol = 0.0 if kv_type == F16 else 1e-6
+        # buffer for f16 V): bit-exact but where glibc's expf is not correctly rounded (an ulp)
+        tol = 1e-6
     if tol is None:
         # ggml accumulates softmax·V in f16 when V is f16; q4_1/q5_1 K dot products round the
         # q8_1 block sum of Q to f16. Elsewhere both sides compute in f32.

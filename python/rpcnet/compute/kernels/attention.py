@@ -23,6 +23,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import convert
+from rpcnet.compute.kernels.floatmath import tanh
 from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads, used_mask
@@ -137,8 +138,7 @@ def flash_attn_ext(node: Tensor) -> Step:
                 s = np.matmul(qc, kt).reshape(n3, n_head, nc, n_kv)
             s *= scale
             if softcap != 0:
-                np.tanh(s, out=s)
-                s *= softcap
+                s = tanh(s) * softcap  # libm tanhf (float64, rounded), not NumPy's float32 tanh
             if m_all is not None:
                 m = tile_heads(m_all[:, :, c0:c1], n3, n_head)
                 s += slopes * m if use_slopes else m
