@@ -23,7 +23,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import convert
-from rpcnet.compute.kernels.floatmath import tanh
+from rpcnet.compute.kernels.floatmath import exp, tanh
 from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads, used_mask
@@ -196,8 +196,8 @@ def _fma_f32(a: Any, b: Any, c: Any) -> Any:
 
 
 def _expf(x: Any) -> Any:
-    """expf, correctly rounded (glibc's is within 0.502 ulp; NumPy's float32 exp is not)."""
-    return np.exp(x.astype(np.float64)).astype(f32)
+    """libm expf (floatmath.exp; NumPy's float32 exp is a few ulps off)."""
+    return exp(np.asarray(x, f32))
 
 
 def _online_softmax_v(s: Any, v: Any, v_f16: bool, sinks: Any, per_group: int, nc: int) -> Any:
