@@ -118,7 +118,8 @@ ONE, HALF, ZERO = F32(1.0), F32(0.5), F32(0.0)
 
 def gelu_exact(x: Any) -> Any:
     """ggml_gelu_f32: the tanh approximation in float32."""
-    return HALF * x * (ONE + tanh(SQRT_2_OVER_PI * x * (ONE + GELU_COEF_A * x * x)))
+    # the build contracts 1.0f + GELU_COEF_A*x*x into fma(GELU_COEF_A*x, x, 1.0f)
+    return HALF * x * (ONE + tanh(SQRT_2_OVER_PI * x * fma(GELU_COEF_A * x, x, ONE)))
 
 
 def gelu_quick_exact(x: Any) -> Any:
