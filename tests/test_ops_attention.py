@@ -366,9 +366,9 @@ def run_fattn(
     ref_v, our_v = as_f32(r, out_ne), as_f32(o, out_ne)
     plain = kv_type == v_type and kv_type in (F32, F16)
     tiled_or_split = plain and (n_q >= 64 or (n_q == 1 and n3 == 1 and n_kv >= 512))
-    if tol is None and kv_type in (F32, F16) and not tiled_or_split and softcap == 0:
-        # rpcnet replays ggml's one-chunk online softmax (lane-exact f16/f32 K·Q dot, f16 VKQ
-        # buffer for f16 V): bit-exact in all but rare rows (an ulp)
+    if tol is None and kv_type in (F32, F16, T.Q8_0) and not tiled_or_split:
+        # rpcnet replays ggml's one-chunk online softmax (lane-exact f16/f32/q8_0 K·Q dot, f16
+        # VKQ buffer for f16 V): bit-exact in all but rare rows (an ulp)
         tol = 1e-6
     if tol is None:
         # ggml accumulates softmax·V in f16 when V is f16; q4_1/q5_1 K dot products round the

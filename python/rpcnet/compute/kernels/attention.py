@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from rpcnet import _native
-from rpcnet.compute import convert
+from rpcnet.compute import convert, quant
+from rpcnet.compute.kernels.copy import block_view
 from rpcnet.compute.kernels.floatmath import exp, tanh
 from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
 from rpcnet.compute.kernels.registry import Step, kernel
@@ -105,6 +106,7 @@ def flash_attn_ext(node: Tensor) -> Step:
     split_kv = plain_kv and n_q == 1 and n3 == 1 and n_kv >= _SPLIT_KV_MIN
     replay = not tiled and not split_kv  # ggml's one-chunk online softmax, replayed
     exact_dot = replay and k_t.type in (GgmlType.F32, GgmlType.F16)
+    q8_dot = replay and k_t.type == GgmlType.Q8_0
     round_q = not tiled and k_t.type != GgmlType.F32
     out = plain_view(node).transpose(0, 2, 1, 3)  # (ne3, n_head, n_q, DV) view of the output
     qv = plain_view(q_t)
@@ -112,7 +114,7 @@ def flash_attn_ext(node: Tensor) -> Step:
     v_f16 = v_t.type == GgmlType.F16
     # query rows per block, bounding the score matrix at ~16M floats (the lane-exact dot
     # products at ~4M float64 of 32 lanes each)
-    limit = _SCORE_LIMIT // 128 if exact_dot else _SCORE_LIMIT
+    limit = _SCORE_LIMIT // 128 if exact_dot or q8_dot else _SCORE_LIMIT
     step = max(1, limit // max(1, n3 * n_head * n_kv))
 
     def run() -> None:
@@ -124,6 +126,9 @@ def flash_attn_ext(node: Tensor) -> Step:
         groups = k.shape[1]
         per_group = n_head // groups  # q heads sharing one kv head (GQA)
         kt = k.swapaxes(-1, -2)
+        if q8_dot:
+            k_parts = _expand_parts(_q8_0_parts(block_view(k_t)), n3, n_head, k.shape[1])
+            q_parts = _q8_0_parts(_quantize_rows_q8_0(qv))
         m_all = convert.load_f32(mask_used) if mask_used is not None else None
         sk = None
         if sinks_t is not None:
@@ -134,6 +139,10 @@ def flash_attn_ext(node: Tensor) -> Step:
             qc = q[:, :, c0:c1].reshape(n3, groups, per_group * nc, dk)
             if exact_dot:
                 s = _vec_dot_avx2(qc, k, k_t.type == GgmlType.F16).reshape(n3, n_head, nc, n_kv)
+            elif q8_dot:
+                qd, qq = (a[:, :, c0:c1].reshape((n3, groups, per_group * nc) + a.shape[3:])
+                          for a in q_parts)  # fmt: skip
+                s = _vec_dot_q8_0_avx2((qd, qq), k_parts).reshape(n3, n_head, nc, n_kv)
             else:
                 s = np.matmul(qc, kt).reshape(n3, n_head, nc, n_kv)
             s *= scale
@@ -188,6 +197,43 @@ def _vec_dot_avx2(q: Any, k: Any, f16: bool) -> Any:
         else:  # float sumf += x*y, contracted to an FMA
             total = (total.astype(f32) + prod).astype(f32).astype(np.float64)
     return total.astype(f32)
+
+
+def _quantize_rows_q8_0(x: Any) -> Any:
+    """(..., DK) float32 -> raw q8_0 blocks (..., DK / 32, 34) as ggml-cpu converts Q rows."""
+    rows = np.ascontiguousarray(x, dtype=f32).reshape(-1, x.shape[-1])
+    raw = quant.quantize_cpu(GgmlType.Q8_0, rows)
+    return raw.reshape(x.shape[:-1] + (x.shape[-1] // 32, 34))
+
+
+def _q8_0_parts(blocks: Any) -> tuple[Any, Any]:
+    """Raw q8_0 blocks (..., nb, 34) -> (scales (..., nb) float32, codes (..., nb, 8, 4) int32)."""
+    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0].astype(f32)
+    qs = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.int32)
+    return d, qs.reshape(qs.shape[:-1] + (8, 4))
+
+
+def _expand_parts(parts: tuple[Any, Any], n3: int, n_head: int, groups: int) -> tuple[Any, Any]:
+    """K's q8_0 parts broadcast over heads/streams the way K itself was (``_expand_heads``)."""
+    d, qs = parts
+    if d.shape[0] == n3 and d.shape[1] == groups:
+        return d, qs
+    return _expand_heads(d, n3, n_head), _expand_heads(qs, n3, n_head)
+
+
+def _vec_dot_q8_0_avx2(q: tuple[Any, Any], k: tuple[Any, Any]) -> Any:
+    """Q rows · K rows as AVX2 ``ggml_vec_dot_q8_0_q8_0``: per block, 8 int32 lanes of 4
+    products (maddubs + madd), ``acc = fma(dK * dQ, lanes, acc)`` in float32, then hsum_float_8.
+    q: (..., rows, nb) scales and (..., rows, nb, 8, 4) codes; k likewise with n_kv rows."""
+    qd, qq = q
+    kd, kq = k
+    lanes = np.einsum("...rbla,...kbla->...rkbl", qq, kq)  # exact int32 lane sums
+    acc = np.zeros(lanes.shape[:-2] + (8,), f32)
+    for b in range(lanes.shape[-2]):
+        d = (kd[..., None, :, b] * qd[..., :, None, b]).astype(f32)  # f16*f16: exact
+        acc = _fma_f32(d[..., None], lanes[..., b, :].astype(f32), acc)
+    half = acc[..., 4:] + acc[..., :4]
+    return (half[..., 0] + half[..., 2]) + (half[..., 1] + half[..., 3])
 
 
 def _fma_f32(a: Any, b: Any, c: Any) -> Any:
