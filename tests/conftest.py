@@ -72,6 +72,8 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_cuda_capture": ("unit",),
     "test_cuda_launch_args": ("unit",),
     "test_memory_accounting": ("unit",),
+    "test_q8_0_x86": ("unit", "reference"),
+    "test_numerics": ("e2e",),
 }
 
 

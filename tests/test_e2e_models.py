@@ -5,8 +5,10 @@ CPU backend (the baseline, shared between cases through a session cache) and onc
 on in-process rpcnet servers. Teacher-forced logits (or pooled embeddings) must match:
 
 * ``rel = max|rpcnet - local| / max|local|`` over the whole ``[n_tokens, n_vocab]`` matrix is at
-  most 2e-3 for f32 models, 2e-2 for f16/bf16, 5e-2 for quantized weights (and a quantized KV
-  cache);
+  most 1e-3 for f32 models, quantized weights and a quantized KV cache (issue 10's bound), 2e-2
+  for f16/bf16, and 5e-2 for models with Q4_0/Q4_K weights, which the client's local CPU backend
+  repacks (the reference server itself is ~1.5e-2 from local there; tests/test_numerics.py
+  compares those against the reference server at 1e-3);
 * the argmax of every position is equal (a mismatch that is a *near tie* — rpcnet's pick within
   ``2 * max|diff|`` of the row maximum — is named as such in the failure, but still fails).
 
@@ -33,9 +35,13 @@ import numpy as np
 import pytest
 from support import refenv, require
 from support.inproc import ServerThread
-from support.models import ZOO, ensure_model
+from support.models import ZOO, ensure_model, tensor_types
 
-TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "quant": 5e-2}
+#: ``quant`` is issue 10's bound; ``repacked``: models with weights the client's local CPU backend
+#: repacks (Q4_0, Q4_K on AVX2), where even the reference server is ~1.5e-2 from the local run
+#: (tests/test_numerics.py holds those to 1e-3 against the reference server instead)
+TOLERANCE = {"f32": 1e-3, "f16": 2e-2, "quant": 1e-3, "repacked": 5e-2}
+LOCALLY_REPACKED = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}
 TOKENS = "1,40,41,300,77,250,12,101"  # 8 positions, every id < 320 (all vocabularies)
 PREFILL = "4"  # decode cases: 4 tokens in one batch, then 4 single-token llama_decode calls
 SERVER_MEM = 2 << 30
@@ -280,8 +286,16 @@ class E2E:
         got, _ = self.remote(case, name)
         return self.compare(name, case, ref, got)
 
+    def tolerance_class(self, case: Case) -> str:
+        klass = case.tolerance_class
+        if klass == "quant" and case.spec.quant is not None:
+            if LOCALLY_REPACKED & set(tensor_types(self.model_path(case.model)).values()):
+                return "repacked"
+        return klass
+
     def compare(self, name: str, case: Case, ref: np.ndarray, got: np.ndarray) -> dict:
-        tol = TOLERANCE[case.tolerance_class]
+        klass = self.tolerance_class(case)
+        tol = TOLERANCE[klass]
         assert got.shape == ref.shape, (got.shape, ref.shape)
         assert np.isfinite(ref).all(), "baseline not finite"
         assert np.isfinite(got).all(), f"rpcnet output not finite: {np.argwhere(~np.isfinite(got))}"
@@ -297,7 +311,7 @@ class E2E:
                 bad.append((i, int(a), int(b)))
         row = {
             "case": name,
-            "class": case.tolerance_class,
+            "class": klass,
             "rel": rel,
             "tol": tol,
             "max_abs": float(diff.max()),

@@ -231,7 +231,8 @@ def run_softmax(
         params=pack_params(float(scale), float(max_bias)),
     )
     (r,), (o,) = run_both(g, [out], ref, ours)
-    close(as_f32(o, ne), as_f32(r, ne), rtol=1e-5, atol_rel=1e-6)
+    # v_expf lanes, libm expf on the row tails (ne0 % 8) and the sum order are replayed
+    close(as_f32(o, ne), as_f32(r, ne), rtol=0.0, atol_rel=0.0)
 
 
 def test_softmax_plain(reference_v8, rpcnet_v8):
@@ -363,6 +364,12 @@ def run_fattn(
     )
     (r,), (o,) = run_both(g, [out], ref, ours)
     ref_v, our_v = as_f32(r, out_ne), as_f32(o, out_ne)
+    plain = kv_type == v_type and kv_type in (F32, F16)
+    tiled_or_split = plain and (n_q >= 64 or (n_q == 1 and n3 == 1 and n_kv >= 512))
+    if tol is None and kv_type in (F32, F16, T.Q8_0) and not tiled_or_split:
+        # rpcnet replays ggml's one-chunk online softmax (lane-exact f16/f32/q8_0 K·Q dot, f16
+        # VKQ buffer for f16 V): bit-exact in all but rare rows (an ulp)
+        tol = 1e-6
     if tol is None:
         # ggml accumulates softmax·V in f16 when V is f16; q4_1/q5_1 K dot products round the
         # q8_1 block sum of Q to f16. Elsewhere both sides compute in f32.

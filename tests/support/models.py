@@ -49,8 +49,11 @@ if __package__ in (None, ""):  # ``python tests/support/models.py``
 
 from support.tinymodel import add_spm_vocab  # noqa: E402
 
+#: gemma2's sliding window (tokens)
+GEMMA2_WINDOW = 5
+
 #: bump when the writers change in a way that changes the files
-WRITER_VERSION = 1
+WRITER_VERSION = 2
 
 #: ggml type names the quantizer is expected to produce for the big matrices of each ftype
 QUANT_MAIN_TYPE = {
@@ -66,7 +69,7 @@ QUANT_MAIN_TYPE = {
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    arch: str = "llama"  # llama | qwen3 | qwen3moe | bert
+    arch: str = "llama"  # llama | qwen3 | qwen3moe | bert | gemma2 | phi3
     dtype: str = "f32"  # f32 | f16 | bf16 (matrices; norms, biases, router stay f32)
     n_vocab: int = 384
     n_embd: int = 64
@@ -174,8 +177,9 @@ class _Weights:
         data = self.rng.standard_normal(shape) * (scale / np.sqrt(shape[-1]))
         self._add(name, data.astype(np.float32), keep_f32=f32)
 
-    def norm(self, name: str, n: int) -> None:
-        self._add(name, (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32), True)
+    def norm(self, name: str, n: int, gain: float = 1.0) -> None:
+        data = gain * (1.0 + 0.1 * self.rng.standard_normal(n))
+        self._add(name, data.astype(np.float32), True)
 
     def bias(self, name: str, n: int, scale: float = 0.05) -> None:
         self._add(name, (scale * self.rng.standard_normal(n)).astype(np.float32), True)
@@ -264,7 +268,12 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
         writer.add_token_type_count(2)
         _add_wpm_vocab(writer, spec.n_vocab)
     else:
-        writer.add_layer_norm_rms_eps(1e-6 if spec.arch.startswith("qwen3") else 1e-5)
+        rms_eps = 1e-6 if spec.arch.startswith("qwen3") or spec.arch == "gemma2" else 1e-5
+        writer.add_layer_norm_rms_eps(rms_eps)
+        if spec.arch == "gemma2":
+            writer.add_sliding_window(GEMMA2_WINDOW)  # < the 8 test tokens: the SWA mask matters
+            writer.add_attn_logit_softcapping(50.0)
+            writer.add_final_logit_softcapping(30.0)
         writer.add_rope_freq_base(1e6 if spec.arch.startswith("qwen3") else 1e4)
         if spec.head_dim is not None:
             writer.add_key_length(head_dim)
@@ -279,7 +288,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
 
     w = _Weights(writer, spec)
     E, V = spec.n_embd, spec.n_vocab
-    w.mat("token_embd.weight", V, E, scale=np.sqrt(E))  # rows ~ N(0, 1)
+    # rows ~ N(0, 1); gemma2's tied head wants the output scale (logits std ~2)
+    w.mat("token_embd.weight", V, E, scale=2.0 if spec.arch == "gemma2" else np.sqrt(E))
     if spec.arch == "bert":
         w.mat("position_embd.weight", spec.n_ctx_train, E, scale=0.1 * np.sqrt(E), f32=True)
         w.mat("token_types.weight", 2, E, scale=0.1 * np.sqrt(E), f32=True)
@@ -303,10 +313,22 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
             w.bias(p + "layer_output_norm.bias", E)
             continue
         w.norm(p + "attn_norm.weight", E)
+        if spec.arch == "phi3":  # fused QKV and gate|up (GLU over the halves of one matmul)
+            w.mat(p + "attn_qkv.weight", n_q + 2 * n_kv, E)
+            w.mat(p + "attn_output.weight", E, n_q)
+            w.norm(p + "ffn_norm.weight", E)
+            w.mat(p + "ffn_up.weight", 2 * spec.n_ff, E)
+            w.mat(p + "ffn_down.weight", E, spec.n_ff)
+            continue
         w.mat(p + "attn_q.weight", n_q, E)
         w.mat(p + "attn_k.weight", n_kv, E)
         w.mat(p + "attn_v.weight", n_kv, E)
         w.mat(p + "attn_output.weight", E, n_q)
+        if spec.arch == "gemma2":
+            # the residual starts as the (tied) output embedding of the input token: large post
+            # norms keep the logits from peaking on that token
+            w.norm(p + "post_attention_norm.weight", E, gain=16.0)
+            w.norm(p + "post_ffw_norm.weight", E, gain=16.0)
         if spec.arch.startswith("qwen3"):
             w.norm(p + "attn_q_norm.weight", head_dim)
             w.norm(p + "attn_k_norm.weight", head_dim)
@@ -323,6 +345,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
             w.mat(p + "ffn_down.weight", E, spec.n_ff)
     if spec.arch != "bert":
         w.norm("output_norm.weight", E)
+    if spec.arch not in ("bert", "gemma2"):  # gemma2 ties the output head to token_embd
         w.mat("output.weight", V, E, scale=2.0)  # logits std ~2: fewer near-ties at the top
 
     writer.write_header_to_file()

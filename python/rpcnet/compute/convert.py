@@ -60,7 +60,7 @@ def store(t: Tensor, values: Any) -> None:
         return
     if t.type in _quant().quantizable_types():
         full = np.ascontiguousarray(np.broadcast_to(values, shape_of(t)), dtype=np.float32)
-        packed = _quant().quantize(t.type, full.reshape(-1, t.ne[0]))
+        packed = _quant().quantize_cpu(t.type, full.reshape(-1, t.ne[0]))
         row_bytes_view(t)[...] = packed.reshape(row_bytes_view(t).shape)
         return
     raise UnsupportedOp(f"cannot write {type_name(t.type)} tensors")

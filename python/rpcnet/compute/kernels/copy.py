@@ -47,7 +47,7 @@ def encode(type_id: int, values: Any) -> Any:
     from rpcnet.compute import quant
 
     flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1, values.shape[-1])
-    packed = quant.quantize(type_id, flat)
+    packed = quant.quantize_cpu(type_id, flat)
     return packed.reshape(values.shape[:-1] + (packed.shape[-1],))
 
 

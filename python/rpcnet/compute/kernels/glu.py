@@ -23,6 +23,7 @@ from rpcnet.compute.kernels.floatmath import (
     gelu_quick_table,
     gelu_table,
     silu,
+    silu_rows,
 )
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Glu, Op
@@ -84,7 +85,9 @@ def _glu_fn(node: Tensor, src_type: int) -> GluFn:
         return lambda x, g: np.where(x > 0, x * g, ZERO)
     if op == Glu.GEGLU:
         return _geglu(src_type)
-    if op == Glu.SWIGLU:
+    if op == Glu.SWIGLU:  # ggml_vec_swiglu_f32 (v_silu lanes) for f32, per element otherwise
+        if src_type == GgmlType.F32:
+            return lambda x, g: silu_rows(x) * g
         return lambda x, g: silu(x) * g
     if op == Glu.SWIGLU_OAI:
         return _swiglu_oai(F32(node.f32(2)), F32(node.f32(3)))

@@ -53,7 +53,7 @@ def vec_dot_operand(values: Any, weight_type: int) -> Any:
         from rpcnet.compute import quant
 
         rows = np.ascontiguousarray(values, dtype=f32).reshape(-1, k)
-        packed = quant.quantize(GgmlType.Q8_0, rows)
+        packed = quant.quantize_cpu(GgmlType.Q8_0, rows)
         return quant.dequantize(GgmlType.Q8_0, packed, rows.shape[0], k).reshape(values.shape)
     if weight_type in Q8_K_PARTNERS and k % 256 == 0:
         return _q8_k_values(np.ascontiguousarray(values, dtype=f32))

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute import convert
+from rpcnet.compute.kernels.floatmath import cos as libm_cos
+from rpcnet.compute.kernels.floatmath import sin as libm_sin
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -167,10 +169,7 @@ def rope_angles(p: RopeParams, positions: Any, consts, freq_factors: Any | None)
         # ggml's build contracts this to fma(interp, 1 - mix, extrap * mix); emulated in float64
         mixed = angles * ramp_mix
         interp = (interp.astype(np.float64) * (f32(1) - ramp_mix) + mixed).astype(f32)
-    theta64 = interp.astype(np.float64)
-    cos = np.cos(theta64).astype(f32) * mscale
-    sin = np.sin(theta64).astype(f32) * mscale
-    return cos, sin
+    return libm_cos(interp) * mscale, libm_sin(interp) * mscale  # cosf, sinf
 
 
 @kernel(Op.ROPE, "f32/f16 x i32 positions (+f32 freq factors), all rope modes", _supported)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute import convert
+from rpcnet.compute.kernels.floatmath import AVX2_LANES, exp, simd_then_scalar, v_expf
 from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -80,6 +81,20 @@ def _supported(node: Tensor) -> bool:
     return True
 
 
+def _vec_sum(e: Any) -> Any:
+    """ggml_vec_soft_max_f32's sum: each 8-lane chunk reduced in float32 ((hi + lo), then
+    (0 + 2) + (1 + 3)), the chunk sums and the scalar tail added left to right in double."""
+    n = e.shape[-1]
+    cut = n - n % AVX2_LANES
+    lanes = e[..., :cut].reshape(e.shape[:-1] + (cut // AVX2_LANES, AVX2_LANES))
+    half = lanes[..., 4:] + lanes[..., :4]
+    chunks = (half[..., 0] + half[..., 2]) + (half[..., 1] + half[..., 3])
+    parts = np.concatenate([chunks, e[..., cut:]], axis=-1).astype(np.float64)
+    if parts.shape[-1] == 0:
+        return np.zeros(e.shape[:-1] + (1,))
+    return np.cumsum(parts, axis=-1)[..., -1:]  # sequential, not pairwise
+
+
 @kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", _supported)
 def soft_max(node: Tensor) -> Step:
     a_t = node.src[0]
@@ -104,10 +119,10 @@ def soft_max(node: Tensor) -> Step:
             if sinks_t is not None:
                 sk = convert.load_f32(sinks_t).reshape(-1)[:n2].reshape(1, n2, 1, 1)
                 mx = np.maximum(mx, sk)
-            e = np.exp(w - mx)
-            total = e.sum(axis=-1, keepdims=True, dtype=np.float64)
+            e = simd_then_scalar(w - mx, v_expf, exp)  # ggml_vec_soft_max_f32's exps
+            total = _vec_sum(e)
             if sinks_t is not None:
-                total += np.exp(sk - mx).astype(np.float64)
+                total += exp(sk - mx).astype(np.float64)
             np.multiply(e, (1.0 / total).astype(f32), out=out)
 
     return run

@@ -45,6 +45,7 @@ from rpcnet.compute.kernels.floatmath import (
     gelu_table,
     log,
     silu,
+    silu_rows,
     sin,
     tanh,
 )
@@ -108,6 +109,8 @@ def _unary_fn(node: Tensor, src_type: int) -> Callable[[Any], Any]:
         return gelu_table if src_type == GgmlType.F16 else gelu_exact
     if op == Unary.GELU_QUICK:
         return gelu_quick_table if src_type in (GgmlType.F32, GgmlType.F16) else gelu_quick_exact
+    if op == Unary.SILU and src_type == GgmlType.F32:
+        return silu_rows  # ggml_vec_silu_f32: v_silu lanes; f16/bf16 rows go element-wise
     if op == Unary.XIELU:
         return _xielu((node.f32(1), node.f32(2), node.f32(3), node.f32(4)))
     return _SIMPLE[op]

@@ -2,6 +2,7 @@
 
 dequantize(type_id, raw, n_rows, row_elems, xp=numpy) -> float32 (n_rows, row_elems)
 quantize(type_id, x, xp=numpy)                          -> uint8 (n_rows, row_bytes)
+quantize_cpu(type_id, x, xp=numpy)                      -> as ggml-cpu converts on this host
 dequantizable_types() / quantizable_types()             -> frozenset of ggml type ids
 row_bytes(type_id, row_elems)                           -> int
 
@@ -14,6 +15,7 @@ from rpcnet.compute.quant.registry import (
     dequantize,
     quantizable_types,
     quantize,
+    quantize_cpu,
     row_bytes,
     type_size,
 )
@@ -24,6 +26,7 @@ __all__ = [
     "dequantize",
     "quantizable_types",
     "quantize",
+    "quantize_cpu",
     "row_bytes",
     "type_size",
 ]

@@ -222,3 +222,50 @@ def quantize_q8_0(x: Any, xp: Any = np) -> Any:
         q = c_float_to_int8(c_roundf(xb * idv, xp), xp)
     qs = (q & xp.int32(0xFF)).astype(xp.uint8)
     return xp.concatenate([_f16_field(d, xp), qs], axis=1).reshape(n_rows, -1)
+
+
+# ---- ggml's x86 AVX/AVX2 quantize_row_q8_0 (arch/x86/quants.c) ------------------------------
+#
+# What the CPU backend's from_float runs for Q8_0 (SET_ROWS/CPY into a q8_0 KV cache, the q8_0
+# activations of Q8_0/Q4_0/... matmuls) on an x86 host with AVX. It differs from the _ref codec
+# above: it multiplies by 127/amax (not 1/d), rounds ties to even (vroundps, nearest) instead of
+# roundf, and saturates the int32 -> int8 packing.
+
+
+def _maxps(a: Any, b: Any, xp: Any) -> Any:
+    """x86 MAXPS lane rule ``a > b ? a : b``: a NaN in either operand yields ``b``."""
+    return xp.where(a > b, a, b)
+
+
+def _q8_0_amax_avx(xb: Any, xp: Any) -> Any:
+    """The AVX reduction of |x| over a block of 32, in its exact lane/tree order (NaN-faithful)."""
+    lanes = xp.abs(xb).reshape(-1, 4, 8)  # four __m256 loads of 8 floats
+    m = lanes[:, 0]
+    for k in (1, 2, 3):
+        m = _maxps(m, lanes[:, k], xp)
+    m4 = _maxps(m[:, 4:], m[:, :4], xp)  # max(high 128, low 128)
+    m2 = _maxps(m4[:, :2], m4[:, 2:], xp)  # max(v, movehl(v))
+    return _maxps(m2[:, :1], m2[:, 1:2], xp)  # max_ss(v, movehdup(v)) -> (nb, 1)
+
+
+def _cvtps_epi32_sat8(v: Any, xp: Any) -> Any:
+    """cvtps2dq of integral floats (NaN / out of range -> INT32_MIN), then the signed saturating
+    packs to int16 and int8: the int8 code as int32."""
+    with errstate(xp):
+        ok = (v >= xp.float32(-(2.0**31))) & (v < xp.float32(2.0**31))
+        i = xp.where(ok, xp.clip(v, -128.0, 127.0), xp.float32(-128))
+    return i.astype(xp.int32)
+
+
+def quantize_q8_0_x86(x: Any, xp: Any = np) -> Any:
+    """Q8_0 as ggml-cpu's AVX/AVX2 ``quantize_row_q8_0`` encodes it."""
+    n_rows = x.shape[0]
+    xb = _as_blocks(x, xp)
+    amax = _q8_0_amax_avx(xb, xp)
+    with errstate(xp):
+        d = (amax / xp.float32(127)).astype(xp.float32)
+        mul = xp.where(amax != xp.float32(0), xp.float32(127) / amax, xp.float32(0))
+        v = xp.rint((xb * mul.astype(xp.float32)).astype(xp.float32))  # ties to even
+    q = _cvtps_epi32_sat8(v, xp)
+    qs = (q & xp.int32(0xFF)).astype(xp.uint8)
+    return xp.concatenate([_f16_field(d, xp), qs], axis=1).reshape(n_rows, -1)

@@ -9,6 +9,7 @@ import numpy as np
 
 from rpcnet.compute.quant import iquants, kquants, legacy, mxfp4, simple
 from rpcnet.compute.quant._common import as_bytes, errstate
+from rpcnet.compute.quant.hostisa import host_has_avx
 from rpcnet.ggml_types import GgmlType as T
 from rpcnet.ggml_types import traits_of, type_name
 
@@ -46,6 +47,9 @@ _QUANT: dict[int, QuantFn] = {
     T.IQ4_NL: iquants.quantize_iq4_nl,
     T.MXFP4: mxfp4.quantize_mxfp4,
 }
+
+#: ggml-cpu's from_float where it is not the _ref codec: the SIMD variants of this host
+_CPU_QUANT: dict[int, QuantFn] = {T.Q8_0: legacy.quantize_q8_0_x86} if host_has_avx() else {}
 
 _DEQUANTIZABLE = frozenset(_DEQUANT)
 _QUANTIZABLE = frozenset(_QUANT)
@@ -110,7 +114,18 @@ def quantize(type_id: int, x: Any, xp: Any = np) -> Any:
     Bit-exact with ggml's ``quantize_row_*_ref`` / ``ggml_fp32_to_fp16_row`` /
     ``ggml_fp32_to_bf16_row_ref`` applied row by row.  A 1-D ``x`` is treated as one row.
     """
-    fn = _QUANT.get(type_id)
+    return _encode(_QUANT, type_id, x, xp)
+
+
+def quantize_cpu(type_id: int, x: Any, xp: Any = np) -> Any:
+    """Like ``quantize``, but as ggml's CPU backend converts at run time on this host
+    (``type_traits_cpu[type].from_float``: CPY, SET_ROWS, matmul activations). On x86 with AVX
+    Q8_0 follows arch/x86 ``quantize_row_q8_0``; every other type is the _ref codec there."""
+    return _encode({**_QUANT, **_CPU_QUANT}, type_id, x, xp)
+
+
+def _encode(table: dict[int, QuantFn], type_id: int, x: Any, xp: Any) -> Any:
+    fn = table.get(type_id)
     if fn is None:
         raise ValueError(f"cannot quantize to {type_name(type_id)}")
     x = xp.asarray(x)
