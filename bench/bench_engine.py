@@ -30,6 +30,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -78,6 +79,19 @@ def spec_for(base: ModelSpec, kind: str) -> ModelSpec:
     return dataclasses.replace(
         base, name=base.name.replace("-f16", f"-{kind}"), quant=kind, base=base
     )
+
+
+def ensure_bench_model(spec: ModelSpec, cache: Path) -> Path:
+    """ensure_model(), with room for the REAL quantizer to take its time on the 1 B model."""
+    path = cache / f"{spec.name}-{spec.digest()}.gguf"  # ensure_model's naming: one cache
+    if spec.quant is not None and spec.base is not None and not path.is_file():
+        base = ensure_model(spec.base, cache)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        refenv.run_probe(
+            "v8", "quantize", "--model", base, "--out", tmp, "--type", spec.quant, timeout=3600
+        )
+        os.replace(tmp, path)
+    return ensure_model(spec, cache)
 
 
 def params_of(spec: ModelSpec) -> int:
@@ -220,7 +234,7 @@ class Bench:
 
     def run_type(self, base: ModelSpec, kind: str) -> dict:
         a = self.args
-        path = ensure_model(spec_for(base, kind), a.model_cache)
+        path = ensure_bench_model(spec_for(base, kind), a.model_cache)
         cost = engine_machine.model_cost(path)
         ctx_tg = a.warm_prompt_ctx + a.tg // 2
         entry: dict = {
@@ -362,6 +376,9 @@ def main(argv: list[str]) -> int:
         results["config"]["commands"] = old["config"].get("commands", []) + [command]
         results["config"]["pp"] = sorted(set(old["config"].get("pp", [])) | set(args.pp))
         before = old.get("duration_min", 0.0)
+        for key in ("tg", "depth", "threads"):
+            if old["config"].get(key) != results["config"][key]:
+                print(f"warning: --merge with another {key} than the earlier run", file=sys.stderr)
 
     def save() -> None:
         results["duration_min"] = before + (time.monotonic() - t0) / 60

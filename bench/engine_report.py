@@ -207,6 +207,18 @@ def detail_table(results: dict) -> list[str]:
     return lines
 
 
+def _rounds(results: dict) -> int:
+    """Rounds behind the medians (the most any speed metric has; merged runs may differ)."""
+    counts = [
+        len(values)
+        for model in results["models"].values()
+        for entry in model["types"].values()
+        for side in entry.get("speed", {}).values()
+        for values in side.values()
+    ]
+    return max(counts, default=0)
+
+
 def render(results: dict) -> str:
     config, machine = results["config"], results["machine"]
     lines = [
@@ -220,13 +232,17 @@ def render(results: dict) -> str:
         "",
         "REAL v8 llama.cpp client (llama-bench method through the Python bindings: one batch per "
         "prefill, single-token decode steps) with every layer and the output head on the server; "
-        f"{config['threads']} threads each side; {config['rounds']} interleaved rounds "
+        f"{config['threads']} threads each side; {_rounds(results)} interleaved rounds "
         "(reference, rpcnet) on fresh servers, medians. Random-weight llamas quantized by the "
         "REAL quantizer. Cells: **rpcnet / reference** (rpcnet / reference value). Memory: "
         "VmHWM / VmRSS from /proc of a fresh server, one client loading the model and running "
         f"pp{min(config['pp']) if config['pp'] else 0} + tg{config['tg']}. GB/s: weight bytes "
         "read per decoded token (every tensor but the embedding rows, plus the KV cache) × tok/s. "
         "GFLOP/s: 2 flops per weight per token + causal attention, the output head once per batch.",
+        "",
+        "Rerun on an idle machine: `python bench/bench_engine.py` (every section, 336 M and 1 B, "
+        "q8_0 / Q4_K_M / f16; JSON in docs/bench-engine.json); the same with `--models 336m "
+        "--types q8_0` etc. and `--merge` to run it in parts; `--quick` for a smoke test.",
         "",
         *machine_lines(machine, config),
         "",
