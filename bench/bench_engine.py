@@ -112,9 +112,13 @@ class Bench:
     def log(self, *parts: object) -> None:
         print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
 
-    def speed(self, model: Path, with_depth: bool) -> dict:
+    def speed(self, model: Path) -> dict:
         a = self.args
-        extra = ["--depth", a.depth, "--depth-fa", "0,1"] if with_depth and a.depth else []
+        extra = []
+        if "depth" in a.sections and a.depth:
+            extra += ["--depth", a.depth, "--depth-fa", "0,1"]
+        if "speed" not in a.sections:
+            extra.append("--no-plain")
         runs: dict[str, dict[str, list[float]]] = {side: {} for side in engine_servers.SIDES}
         with (
             engine_servers.running("ref", a.threads) as ref,
@@ -247,7 +251,7 @@ class Bench:
         }
         self.log(f"{base.name} {kind}: {path.name}, {cost.weight_bytes / 2**20:.0f} MiB/token")
         sections = {
-            "speed": lambda: self.speed(path, "depth" in a.sections),
+            "speed": lambda: self.speed(path),
             "memory": lambda: self.memory(path),
             "profile": lambda: self.profile(path),
             "multi": lambda: self.multi(path),
@@ -262,6 +266,23 @@ class Bench:
                 entry.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:2000]
                 self.log(f"{base.name} {kind}: {name} FAILED:", entry["errors"][name])
         return entry
+
+
+def merge_entry(old: dict, new: dict, sections: list[str]) -> dict:
+    """An earlier run's results for one model and type, updated by a (partial) new run."""
+    rerun = {"speed" if s == "depth" else s for s in sections}
+    errors = {k: v for k, v in old.get("errors", {}).items() if k not in rerun}
+    errors.update(new.get("errors", {}))
+    merged = {**old, **{k: v for k, v in new.items() if k not in ("errors", "speed")}}
+    if "speed" in new:  # metric by metric: a depth-only run keeps the earlier pp/tg numbers
+        speed = {side: dict(m) for side, m in old.get("speed", {}).items()}
+        for side, metrics in new["speed"].items():
+            speed.setdefault(side, {}).update(metrics)
+        merged["speed"] = speed
+    merged.pop("errors", None)
+    if errors:
+        merged["errors"] = errors
+    return merged
 
 
 def parse_profile(text: str) -> list[dict]:
@@ -345,7 +366,10 @@ def main(argv: list[str]) -> int:
         print(f"reference env v8 missing: run {refenv.INSTALL_SCRIPT}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
+    loadavg = os.getloadavg()[0]
     bench = Bench(args)
+    if loadavg >= engine_report.LOAD_IDLE:
+        bench.log(f"warning: 1-minute load average {loadavg:.1f}: timings will be noise")
     machine = engine_machine.measure(args.threads)
     machine_doc = {
         **dataclasses.asdict(machine),
@@ -367,6 +391,7 @@ def main(argv: list[str]) -> int:
             "sections": args.sections,
         },
         "machine": machine_doc,
+        "loadavg_start": loadavg,
         "models": {},
     }
     before = 0.0
@@ -394,14 +419,8 @@ def main(argv: list[str]) -> int:
         model["shape"] = {**shape, "params": params_of(base)}
         for kind in args.types:
             entry = bench.run_type(base, kind)
-            merged = model["types"].setdefault(kind, {})
-            errors = {
-                k: v
-                for k, v in merged.pop("errors", {}).items()
-                if k not in entry and k not in args.sections
-            }
-            errors.update(entry.pop("errors", {}))
-            merged.update(entry, **({"errors": errors} if errors else {}))
+            old = model["types"].get(kind, {})
+            model["types"][kind] = merge_entry(old, entry, args.sections)
             save()  # partial results survive an interrupted run
     save()
     text = engine_report.render(results)

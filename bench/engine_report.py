@@ -7,6 +7,7 @@ from pathlib import Path
 
 BEGIN = "<!-- bench_engine:begin -->"
 END = "<!-- bench_engine:end -->"
+LOAD_IDLE = 1.0  # a 1-minute load average above this before the run: someone else is computing
 OLD_ENGINE_HEADING = "## Engine — `bench/bench_engine.py`"
 
 
@@ -118,7 +119,9 @@ def _multi_cell(entry: dict) -> str:
     return (
         f"**{multi['ratio']:.2f}×** (N={multi['n']}: "
         + ", ".join(f"{v:.1f}" for v in multi["each"])
-        + f" vs solo {multi['solo']:.1f} tok/s)"
+        + f" vs solo {multi['solo']:.1f} tok/s"
+        + (f"; peak RSS {multi['peak_mib']:.0f} MiB" if "peak_mib" in multi else "")
+        + ")"
     )
 
 
@@ -207,6 +210,17 @@ def detail_table(results: dict) -> list[str]:
     return lines
 
 
+def _load_warning(results: dict) -> list[str]:
+    load = results.get("loadavg_start")
+    if load is None or load < LOAD_IDLE:
+        return []
+    return [
+        "",
+        f"**Warning: the machine was busy (1-minute load average {load:.1f} at the start); "
+        "these ratios are noise. Rerun on an idle machine.**",
+    ]
+
+
 def _rounds(results: dict) -> int:
     """Rounds behind the medians (the most any speed metric has; merged runs may differ)."""
     counts = [
@@ -245,6 +259,7 @@ def render(results: dict) -> str:
         "--types q8_0` etc. and `--merge` to run it in parts; `--quick` for a smoke test.",
         "",
         *machine_lines(machine, config),
+        *_load_warning(results),
         "",
     ]
     for mname, model in results["models"].items():

@@ -1,7 +1,7 @@
 """Probe (runs under the reference env): llama-bench-like speeds of the REAL v8 client.
 
     engine_speed.py MODEL HOST:PORT [--pp 64,256] [--tg 32] [--depth 1536 --depth-fa 0,1]
-                    [--threads 2] [--warm-prompt 8] [--barrier DIR --barrier-n N]
+                    [--threads 2] [--warm-prompt 8] [--barrier DIR --barrier-n N] [--no-plain]
 
 Every layer (and the output head) on the endpoint. Measurements, each on a cleared KV cache:
 - ``pp N``: one batch of N tokens (logits for the last), timed after a warm-up batch of N;
@@ -51,6 +51,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--depth-fa", default="0,1")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warm-prompt", type=int, default=8)
+    parser.add_argument("--no-plain", action="store_true", help="only the --depth measurements")
     parser.add_argument("--barrier", type=Path)
     parser.add_argument("--barrier-n", type=int, default=1)
     args = parser.parse_args(argv)
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> int:
         return round(args.tg / (time.perf_counter() - t0), 3)
 
     result: dict = {"pp": {}, "depth": {}}
-    if pp_sizes or args.tg:
+    if not args.no_plain and (pp_sizes or args.tg):
         warm = max(args.warm_prompt, 1)
         ctx = context(
             max(pp_sizes + [warm]) + args.tg + 16, max(pp_sizes + [warm]), max(pp_sizes + [warm]), 0
