@@ -151,7 +151,7 @@ def _gflops_cell(entry: dict, n: int, peak: float) -> str:
 
 def _host_cell(entry: dict) -> str:
     prof = entry.get("profile")
-    if not prof:
+    if not prof or not prof["rows"]:
         return "—"
     ref_tps = _speed(entry, "ref", prof["metric"])
     ref = "—" if ref_tps is None else f"{1000 / ref_tps:.2f}"
@@ -166,6 +166,8 @@ def profile_block(name: str, kind: str, prof: dict, top: int = 14) -> list[str]:
         "```",
         f"{'kernel':<44} {'calls':>7} {'ms/step':>8} {'share':>6}",
     ]
+    if not prof["rows"]:
+        return lines[:2] + ["(the profile file was empty: no kernel timings)", ""]
     total = sum(r["seconds"] for r in prof["rows"]) or 1.0
     for r in prof["rows"][:top]:
         per_step = 1000 * r["seconds"] / prof["steps"]
