@@ -248,7 +248,8 @@ def render(results: dict) -> str:
         "",
         "REAL v8 llama.cpp client (llama-bench method through the Python bindings: one batch per "
         "prefill, single-token decode steps) with every layer and the output head on the server; "
-        f"{config['threads']} threads each side; {_rounds(results)} interleaved rounds "
+        f"{config['threads']} threads each side; speeds from "
+        f"{_rounds(results) or 'no'} interleaved rounds "
         "(reference, rpcnet) on fresh servers, medians. Random-weight llamas quantized by the "
         "REAL quantizer. Cells: **rpcnet / reference** (rpcnet / reference value). Memory: "
         "VmHWM / VmRSS from /proc of a fresh server, one client loading the model and running "
