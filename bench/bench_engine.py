@@ -1,119 +1,436 @@
-"""Engine benchmark: prefill (pp64, pp256) and decode (tg32) tokens/s of the REAL llama.cpp client
-with every layer on rpcnet vs on the reference rpc-server, same model, same run.
+"""Engine benchmark (issue 10): rpcnet vs the REAL reference rpc-server, same client, same run.
 
-Rounds are interleaved (reference, rpcnet, reference, rpcnet, ...) and medians are reported with
-the ratio rpcnet / reference. Models: a random-weight llama of about 0.30 B parameters in f16,
-quantized by the REAL llama.cpp quantizer to q8_0 and Q4_K_M. Both servers use 2 threads.
+The REAL v8 llama.cpp client (probe ``bench/probes/engine_speed.py``, llama-bench's method)
+puts every layer and the output head on the server, 2 threads each side. Sections:
 
-Usage: PYTHONPATH=python:tests python bench/bench_engine.py [--rounds 3] [--types q8_0,Q4_K_M,f16]
-       [--small] [--out docs/bench-engine.md] [--profile docs/profile-decode.txt]
+- ``speed``: prefill pp64 / pp256 (one batch) and decode tg32 (single tokens), in interleaved
+  rounds (reference, rpcnet, ...) on one fresh server of each kind; medians and ratios;
+- ``depth``: in the same probe runs, a prompt of ``--depth`` (1536) tokens and tg32 after it,
+  flash attention off and on (KV cache f16);
+- ``memory``: a fresh server of each kind, one client loads the model and runs pp64 + tg32:
+  peak RSS (VmHWM), and RSS once the client has left vs the server's baseline;
+- ``profile``: rpcnet with ``RPCNET_PROFILE``: per-kernel time of single-token decode steps,
+  kernel vs outside-kernel time per step;
+- ``multi``: N clients (3) load the same model into one rpcnet server and decode at once (they
+  start their timed decodes together); the slowest client's speed × N / the solo speed.
+Achieved GB/s (decode) and GFLOP/s (prefill) are set against the machine's measured copy
+bandwidth and AVX2 FMA peak (``engine_machine.py``). Models: random llamas (336 M and ~1 B)
+in f16, quantized by the REAL quantizer; GGUFs are cached in ``--model-cache``.
+
+Full run (writes the marked section of docs/benchmarks.md and docs/bench-engine.json):
+    python bench/bench_engine.py
+Smoke test (336 M, q8_0, pp64 + tg32, one round; writes only the JSON in /tmp):
+    python bench/bench_engine.py --quick
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import datetime
 import json
-import statistics
-import subprocess
+import os
+import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import engine_machine
+import engine_report
+import engine_servers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from support import refenv, serve  # noqa: E402
+from support import refenv  # noqa: E402
 from support.models import ModelSpec, ensure_model  # noqa: E402
 
-BASE = ModelSpec(
-    "bench-llama-f16",
-    dtype="f16",
-    n_vocab=16384,
-    n_embd=1024,
-    n_layer=24,
-    n_head=16,
-    n_head_kv=4,
-    n_ff=2816,
-    n_ctx_train=2048,
-    seed=42,
-)
-SMALL = dataclasses.replace(
-    BASE,
-    name="bench-small-f16",
-    n_vocab=4096,
-    n_embd=256,
-    n_layer=4,
-    n_ff=768,
-    n_head=4,
-    n_head_kv=2,
-)
+REPO = Path(__file__).resolve().parent.parent
+PROBE = Path(__file__).resolve().parent / "probes" / "engine_speed.py"
+SECTIONS = ("speed", "depth", "memory", "profile", "multi")
+PROBE_TIMEOUT_S = 3600
+
+_LLAMA = ModelSpec("bench", dtype="f16", n_vocab=32000, n_ctx_train=4096, seed=42)
+MODELS: dict[str, ModelSpec] = {
+    "336m": dataclasses.replace(
+        _LLAMA, name="bench336m-f16", n_embd=1024, n_layer=24, n_head=16, n_head_kv=4, n_ff=2816
+    ),
+    "1b": dataclasses.replace(
+        _LLAMA, name="bench1b-f16", n_embd=2048, n_layer=16, n_head=16, n_head_kv=8, n_ff=5632
+    ),
+    # for checking the harness itself, not for numbers
+    "tiny": dataclasses.replace(
+        _LLAMA,
+        name="benchtiny-f16",
+        n_vocab=1024,
+        n_embd=256,
+        n_layer=2,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+    ),
+}
 
 
 def spec_for(base: ModelSpec, kind: str) -> ModelSpec:
     if kind == "f16":
         return base
-    return dataclasses.replace(base, name=f"{base.name}-{kind}", quant=kind, base=base)
-
-
-def start_rpcnet(port: int, threads: int) -> subprocess.Popen:
-    return serve.start_rpcnet(port, "--threads", str(threads))
-
-
-def measure(model: Path, endpoint: str, pp: str, tg: int) -> dict:
-    return refenv.run_probe(
-        "v8", "speed", str(model), endpoint, "--pp", pp, "--tg", tg, timeout=3600
+    return dataclasses.replace(
+        base, name=base.name.replace("-f16", f"-{kind}"), quant=kind, base=base
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--types", default="q8_0,Q4_K_M,f16")
-    parser.add_argument("--pp", default="64,256")
-    parser.add_argument("--tg", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--small", action="store_true", help="a tiny model, for a quick check")
-    parser.add_argument(
-        "--models", type=Path, default=Path(tempfile.gettempdir()) / "rpcnet-bench-models"
-    )
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    base = SMALL if args.small else BASE
-    lines = [
-        f"model: random llama, n_embd {base.n_embd}, {base.n_layer} layers, vocab {base.n_vocab}; "
-        f"{args.threads} threads each side; {args.rounds} interleaved rounds, medians",
-        "",
-        "| weights | metric | reference tok/s | rpcnet tok/s | rpcnet / reference |",
-        "|---|---|---|---|---|",
-    ]
-    for kind in args.types.split(","):
-        model = ensure_model(spec_for(base, kind), args.models)
-        ref_port, our_port = refenv.free_port(), refenv.free_port()
-        ref = refenv.start_reference_server("v8", port=ref_port, threads=args.threads)
-        ours = start_rpcnet(our_port, args.threads)
-        results: dict[str, dict[str, list[float]]] = {"ref": {}, "ours": {}}
-        try:
-            for _ in range(args.rounds):
-                for side, port in (("ref", ref_port), ("ours", our_port)):
-                    r = measure(model, f"127.0.0.1:{port}", args.pp, args.tg)
+def ensure_bench_model(spec: ModelSpec, cache: Path) -> Path:
+    """ensure_model(), with room for the REAL quantizer to take its time on the 1 B model."""
+    path = cache / f"{spec.name}-{spec.digest()}.gguf"  # ensure_model's naming: one cache
+    if spec.quant is not None and spec.base is not None and not path.is_file():
+        base = ensure_model(spec.base, cache)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        refenv.run_probe(
+            "v8", "quantize", "--model", base, "--out", tmp, "--type", spec.quant, timeout=3600
+        )
+        os.replace(tmp, path)
+    return ensure_model(spec, cache)
+
+
+def params_of(spec: ModelSpec) -> int:
+    head_dim = spec.n_embd // spec.n_head
+    attn = 2 * spec.n_embd * spec.n_head * head_dim + 2 * spec.n_embd * spec.n_head_kv * head_dim
+    return spec.n_layer * (attn + 3 * spec.n_embd * spec.n_ff) + 2 * spec.n_vocab * spec.n_embd
+
+
+def probe(model: Path, endpoint: str, *args: object) -> dict:
+    return refenv.run_probe("v8", PROBE, model, endpoint, *args, timeout=PROBE_TIMEOUT_S)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.pp = ",".join(str(n) for n in args.pp)
+
+    def log(self, *parts: object) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
+
+    def speed(self, model: Path) -> dict:
+        a = self.args
+        extra = []
+        if "depth" in a.sections and a.depth:
+            extra += ["--depth", a.depth, "--depth-fa", "0,1"]
+        if "speed" not in a.sections:
+            extra.append("--no-plain")
+        runs: dict[str, dict[str, list[float]]] = {side: {} for side in engine_servers.SIDES}
+        with (
+            engine_servers.running("ref", a.threads) as ref,
+            engine_servers.running("ours", a.threads) as ours,
+        ):
+            for rnd in range(a.rounds):
+                for server in (ref, ours):
+                    r = probe(
+                        model,
+                        server.endpoint,
+                        "--pp",
+                        self.pp,
+                        "--tg",
+                        a.tg,
+                        "--threads",
+                        a.threads,
+                        *extra,
+                    )
+                    self.log(f"speed round {rnd + 1}/{a.rounds}", server.side, json.dumps(r))
+                    into = runs[server.side]
                     for n, v in r["pp"].items():
-                        results[side].setdefault(f"pp{n}", []).append(v)
-                    results[side].setdefault(f"tg{args.tg}", []).append(r["tg"])
-                    print(side, kind, json.dumps(r), flush=True)
-        finally:
-            refenv.stop_process(ref)
-            ours.terminate()
-            ours.wait(30)
-        for metric in results["ref"]:
-            r = statistics.median(results["ref"][metric])
-            o = statistics.median(results["ours"][metric])
-            lines.append(f"| {kind} | {metric} | {r:.2f} | {o:.2f} | {o / r:.3f}× |")
-    text = "\n".join(lines)
+                        into.setdefault(f"pp{n}", []).append(v)
+                    if "tg" in r:
+                        into.setdefault(f"tg{a.tg}", []).append(r["tg"])
+                    for fa, d in r["depth"].items():
+                        into.setdefault(f"pp{a.depth}_{fa}", []).append(d["pp"])
+                        if "tg" in d:
+                            into.setdefault(f"tg{a.tg}@{a.depth}_{fa}", []).append(d["tg"])
+        return runs
+
+    def memory(self, model: Path) -> dict:
+        a = self.args
+        out = {}
+        for side in engine_servers.SIDES:
+            with engine_servers.running(side, a.threads) as server:
+                pid = server.proc.pid
+                time.sleep(1.0)
+                baseline = engine_servers.rss_mib(pid)
+                r = probe(
+                    model, server.endpoint, "--pp", min(a.pp), "--tg", a.tg, "--threads", a.threads
+                )
+                peak = engine_servers.peak_rss_mib(pid)
+                after = engine_servers.settled_rss_mib(pid, baseline)
+                out[side] = {
+                    "baseline_mib": baseline,
+                    "peak_mib": peak,
+                    "after_mib": after,
+                    "run": r,
+                }
+                self.log("memory", side, json.dumps(out[side]))
+        return out
+
+    def profile(self, model: Path) -> dict:
+        a = self.args
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "profile.txt"
+            with engine_servers.running("ours", a.threads, {"RPCNET_PROFILE": str(path)}) as s:
+                r = probe(
+                    model,
+                    s.endpoint,
+                    "--pp",
+                    "",
+                    "--tg",
+                    a.profile_steps,
+                    "--warm-prompt",
+                    1,
+                    "--threads",
+                    a.threads,
+                )
+            # stopped with SIGTERM: the server drains and writes the file at exit
+            rows = parse_profile(path.read_text() if path.exists() else "")
+        steps = a.profile_steps + 2  # the 1-token warm-up prompt and warm-up token, then tg
+        kernel_ms = 1000 * sum(row["seconds"] for row in rows) / steps
+        step_ms = 1000 / r["tg"]
+        out = {
+            "steps": steps,
+            "tg": r["tg"],
+            "metric": f"tg{a.tg}",
+            "rows": rows,
+            "kernel_ms": kernel_ms,
+            "step_ms": step_ms,
+            "outside_ms": step_ms - kernel_ms,
+        }
+        self.log("profile", json.dumps({k: v for k, v in out.items() if k != "rows"}))
+        return out
+
+    def multi(self, model: Path) -> dict:
+        a = self.args
+        n = a.clients
+        with engine_servers.running("ours", a.threads) as s:
+            solo = probe(model, s.endpoint, "--pp", "", "--tg", a.tg, "--threads", a.threads)["tg"]
+            with tempfile.TemporaryDirectory() as barrier:
+                with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                    jobs = [
+                        pool.submit(
+                            probe,
+                            model,
+                            s.endpoint,
+                            "--pp",
+                            "",
+                            "--tg",
+                            a.tg,
+                            "--threads",
+                            a.threads,
+                            "--barrier",
+                            barrier,
+                            "--barrier-n",
+                            n,
+                        )
+                        for _ in range(n)
+                    ]
+                    each = [job.result()["tg"] for job in jobs]
+            peak = engine_servers.peak_rss_mib(s.proc.pid)
+        out = {"n": n, "solo": solo, "each": each, "ratio": min(each) * n / solo, "peak_mib": peak}
+        self.log("multi", json.dumps(out))
+        return out
+
+    def run_type(self, base: ModelSpec, kind: str) -> dict:
+        a = self.args
+        path = ensure_bench_model(spec_for(base, kind), a.model_cache)
+        cost = engine_machine.model_cost(path)
+        ctx_tg = a.warm_prompt_ctx + a.tg // 2
+        entry: dict = {
+            "gguf": str(path),
+            "cost": {
+                **dataclasses.asdict(cost),
+                "decode_bytes": cost.decode_bytes(ctx_tg),
+                "prefill_flops": {str(n): cost.prefill_flops(n) for n in a.pp},
+            },
+        }
+        self.log(f"{base.name} {kind}: {path.name}, {cost.weight_bytes / 2**20:.0f} MiB/token")
+        sections = {
+            "speed": lambda: self.speed(path),
+            "memory": lambda: self.memory(path),
+            "profile": lambda: self.profile(path),
+            "multi": lambda: self.multi(path),
+        }
+        wanted = {"speed" if s == "depth" else s for s in a.sections}
+        for name, run in sections.items():
+            if name not in wanted:
+                continue
+            try:
+                entry[name] = run()
+            except Exception as exc:  # one failing section must not lose the others' numbers
+                entry.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:2000]
+                self.log(f"{base.name} {kind}: {name} FAILED:", entry["errors"][name])
+        return entry
+
+
+def merge_entry(old: dict, new: dict, sections: list[str]) -> dict:
+    """An earlier run's results for one model and type, updated by a (partial) new run."""
+    rerun = {"speed" if s == "depth" else s for s in sections}
+    errors = {k: v for k, v in old.get("errors", {}).items() if k not in rerun}
+    errors.update(new.get("errors", {}))
+    merged = {**old, **{k: v for k, v in new.items() if k not in ("errors", "speed")}}
+    if "speed" in new:  # metric by metric: a depth-only run keeps the earlier pp/tg numbers
+        speed = {side: dict(m) for side, m in old.get("speed", {}).items()}
+        for side, metrics in new["speed"].items():
+            speed.setdefault(side, {}).update(metrics)
+        merged["speed"] = speed
+    merged.pop("errors", None)
+    if errors:
+        merged["errors"] = errors
+    return merged
+
+
+def parse_profile(text: str) -> list[dict]:
+    """Rows of compute/profile.py's report: label (may hold spaces), calls, seconds, share."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        parts = line.rsplit(None, 3)
+        if len(parts) != 4:
+            continue
+        try:
+            rows.append({"label": parts[0], "calls": int(parts[1]), "seconds": float(parts[2])})
+        except ValueError:
+            continue
+    return rows
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 336m, q8_0, pp64 + tg32, speed only, one round",
+    )
+    p.add_argument("--models", default=None, help=f"comma list of {', '.join(MODELS)}")
+    p.add_argument("--types", default=None, help="comma list of f16 and llama ftypes")
+    p.add_argument("--sections", default=None, help=f"comma list of {', '.join(SECTIONS)}")
+    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--pp", default=None, help="prefill batch sizes (default 64,256)")
+    p.add_argument("--tg", type=int, default=32)
+    p.add_argument("--depth", type=int, default=1536)
+    p.add_argument("--clients", type=int, default=3)
+    p.add_argument("--profile-steps", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--model-cache", type=Path, default=Path.home() / ".cache" / "rpcnet" / "bench-models"
+    )
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help="markdown file whose marked section is replaced (full runs: "
+        "docs/benchmarks.md; --quick: none unless given)",
+    )
+    p.add_argument("--no-doc", action="store_true")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="add to the results already in --json (run models/types/sections separately)",
+    )
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.models = (args.models or ("336m" if quick else "336m,1b")).split(",")
+    args.types = (args.types or ("q8_0" if quick else "q8_0,Q4_K_M,f16")).split(",")
+    args.sections = (args.sections or ("speed" if quick else ",".join(SECTIONS))).split(",")
+    args.rounds = args.rounds or (1 if quick else 3)
+    args.pp = [int(x) for x in (args.pp or ("64" if quick else "64,256")).split(",") if x]
+    args.warm_prompt_ctx = 8  # the probe's warm-up prompt before the timed decodes
+    for name in args.models:
+        if name not in MODELS:
+            p.error(f"unknown model {name!r}")
+    for name in args.sections:
+        if name not in SECTIONS:
+            p.error(f"unknown section {name!r}")
+    if args.json is None:
+        args.json = (
+            Path(tempfile.gettempdir()) / "rpcnet-bench-engine-quick.json"
+            if quick
+            else REPO / "docs" / "bench-engine.json"
+        )
+    if args.doc is None and not quick:
+        args.doc = REPO / "docs" / "benchmarks.md"
+    if args.no_doc:
+        args.doc = None
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if not refenv.available("v8"):
+        print(f"reference env v8 missing: run {refenv.INSTALL_SCRIPT}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    loadavg = os.getloadavg()[0]
+    bench = Bench(args)
+    if loadavg >= engine_report.LOAD_IDLE:
+        bench.log(f"warning: 1-minute load average {loadavg:.1f}: timings will be noise")
+    machine = engine_machine.measure(args.threads)
+    machine_doc = {
+        **dataclasses.asdict(machine),
+        "bandwidth_gbs": machine.bandwidth_gbs,
+        "fma_peak_gflops": machine.fma_peak_gflops(args.threads),
+    }
+    bench.log("machine", json.dumps(machine_doc))
+    command = "python bench/bench_engine.py " + shlex.join(argv)
+    results: dict = {
+        "date": datetime.date.today().isoformat(),
+        "config": {
+            "commands": [command],
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "pp": args.pp,
+            "tg": args.tg,
+            "depth": args.depth,
+            "clients": args.clients,
+            "sections": args.sections,
+        },
+        "machine": machine_doc,
+        "loadavg_start": loadavg,
+        "models": {},
+    }
+    before = 0.0
+    if args.merge and args.json.exists():  # add to an earlier run's results (split runs)
+        old = json.loads(args.json.read_text())
+        results["models"] = old.get("models", {})
+        results["config"]["commands"] = old["config"].get("commands", []) + [command]
+        results["config"]["pp"] = sorted(set(old["config"].get("pp", [])) | set(args.pp))
+        before = old.get("duration_min", 0.0)
+        for key in ("tg", "depth", "threads"):
+            if old["config"].get(key) != results["config"][key]:
+                print(f"warning: --merge with another {key} than the earlier run", file=sys.stderr)
+
+    def save() -> None:
+        results["duration_min"] = before + (time.monotonic() - t0) / 60
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+    for name in args.models:
+        base = MODELS[name]
+        shape = {
+            k: getattr(base, k)
+            for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_vocab")
+        }
+        model = results["models"].setdefault(name, {"types": {}})
+        model["shape"] = {**shape, "params": params_of(base)}
+        for kind in args.types:
+            entry = bench.run_type(base, kind)
+            old = model["types"].get(kind, {})
+            model["types"][kind] = merge_entry(old, entry, args.sections)
+            save()  # partial results survive an interrupted run
+    save()
+    text = engine_report.render(results)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if args.doc is not None:
+        engine_report.write_doc_section(args.doc, text)
+        bench.log("wrote", args.doc)
+    bench.log("wrote", args.json, f"({results['duration_min']:.1f} min)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -41,6 +41,7 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
         ("\u2581" + a + b for a, b in itertools.product(letters, repeat=2)),
         (a + b for a, b in itertools.product(letters, repeat=2)),
         ("\u2581" + "".join(p) for p in itertools.product(letters, repeat=3)),
+        ("".join(p) for p in itertools.product(letters, repeat=3)),  # up to 36816: 32000 fits
     )
     for piece in itertools.islice(fillers, n_vocab - len(tokens)):
         tokens.append(piece)

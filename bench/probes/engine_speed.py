@@ -1,0 +1,168 @@
+"""Probe (runs under the reference env): llama-bench-like speeds of the REAL v8 client.
+
+    engine_speed.py MODEL HOST:PORT [--pp 64,256] [--tg 32] [--depth 1536 --depth-fa 0,1]
+                    [--threads 2] [--warm-prompt 8] [--barrier DIR --barrier-n N] [--no-plain]
+
+Every layer (and the output head) on the endpoint. Measurements, each on a cleared KV cache:
+- ``pp N``: one batch of N tokens (logits for the last), timed after a warm-up batch of N;
+- ``tg``: a warm-up prompt of ``--warm-prompt`` tokens and one warm-up token, then ``tg``
+  single-token decodes;
+- ``depth``: per flash-attention setting in ``--depth-fa``, a fresh context; a warm-up batch of
+  one ubatch (512) is cleared, then a prompt of ``--depth`` tokens is timed (ubatches of 512),
+  then one warm-up token and ``tg`` timed single-token decodes after it. KV cache f16.
+With ``--barrier DIR``, the timed decodes start only once ``--barrier-n`` probes have written
+their ready file into DIR (several clients decoding at once). Prints one JSON line:
+{"load_s": s, "pp": {"64": tok/s}, "tg": tok/s, "depth": {"fa0": {"pp": tok/s, "tg": tok/s}}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+UBATCH_DEPTH = 512
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _wait_barrier(directory: Path, n: int, timeout: float = 900.0) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(directory.glob("ready-*"))) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {directory}: fewer than {n} probes ready")
+        time.sleep(0.01)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("endpoint")
+    parser.add_argument("--pp", default="64,256")
+    parser.add_argument("--tg", type=int, default=32)
+    parser.add_argument("--depth", type=int, default=0)
+    parser.add_argument("--depth-fa", default="0,1")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warm-prompt", type=int, default=8)
+    parser.add_argument("--no-plain", action="store_true", help="only the --depth measurements")
+    parser.add_argument("--barrier", type=Path)
+    parser.add_argument("--barrier-n", type=int, default=1)
+    args = parser.parse_args(argv)
+    pp_sizes = _ints(args.pp)
+
+    from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib
+    from llama_cpp_py_sync.rpc import rpc_devices
+
+    ffi, lib = get_ffi(), get_lib()
+
+    @ffi.callback("void(enum ggml_log_level, const char *, void *)")
+    def _quiet(level, text, user_data):
+        if level >= 4:
+            sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
+
+    lib.llama_log_set(_quiet, ffi.NULL)
+    lib.llama_backend_init()
+    params = lib.llama_model_default_params()
+    params.n_gpu_layers = 999
+    keep = ffi.new(
+        "ggml_backend_dev_t[]", [*rpc_devices([args.endpoint], include_local=False), ffi.NULL]
+    )
+    params.devices = keep
+    t0 = time.perf_counter()
+    model = lib.llama_model_load_from_file(args.model.encode(), params)
+    if model == ffi.NULL:
+        raise RuntimeError("load failed")
+    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+
+    def context(n_ctx: int, n_batch: int, n_ubatch: int, flash_attn: int):
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_ubatch
+        cparams.n_seq_max = 1
+        cparams.n_threads = args.threads
+        cparams.n_threads_batch = args.threads
+        cparams.flash_attn_type = flash_attn
+        cparams.no_perf = True
+        ctx = lib.llama_init_from_model(model, cparams)
+        if ctx == ffi.NULL:
+            raise RuntimeError("context failed")
+        return ctx
+
+    def decode(ctx, tokens: list[int], pos0: int) -> None:
+        batch = lib.llama_batch_init(len(tokens), 0, 1)
+        try:
+            batch.n_tokens = len(tokens)
+            for i, tok in enumerate(tokens):
+                batch.token[i] = tok
+                batch.pos[i] = pos0 + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1 if i == len(tokens) - 1 else 0
+            if lib.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+            lib.llama_get_logits_ith(ctx, -1)
+        finally:
+            lib.llama_batch_free(batch)
+
+    def tokens(n: int, seed: int) -> list[int]:
+        return [(seed * 7919 + i * 104729) % (n_vocab - 10) + 5 for i in range(n)]
+
+    def timed_decodes(ctx, pos0: int, barrier: bool) -> float:
+        decode(ctx, [11], pos0)  # warm-up of the single-token graph at this depth
+        if barrier and args.barrier is not None:
+            _wait_barrier(args.barrier, args.barrier_n)
+        t0 = time.perf_counter()
+        for i in range(args.tg):
+            decode(ctx, [(i * 31) % (n_vocab - 10) + 5], pos0 + 1 + i)
+        return round(args.tg / (time.perf_counter() - t0), 3)
+
+    result: dict = {"pp": {}, "depth": {}}
+    if not args.no_plain and (pp_sizes or args.tg):
+        warm = max(args.warm_prompt, 1)
+        ctx = context(
+            max(pp_sizes + [warm]) + args.tg + 16, max(pp_sizes + [warm]), max(pp_sizes + [warm]), 0
+        )
+        result["load_s"] = round(time.perf_counter() - t0, 3)
+        mem = lib.llama_get_memory(ctx)
+        for n in pp_sizes:
+            lib.llama_memory_clear(mem, True)
+            decode(ctx, tokens(n, 1), 0)  # warm-up: graphs built and cached on both sides
+            lib.llama_memory_clear(mem, True)
+            t1 = time.perf_counter()
+            decode(ctx, tokens(n, 2), 0)
+            result["pp"][str(n)] = round(n / (time.perf_counter() - t1), 3)
+        if args.tg:
+            lib.llama_memory_clear(mem, True)
+            decode(ctx, tokens(warm, 3), 0)
+            result["tg"] = timed_decodes(ctx, warm, barrier=True)
+        lib.llama_free(ctx)
+    if args.depth:
+        for fa in _ints(args.depth_fa):
+            ctx = context(args.depth + args.tg + 16, args.depth, UBATCH_DEPTH, fa)
+            mem = lib.llama_get_memory(ctx)
+            decode(ctx, tokens(min(UBATCH_DEPTH, args.depth), 4), 0)
+            lib.llama_memory_clear(mem, True)
+            t1 = time.perf_counter()
+            decode(ctx, tokens(args.depth, 5), 0)
+            depth_pp = round(args.depth / (time.perf_counter() - t1), 3)
+            entry = {"pp": depth_pp}
+            if args.tg:
+                entry["tg"] = timed_decodes(ctx, args.depth, barrier=False)
+            result["depth"][f"fa{fa}"] = entry
+            lib.llama_free(ctx)
+    result.setdefault("load_s", round(time.perf_counter() - t0, 3))
+    lib.llama_model_free(model)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
