@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rpcnet.compute.device import cpu_device
 from support import refenv, require
+from support.fakebackend import FakeStagedBackend
 from support.inproc import ServerThread
 from support.models import ZOO, ensure_model
 
@@ -121,7 +123,11 @@ def servers(server_logs: _LogCapture, tmp_path_factory: pytest.TempPathFactory) 
                 return procs[key][1]
             if key not in started:
                 proto = 7 if version == "v7" else 8
-                started[key] = ServerThread(proto=proto, mem=SERVER_MEM).start()
+                devices = None
+                if key.endswith("-staged"):  # transfers the CUDA backend's way, on NumPy
+                    devices = [cpu_device(0, capacity=SERVER_MEM)]
+                    devices[0].backend = FakeStagedBackend()
+                started[key] = ServerThread(devices, proto=proto, mem=SERVER_MEM).start()
             return started[key].endpoint
 
     yield {"get": get, "started": started}
@@ -394,6 +400,20 @@ def test_prefill_then_decode(e2e: E2E, model: str, version: str, fa: str) -> Non
         opts=("--prefill", PREFILL, "--flash-attn", fa),
     )
     e2e.check(f"decode-{version}-fa{fa}/{model}", case)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "fake-staged"])
+@pytest.mark.parametrize(("model", "fa"), [("llama-gqa-f32", "1"), ("llama256-Q4_K_M", "0")])
+def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
+    """The backend seam end to end: the same prefill + decode through host memory and through
+    a backend that moves every byte the CUDA backend's way (staged, deferred copies)."""
+    key = "v8" if backend == "cpu" else "v8-staged"
+    case = Case(model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa))
+    e2e.check(f"backend-{backend}-fa{fa}/{model}", case)
+    if backend == "fake-staged":
+        staged = e2e.servers["started"][key].devices[0].backend
+        assert staged.copier.copies > 0, "no byte went through the staging slots"
+        assert staged.pool.in_use == 0, "a transfer kept its staging slots"
 
 
 @pytest.mark.parametrize("n_gpu_layers", [1, 2])

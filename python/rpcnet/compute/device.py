@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet.compute.backend import CPU, Backend
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
 
@@ -30,6 +31,7 @@ class Device:
     description: str
     memory: MemoryPool
     xp: Any = np
+    backend: Backend = CPU  # where buffers live and how bytes move (compute/backend.py)
     alignment: int = 32
     max_size: int = (1 << 64) - 1
     threads: int = 1
@@ -55,12 +57,22 @@ class Device:
         if not self.memory.reserve(nbytes):
             return None
         try:
-            return self.xp.empty(nbytes, dtype=self.xp.uint8)
-        except MemoryError:
+            mem = self.backend.allocate(nbytes)
+        except Exception:
             self.memory.release(nbytes)
-            return None
+            raise
+        if mem is None:
+            self.memory.release(nbytes)
+        return mem
 
-    def release(self, nbytes: int) -> None:
+    @property
+    def kind(self) -> str:
+        """The kernel registry's device key for this device ("cpu", "cuda")."""
+        return self.backend.name
+
+    def release(self, nbytes: int, mem: Any = None) -> None:
+        if mem is not None:
+            self.backend.free(mem)
         self.memory.release(nbytes)
 
     def submit(self, fn: Callable[[], None]) -> Future[None]:

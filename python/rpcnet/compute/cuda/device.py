@@ -15,7 +15,7 @@ from typing import Any
 from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.errors import CudaGraphError, classify, error_status
 from rpcnet.compute.cuda.probe import check_cuda
-from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, Staging
+from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, StagedSink, StagingPool
 
 # cudaMemcpyKind
 _H2D, _D2H, _D2D = 1, 2, 3
@@ -106,7 +106,10 @@ class KernelLibrary:
 
 
 class CudaBackend:
-    """One GPU: the small interface the compute layer uses (allocate, view, copy, fill, sync)."""
+    """One GPU: compute.backend.Backend on CuPy (allocate, view, copy, fill, sync, host sink)."""
+
+    name = "cuda"
+    host_resident = False
 
     def __init__(self, index: int, cupy: ModuleType | None = None) -> None:
         if cupy is None:
@@ -127,7 +130,7 @@ class CudaBackend:
             free=int(free),
         )
         self.kernels = KernelLibrary(cupy, self.info.capability)
-        self._staging: Staging | None = None
+        self._staging: StagingPool | None = None
 
     # ---- memory -----------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Any | None:
@@ -145,6 +148,9 @@ class CudaBackend:
             raise
         return cp.ndarray((nbytes,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
 
+    def free(self, buf: Any) -> None:
+        pass  # cudaFree when the last view of the allocation goes (CuPy's Memory)
+
     def view(
         self, buf: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
     ) -> Any:
@@ -158,19 +164,56 @@ class CudaBackend:
 
     # ---- transfers --------------------------------------------------------------------
     @property
-    def staging(self) -> Staging:
+    def staging_pool(self) -> StagingPool:
         if self._staging is None:
             with self.device:
-                self._staging = Staging(CupyCopier(self.cp, self.stream), DEFAULT_CHUNK)
+                self._staging = StagingPool(CupyCopier(self.cp, self.stream), DEFAULT_CHUNK)
         return self._staging
 
     def upload(self, buf: Any, offset: int, total: int, fill: Any) -> None:
-        with self.device:
-            self.staging.upload(int(buf.data.ptr) + offset, total, fill)
+        pool = self.staging_pool
+        staging = pool.acquire()
+        try:
+            with self.device:
+                staging.upload(int(buf.data.ptr) + offset, total, fill)
+        finally:
+            pool.release(staging)
 
     def download(self, buf: Any, offset: int, total: int, emit: Any) -> None:
-        with self.device:
-            self.staging.download(int(buf.data.ptr) + offset, total, emit)
+        pool = self.staging_pool
+        staging = pool.acquire()
+        try:
+            with self.device:
+                staging.download(int(buf.data.ptr) + offset, total, emit)
+        finally:
+            pool.release(staging)
+
+    def host_sink(self, buf: Any, offset: int, nbytes: int) -> StagedSink:
+        return StagedSink(self.staging_pool, int(buf.data.ptr) + offset, nbytes)
+
+    def to_device(self, buf: Any, offset: int, data: Any) -> None:
+        src = memoryview(data).cast("B")
+        pos = 0
+
+        def fill(view: memoryview) -> None:
+            nonlocal pos
+            view[:] = src[pos : pos + len(view)]
+            pos += len(view)
+
+        self.upload(buf, offset, src.nbytes, fill)
+
+    def to_host(self, buf: Any, offset: int, nbytes: int) -> memoryview:
+        out = bytearray(nbytes)
+        pos = 0
+
+        def emit(view: memoryview) -> None:
+            nonlocal pos
+            out[pos : pos + len(view)] = view
+            pos += len(view)
+
+        self.synchronize("read")  # graph work on this stream first (the stream orders it anyway)
+        self.download(buf, offset, nbytes, emit)
+        return memoryview(out)
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
         self.cp.cuda.runtime.memcpyAsync(
