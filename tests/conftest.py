@@ -57,6 +57,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_cuda_blockmath": ("unit",),
     "test_cuda_host": ("unit",),
     "test_cuda_nvrtc": ("unit",),
+    "test_cuda_registry": ("unit",),
     "test_ggml_types": ("unit",),
     "test_kernel_registry": ("unit",),
     "test_layering": ("unit",),

@@ -354,9 +354,7 @@ class Session:
         buf, base = self._rows_2d(req, None)
         # Rows may repeat (stride 0): the response is counted like a received payload.
         with self.staging(req.size * req.n_copies):
-            return b"".join(
-                buf.read(base + i * req.stride, req.size) for i in range(req.n_copies)
-            )
+            return b"".join(buf.read(base + i * req.stride, req.size) for i in range(req.n_copies))
 
     # ---------------------------------------------------------------- graphs
 
