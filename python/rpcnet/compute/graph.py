@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,9 @@ def build_nodes(graph: _native.Graph, locate: Locator) -> list[Tensor]:
     return nodes
 
 
+_PLAN_UIDS = itertools.count(1)
+
+
 @dataclass
 class Plan:
     """A graph compiled once into kernel closures; re-running it does no decoding."""
@@ -77,6 +81,7 @@ class Plan:
     written: tuple[Any, ...] = ()  # buffers its nodes write into
     scratch: Any = None  # rpcnet.compute.scratch.ScratchLease, released when the plan is dropped
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
+    uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
 
     def release(self) -> None:
         """Return the plan's scratch reservation and footprint to the device now."""

@@ -157,8 +157,7 @@ class Session:
         return msg.u64(self.device(msg.parse_u32(payload)).max_size)
 
     def get_device_memory(self, payload: bytes) -> bytes:
-        mem = self.device(msg.parse_u32(payload)).memory
-        return msg.u64_pair(mem.free, mem.capacity)
+        return msg.u64_pair(*self.device(msg.parse_u32(payload)).memory_report())
 
     def get_alloc_size(self, payload: bytes) -> bytes:
         req = msg.parse_alloc_size(payload)
@@ -241,6 +240,8 @@ class Session:
         handle = msg.parse_u64(payload)
         self.buffer(handle)
         self._invalidate_graphs(handle)
+        for device in self.devices:
+            device.buffer_freed(handle)  # a captured CUDA graph may point into it
         self.buffers.free(handle)
 
     def buffer_clear(self, payload: bytes) -> None:
@@ -401,7 +402,7 @@ class Session:
 
     def _launch(self, device: Device, plan: Plan) -> None:
         self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
-        self._pending.append(device.submit(plan.run))
+        self._pending.append(device.launch(plan, self))
 
     def has_pending(self) -> bool:
         return bool(self._pending)
@@ -487,6 +488,8 @@ class Session:
         self._last_graph = [None for _ in self.devices]
         for device in self._linked | set(self._comm_held):  # also without COMM_FREE
             self._drop_link(device)
+        for dev in self.devices:
+            dev.owner_closed(self)
         return self.buffers.free_all()
 
 
