@@ -98,6 +98,9 @@ class RecordingCuda:
         self._next += (nbytes + 255) // 256 * 256
         return arr
 
+    def scratch(self, kind: str, nbytes: int) -> DevArray:
+        return self.allocate(nbytes)
+
     def view(self, mem, offset, shape, strides, dtype):
         arr = DevArray(tuple(shape), dtype, ptr=mem.data.ptr + offset)
         arr.strides = tuple(strides)

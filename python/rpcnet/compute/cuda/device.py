@@ -46,7 +46,7 @@ class CupyCopier:
         self._keep.append(mem)
         import numpy as np
 
-        return memoryview(np.frombuffer(mem, dtype=np.uint8, count=nbytes))
+        return np.frombuffer(mem, dtype=np.uint8, count=nbytes).data
 
     def _host_ptr(self, view: memoryview) -> int:
         import numpy as np
@@ -131,6 +131,8 @@ class CudaBackend:
         )
         self.kernels = KernelLibrary(cupy, self.info.capability)
         self._staging: StagingPool | None = None
+        self._scratch: dict[str, Any] = {}
+        self._scratch_lock = threading.Lock()
 
     # ---- memory -----------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Any | None:
@@ -156,6 +158,20 @@ class CudaBackend:
     ) -> Any:
         """A typed view of `buf` at byte `offset` with byte `strides` (ggml's nb, reversed)."""
         return self.cp.ndarray(shape, dtype=dtype, memptr=buf.data + offset, strides=strides)
+
+    def scratch(self, kind: str, nbytes: int) -> Any | None:
+        """Plan scratch shared by every plan of this GPU (they run one after another on its
+        stream): the current `kind` buffer if it is large enough, else a larger one that
+        replaces it. Plans keep the buffer they were built with alive, so a captured graph never
+        points at freed memory; the old one goes with the last plan that uses it."""
+        with self._scratch_lock:
+            cur = self._scratch.get(kind)
+            if cur is None or cur.size < nbytes:
+                cur = self.allocate(nbytes)
+                if cur is None:
+                    return None
+                self._scratch[kind] = cur
+            return cur
 
     def free_memory(self) -> tuple[int, int]:
         with self.device:

@@ -90,6 +90,13 @@ def _srcs(node: Tensor, n: int) -> list[Tensor] | None:
     return srcs if len(srcs) == n and all(s.buffer is not None for s in srcs) else None
 
 
+def _need(node: Tensor, n: int) -> list[Tensor]:
+    """The first `n` sources of a node its `supports` accepted."""
+    srcs = _srcs(node, n)
+    assert srcs is not None
+    return srcs
+
+
 def _backend(node: Tensor) -> Any:
     assert node.buffer is not None
     return node.buffer.device.backend
@@ -101,6 +108,7 @@ def _view(t: Tensor, shape: tuple[int, ...] | None = None) -> Any:
     assert t.buffer is not None
     be = t.buffer.device.backend
     dtype = np.dtype(_DTYPES[t.type])
+    strides: tuple[int, ...]
     if shape is None:
         shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0])
         strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
@@ -126,9 +134,10 @@ def _rows(t: Tensor) -> int:
     return t.ne[1] * t.ne[2] * t.ne[3]
 
 
-def _device_scratch(be: Any, nbytes: int) -> Any:
-    """Plan-time device scratch (nothing is allocated while a plan runs)."""
-    mem = be.allocate(nbytes)
+def _device_scratch(be: Any, kind: str, nbytes: int) -> Any:
+    """Plan-time device scratch, shared by the nodes and plans of the GPU (nothing is allocated
+    while a plan runs): prefill dequantizes into one f16 buffer as large as the biggest weight."""
+    mem = be.scratch(kind, nbytes)
     if mem is None:
         raise ComputeError(f"cuda: no room for {nbytes} bytes of plan scratch")
     return mem
@@ -153,7 +162,7 @@ def _binary_ok(node: Tensor) -> bool:
 
 
 def _binary(node: Tensor) -> Step:
-    a, b = _srcs(node, 2) or ()
+    a, b = _need(node, 2)
     be, launch, op = _backend(node), _launch_module(), _BINARY[Op(node.op)]
     va, vb, vd = _view(a), _view(b), _view(node)
     return lambda: launch.binary(be, op, va, vb, vd)
@@ -173,7 +182,7 @@ def _unary_ok(node: Tensor) -> bool:
 
 
 def _unary(node: Tensor) -> Step:
-    (src,) = _srcs(node, 1) or ()
+    (src,) = _need(node, 1)
     be, launch = _backend(node), _launch_module()
     vs, vd = _view(src), _view(node)
     if node.op == Op.UNARY:
@@ -209,7 +218,7 @@ def _rms_norm_ok(node: Tensor) -> bool:
 
 @kernel(Op.RMS_NORM, "f32 contiguous", _rms_norm_ok, device=CUDA)
 def cuda_rms_norm(node: Tensor) -> Step:
-    (src,) = _srcs(node, 1) or ()
+    (src,) = _need(node, 1)
     be, launch = _backend(node), _launch_module()
     shape = (_rows(node), node.ne[0])
     x, dst, eps = _view(src, shape), _view(node, shape), node.f32(0)
@@ -230,7 +239,7 @@ def _cpy_ok(node: Tensor) -> bool:
 
 
 def _cpy(node: Tensor) -> Step:
-    (src,) = _srcs(node, 1) or ()
+    (src,) = _need(node, 1)
     be, launch = _backend(node), _launch_module()
     s, d = _typed(src), _typed(node)
     return lambda: launch.cpy(be, s, d)
@@ -273,7 +282,7 @@ def _get_rows_ok(node: Tensor) -> bool:
 
 @kernel(Op.GET_ROWS, "all 16 weight types x i32 ids -> f32 (2-D)", _get_rows_ok, device=CUDA)
 def cuda_get_rows(node: Tensor) -> Step:
-    src, ids = _srcs(node, 2) or ()
+    src, ids = _need(node, 2)
     be, launch, wt = _backend(node), _launch_module(), _weight_type(src)
     w, vi, dst, k = _raw(src), _view(ids, (ids.ne[0],)), _view(node), src.ne[0]
     return lambda: launch.get_rows(be, wt, w, vi, dst, k)
@@ -302,7 +311,7 @@ def _set_rows_ok(node: Tensor) -> bool:
 
 @kernel(Op.SET_ROWS, "f32 x i32|i64 ids -> f32/f16/bf16/q8_0 (2-D)", _set_rows_ok, device=CUDA)
 def cuda_set_rows(node: Tensor) -> Step:
-    src, ids = _srcs(node, 2) or ()
+    src, ids = _need(node, 2)
     be, launch, dst_type = _backend(node), _launch_module(), _SET_ROWS_DST[GgmlType(node.type)]
     vs = _view(src, (src.ne[1], src.ne[0]))
     vi, dst = _view(ids, (ids.ne[0],)), _raw(node)
@@ -342,15 +351,19 @@ def _mul_mat_ok(node: Tensor) -> bool:
 def cuda_mul_mat(node: Tensor) -> Step:
     from rpcnet.compute.cuda import sources
 
-    w_t, y_t = _srcs(node, 2) or ()
+    w_t, y_t = _need(node, 2)
     be, launch, wt = _backend(node), _launch_module(), _weight_type(w_t)
     assert wt is not None
     k, m, n = w_t.ne[0], w_t.ne[1], y_t.ne[1]
     w, y, dst = _raw(w_t), _view(y_t, (n, k)), _view(node, (n, m))
     if n <= MATVEC_MAX_COLS:
-        yq = None if wt in sources.FLOAT_TYPES else _device_scratch(be, launch.q8_1_bytes(k, n))
+        yq = (
+            None
+            if wt in sources.FLOAT_TYPES
+            else _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
+        )
         return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq)
-    scratch = _device_scratch(be, 2 * m * k)
+    scratch = _device_scratch(be, "f16", 2 * m * k)
 
     def prefill() -> None:
         out = launch.matmul_prefill(be, wt, w, y, k, m, scratch)
@@ -388,7 +401,7 @@ def _mul_mat_id_ok(node: Tensor) -> bool:
 def cuda_mul_mat_id(node: Tensor) -> Step:
     from rpcnet.compute.cuda import sources
 
-    w_t, y_t, ids_t = _srcs(node, 3) or ()
+    w_t, y_t, ids_t = _need(node, 3)
     be, launch, wt = _backend(node), _launch_module(), _weight_type(w_t)
     assert wt is not None
     k, m = w_t.ne[0], w_t.ne[1]
@@ -397,7 +410,7 @@ def cuda_mul_mat_id(node: Tensor) -> Step:
     ids, dst = _view(ids_t, (n_tokens, n_slots)), _view(node, (n_tokens, n_slots, m))
     yq = None
     if wt not in sources.FLOAT_TYPES:
-        yq = _device_scratch(be, launch.q8_1_bytes(k, n_tokens * ne11))
+        yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n_tokens * ne11))
     return lambda: launch.matvec_id(be, wt, w, y, ids, dst, k, m, yq)
 
 
@@ -474,7 +487,7 @@ def _rope_ok(node: Tensor) -> bool:
 
 @kernel(Op.ROPE, "f32 NORMAL/NEOX (no YaRN, no freq factors)", _rope_ok, device=CUDA)
 def cuda_rope(node: Tensor) -> Step:
-    x_t, pos_t = _srcs(node, 2) or ()
+    x_t, pos_t = _need(node, 2)
     be, launch = _backend(node), _launch_module()
     shape = (node.ne[2], node.ne[1], node.ne[0])
     x, dst, pos = _view(x_t, shape), _view(node, shape), _view(pos_t, (pos_t.ne[0],))
@@ -492,7 +505,7 @@ def _glu_ok(node: Tensor) -> bool:
 
 @kernel(Op.GLU, "f32 fused (two sources): REGLU, GEGLU*, SWIGLU, SWIGLU_OAI", _glu_ok, device=CUDA)
 def cuda_glu(node: Tensor) -> Step:
-    a_t, b_t = _srcs(node, 2) or ()
+    a_t, b_t = _need(node, 2)
     be, launch = _backend(node), _launch_module()
     shape = (_rows(node), node.ne[0])
     a, b, dst = _view(a_t, shape), _view(b_t, shape), _view(node, shape)

@@ -52,7 +52,7 @@ def make_cuda_devices(
             f"GPU (docs/gpu.md; {EXPERIMENTAL_ENV}=1 to try it); serve --device cpu meanwhile"
         )
     return [
-        _device(pos, kind, backends.get(i), capacity, threads, max_scratch)
+        _device(pos, kind, None if i is None else backends[i], capacity, threads, max_scratch)
         for pos, (kind, i) in enumerate(order)
     ]
 
