@@ -238,6 +238,20 @@ def test_prefill_matmul_is_marked_uncapturable():
     assert getattr(decode.steps[0], "capturable", True) is True
 
 
+def test_attention_products_take_the_batched_matmul_and_weights_the_matvec():
+    g = Graph()
+    k_cache = g.tensor(T.F16, (64, 32, 2, 1))  # 2 KV heads
+    q = g.tensor(T.F32, (64, 4, 8, 1))  # 8 heads: GQA broadcast r2 = 4
+    kq = g.tensor(T.F32, (32, 4, 8, 1), Op.MUL_MAT, (), (k_cache, q))
+    assert registry.select(kq, "cuda").name == "cuda_mul_mat_batched"
+    (step,) = compile_plan([kq], "cuda").steps
+    assert getattr(step, "capturable", True) is False  # cuBLAS: never captured
+    (w_node,) = _nodes("mul_mat_q8_0", Graph())
+    assert registry.select(w_node, "cuda").name == "cuda_mul_mat"
+    f16_w = _nodes("mul_mat_f16", Graph())[0]
+    assert registry.select(f16_w, "cuda").name == "cuda_mul_mat"  # MMV first, by priority
+
+
 def test_nodes_outside_the_launchers_are_refused_on_cuda_not_run_on_the_host():
     g = Graph()
     kq = g.tensor(T.F32, (32, 4, 8, 1))

@@ -127,6 +127,10 @@ def servers(server_logs: _LogCapture, tmp_path_factory: pytest.TempPathFactory) 
                 if key.endswith("-staged"):  # transfers the CUDA backend's way, on NumPy
                     devices = [cpu_device(0, capacity=SERVER_MEM)]
                     devices[0].backend = FakeStagedBackend()
+                elif key.endswith("-cuda"):  # the GPU (gpu-marked cases only)
+                    from rpcnet.compute.cuda.serve import make_cuda_devices
+
+                    devices = make_cuda_devices("cuda:0", SERVER_MEM, None, ready=True)
                 started[key] = ServerThread(devices, proto=proto, mem=SERVER_MEM).start()
             return started[key].endpoint
 
@@ -402,12 +406,14 @@ def test_prefill_then_decode(e2e: E2E, model: str, version: str, fa: str) -> Non
     e2e.check(f"decode-{version}-fa{fa}/{model}", case)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "fake-staged"])
+@pytest.mark.parametrize(
+    "backend", ["cpu", "fake-staged", pytest.param("cuda", marks=pytest.mark.gpu)]
+)
 @pytest.mark.parametrize(("model", "fa"), [("llama-gqa-f32", "1"), ("llama256-Q4_K_M", "0")])
 def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
     """The backend seam end to end: the same prefill + decode through host memory and through
     a backend that moves every byte the CUDA backend's way (staged, deferred copies)."""
-    key = "v8" if backend == "cpu" else "v8-staged"
+    key = {"cpu": "v8", "fake-staged": "v8-staged", "cuda": "v8-cuda"}[backend]
     case = Case(model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa))
     e2e.check(f"backend-{backend}-fa{fa}/{model}", case)
     if backend == "fake-staged":

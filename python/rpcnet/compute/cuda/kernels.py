@@ -22,7 +22,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.registry import GENERIC, NATIVE, Step, kernel
 from rpcnet.compute.ops import Glu, Op, Unary
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType, type_name
@@ -53,7 +53,7 @@ NOT_YET_ON_CUDA: dict[str, str] = {
     "SOFT_MAX": "ALiBi (max_bias > 0) and non-contiguous inputs",
     "ROPE": "MROPE/IMROPE/VISION, YaRN and freq factors (kernels exist, builders do not)",
     "NORM": "no builder yet (kernel rpc_norm_f32 exists)",
-    "MUL_MAT": "batched (ne2/ne3 > 1) and non-contiguous operands",
+    "MUL_MAT": "quantized or bf16 weights in batched (ne2/ne3 > 1) or strided products",
     "CPY": "to and from quantized types and i32",
     **{
         op: "no CUDA kernel yet"
@@ -346,6 +346,7 @@ def _mul_mat_ok(node: Tensor) -> bool:
     Op.MUL_MAT,
     "all 16 weight types x f32 -> f32 (2-D; N<=8 MMVQ, else f16 scratch + cuBLAS)",
     _mul_mat_ok,
+    priority=NATIVE,
     device=CUDA,
 )
 def cuda_mul_mat(node: Tensor) -> Step:
@@ -371,6 +372,51 @@ def cuda_mul_mat(node: Tensor) -> Step:
             dst[...] = out
 
     return _uncapturable(prefill)
+
+
+def _batched_ok(node: Tensor) -> bool:
+    s = _srcs(node, 2)
+    if s is None or node.type != F32 or not _contiguous(node):
+        return False
+    a, b = s
+    return (
+        a.type in (F32, F16)
+        and b.type in (F32, F16)
+        and b.ne[0] == a.ne[0]
+        and node.ne == (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
+        and a.ne[2] > 0
+        and a.ne[3] > 0
+        and b.ne[2] % a.ne[2] == 0
+        and b.ne[3] % a.ne[3] == 0
+    )
+
+
+@kernel(
+    Op.MUL_MAT,
+    "f32|f16 x f32|f16 -> f32, any strides, ne2/ne3 broadcast (CuPy matmul: attention)",
+    _batched_ok,
+    priority=GENERIC,
+    device=CUDA,
+)
+def cuda_mul_mat_batched(node: Tensor) -> Step:
+    """The attention products (K*Q, V*KQ: strided cache views, heads broadcast for GQA) as one
+    cuBLAS batched matmul; src0 matrix i02 serves src1 matrices i02*r2 .. i02*r2+r2-1."""
+    a_t, b_t = _need(node, 2)
+    be = _backend(node)
+    a, b, dst = _view(a_t), _view(b_t), _view(node)
+    r2, r3 = b_t.ne[2] // a_t.ne[2], b_t.ne[3] // a_t.ne[3]
+
+    def run() -> None:
+        cp = be.cp
+        with be.device, be.stream:
+            w = a.astype(cp.float32)
+            if r2 > 1:
+                w = cp.repeat(w, r2, axis=1)
+            if r3 > 1:
+                w = cp.repeat(w, r3, axis=0)
+            dst[...] = cp.matmul(b.astype(cp.float32), w.swapaxes(-1, -2))
+
+    return _uncapturable(run)
 
 
 def _mul_mat_id_ok(node: Tensor) -> bool:
