@@ -422,6 +422,34 @@ def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
         assert staged.pool.in_use == 0, "a transfer kept its staging slots"
 
 
+@pytest.mark.parametrize("model", ["llama-gqa-f32", "llama256-Q4_K_M", "qwen3-f32"])
+def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, monkeypatch) -> None:
+    """Every node of the real client's prefill and decode graphs (FA off) has a cuda kernel:
+    served by a cuda device, the graph would be planned, not refused. Checked without a GPU by
+    selecting the cuda entry of each node the CPU server compiles."""
+    import rpcnet.server.session as session_mod
+    from rpcnet.compute.errors import UnsupportedOp
+    from rpcnet.compute.graph import needs_compute
+    from rpcnet.compute.kernels import registry
+
+    compile_plan = session_mod.compile_plan
+    refused: dict[str, str] = {}
+    checked = []
+
+    def also_on_cuda(nodes, *args, **kwargs):
+        for node in filter(needs_compute, nodes):
+            try:
+                checked.append(registry.select(node, "cuda").name)
+            except UnsupportedOp as exc:
+                refused.setdefault(f"{node.op}/{registry.types_of(node)}", str(exc))
+        return compile_plan(nodes, *args, **kwargs)
+
+    monkeypatch.setattr(session_mod, "compile_plan", also_on_cuda)
+    case = Case(model, servers=("v8",), opts=("--prefill", PREFILL, "--flash-attn", "0"))
+    e2e.check(f"cuda-coverage/{model}", case)
+    assert checked and not refused, "\n".join(refused.values())
+
+
 @pytest.mark.parametrize("n_gpu_layers", [1, 2])
 def test_partial_offload(e2e: E2E, n_gpu_layers: int) -> None:
     """Only the output head (1) or the last block + head (2) on rpcnet, the rest on the client."""
