@@ -165,7 +165,8 @@ def _nodes(name: str, g: Graph) -> list[Tensor]:
     if name == "mul_mat_id":
         w = g.tensor(T.Q8_0, (256, 64, 4, 1))
         y = g.tensor(T.F32, (256, 1, 2, 1))
-        ids = g.tensor(T.I32, (2, 2, 1, 1))
+        # the top-2 of 4 experts: a view of the argsort rows (8 bytes of each 16-byte row)
+        ids = g.tensor(T.I32, (2, 2, 1, 1), nb=(4, 16, 32, 32))
         return [g.tensor(T.F32, (64, 2, 2, 1), Op.MUL_MAT_ID, (), (w, y, ids))]
     if name == "add":
         b = g.tensor(T.F32, (256, 1, 1, 1))
@@ -225,6 +226,9 @@ def test_cuda_plan_launches_the_right_kernels_with_ptx_exact_arguments(name):
     assert all(registry.select(n, "cuda").device == "cuda" for n in nodes)
     plan.run()
     assert _check_launches(g.backend.kernels) == EXPECTED[name]
+    if name == "mul_mat_id":
+        args = g.backend.kernels.calls[-1][4]
+        assert int(args[12]) == 4  # ids_tok: the argsort row stride, in int32 elements
 
 
 def test_prefill_matmul_is_marked_uncapturable():

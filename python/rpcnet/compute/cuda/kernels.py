@@ -432,7 +432,10 @@ def _mul_mat_id_ok(node: Tensor) -> bool:
         wt is not None
         and y.type == F32
         and ids.type == I32
-        and all(_contiguous(t) for t in (w, y, ids))
+        and _contiguous(w)
+        and _contiguous(y)
+        and ids.nb[0] == 4
+        and ids.nb[1] % 4 == 0  # rows may be apart: top-k ids are a view of argsort's rows
         and w.ne[3] == y.ne[3] == ids.ne[2] == ids.ne[3] == 1
         and y.ne[0] == k
         and ids.ne[1] == y.ne[2]
@@ -453,11 +456,13 @@ def cuda_mul_mat_id(node: Tensor) -> Step:
     k, m = w_t.ne[0], w_t.ne[1]
     n_tokens, ne11, n_slots = y_t.ne[2], y_t.ne[1], ids_t.ne[0]
     w, y = _raw(w_t), _view(y_t, (n_tokens, ne11, k))
-    ids, dst = _view(ids_t, (n_tokens, n_slots)), _view(node, (n_tokens, n_slots, m))
+    assert ids_t.buffer is not None
+    ids = be.view(ids_t.buffer.array, ids_t.offset, (n_tokens, n_slots), (ids_t.nb[1], 4), "int32")
+    dst, ids_tok = _view(node, (n_tokens, n_slots, m)), ids_t.nb[1] // 4
     yq = None
     if wt not in sources.FLOAT_TYPES:
         yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n_tokens * ne11))
-    return lambda: launch.matvec_id(be, wt, w, y, ids, dst, k, m, yq)
+    return lambda: launch.matvec_id(be, wt, w, y, ids, dst, k, m, yq, ids_tok)
 
 
 # ---------------------------------------------------------------------------------- attention
