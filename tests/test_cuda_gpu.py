@@ -472,3 +472,39 @@ def test_cpy_converts_and_permutes(be, cp):
     np.testing.assert_array_equal(cp.asnumpy(out16).reshape(-1), x.astype(np.float16).reshape(-1))
     np.testing.assert_array_equal(cp.asnumpy(back), x.astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(cp.asnumpy(tr), x)
+
+
+def test_device_buffer_through_the_cuda_backend_seam():
+    """DeviceBuffer on a cuda protocol device: staged receive in pieces, reads, fill, copy,
+    host_array/write_back — the calls the session makes — byte-exact against NumPy."""
+    from rpcnet.compute.buffer import DeviceBuffer
+    from rpcnet.compute.cuda.serve import make_cuda_devices
+
+    (device,) = make_cuda_devices("cuda:0", 1 << 30, None, ready=True)
+    try:
+        assert device.name == "CUDA0" and device.description.startswith("NVIDIA")
+        free, total = device.memory_report()
+        assert 0 < free <= total <= 1 << 30
+        size = (20 << 20) + 777
+        mem = device.allocate(size)
+        buf = DeviceBuffer(1, device, 0x1000, size, mem)
+        payload = np.random.default_rng(5).integers(0, 256, size - 100, dtype=np.uint8)
+        fed = 0
+        for piece in buf.host_sink(100, size - 100).pieces():
+            piece[:] = payload[fed : fed + len(piece)].tobytes()
+            fed += len(piece)
+        assert fed == size - 100
+        assert bytes(buf.read(100, size - 100)) == payload.tobytes()
+        buf.fill(100, 64, 0xAB)
+        buf.copy_from(1000, buf, 100, 64)
+        assert bytes(buf.read(1000, 64)) == b"\xab" * 64
+        host = buf.host_array(0, 4096)
+        host[:] = 7
+        buf.write_back(0, host)
+        assert bytes(buf.read(0, 4096)) == b"\x07" * 4096
+        sink = buf.host_sink(4096, 8192)
+        sink.whole()[:] = b"\x01" * 8192
+        sink.commit()
+        assert bytes(buf.read(4096, 8192)) == b"\x01" * 8192
+    finally:
+        device.shutdown()

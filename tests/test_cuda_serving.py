@@ -209,3 +209,19 @@ def test_session_feeds_the_runner_free_buffer_and_close():
         assert calls == [("freed", handle), ("closed", session)]
     finally:
         device.shutdown()
+
+
+def test_transfer_errors_close_the_client_or_stop_the_server():
+    from rpcnet.compute.cuda.execute import checked
+
+    fatal = []
+    with pytest.raises(CudaGraphError, match="during upload"):
+        with checked(FakeCudaError, "upload", fatal.append):
+            raise FakeCudaError(1)  # cudaErrorInvalidValue: this transfer only
+    assert fatal == []
+    with pytest.raises(CudaStickyError, match="cudaErrorLaunchFailure"):
+        with checked(FakeCudaError, "download", fatal.append):
+            raise FakeCudaError(719)
+    assert len(fatal) == 1
+    with checked(FakeCudaError, "memset", fatal.append):
+        pass  # no error, nothing raised

@@ -14,6 +14,7 @@ from typing import Any
 
 from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.errors import CudaGraphError, classify, error_status
+from rpcnet.compute.cuda.execute import checked
 from rpcnet.compute.cuda.probe import check_cuda
 from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, StagedSink, StagingPool
 
@@ -59,15 +60,20 @@ class CupyCopier:
         return event
 
     def to_device_async(self, dst: int, src: memoryview, nbytes: int) -> object:
-        self.cp.cuda.runtime.memcpyAsync(dst, self._host_ptr(src), nbytes, _H2D, self.stream.ptr)
-        return self._event()
+        with checked(self.cp.cuda.runtime.CUDARuntimeError, "upload"):
+            rt = self.cp.cuda.runtime
+            rt.memcpyAsync(dst, self._host_ptr(src), nbytes, _H2D, self.stream.ptr)
+            return self._event()
 
     def to_host_async(self, dst: memoryview, src: int, nbytes: int) -> object:
-        self.cp.cuda.runtime.memcpyAsync(self._host_ptr(dst), src, nbytes, _D2H, self.stream.ptr)
-        return self._event()
+        with checked(self.cp.cuda.runtime.CUDARuntimeError, "download"):
+            rt = self.cp.cuda.runtime
+            rt.memcpyAsync(self._host_ptr(dst), src, nbytes, _D2H, self.stream.ptr)
+            return self._event()
 
     def wait(self, token: object) -> None:
-        token.synchronize()  # type: ignore[attr-defined]
+        with checked(self.cp.cuda.runtime.CUDARuntimeError, "transfer"):
+            token.synchronize()  # type: ignore[attr-defined]
 
 
 class KernelLibrary:
@@ -232,16 +238,19 @@ class CudaBackend:
         return memoryview(out)
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
-        self.cp.cuda.runtime.memcpyAsync(
-            int(dst.data.ptr) + dst_offset,
-            int(src.data.ptr) + src_offset,
-            nbytes,
-            _D2D,
-            self.stream.ptr,
-        )
+        with checked(self.cp.cuda.runtime.CUDARuntimeError, "COPY_TENSOR"):
+            self.cp.cuda.runtime.memcpyAsync(
+                int(dst.data.ptr) + dst_offset,
+                int(src.data.ptr) + src_offset,
+                nbytes,
+                _D2D,
+                self.stream.ptr,
+            )
 
     def fill(self, buf: Any, offset: int, nbytes: int, value: int) -> None:
-        self.cp.cuda.runtime.memsetAsync(int(buf.data.ptr) + offset, value, nbytes, self.stream.ptr)
+        with checked(self.cp.cuda.runtime.CUDARuntimeError, "memset"):
+            ptr = int(buf.data.ptr) + offset
+            self.cp.cuda.runtime.memsetAsync(ptr, value, nbytes, self.stream.ptr)
 
     def synchronize(self, what: str = "synchronize") -> None:
         try:

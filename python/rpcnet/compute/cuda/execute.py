@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rpcnet.compute.cuda.capture import Capturer, GraphReplayCache
@@ -35,6 +36,24 @@ def exit_on_sticky(exc: CudaStickyError) -> None:
     log.critical("%s; exiting so that a supervisor restarts the server", exc)
     logging.shutdown()
     os._exit(EXIT_STICKY)
+
+
+@contextmanager
+def checked(
+    error_type: type[BaseException],
+    what: str,
+    fatal: Callable[[CudaStickyError], None] = exit_on_sticky,
+) -> Iterator[None]:
+    """CUDA errors (`error_type`: CuPy's CUDARuntimeError) of a transfer on the event loop as
+    our narrow errors: a per-transfer one closes the client; a sticky one goes to `fatal`."""
+    try:
+        yield
+    except error_type as exc:
+        status = error_status(exc)
+        err = classify(status, what) if status is not None else CudaGraphError(str(exc))
+        if isinstance(err, CudaStickyError):
+            fatal(err)
+        raise err from exc
 
 
 class PlanRunner:
