@@ -27,6 +27,12 @@ class DeviceBuffer:
     def touched(self) -> None:
         self.generation += 1
 
+    def release(self) -> None:
+        """Give the memory back to the device (FREE_BUFFER, connection close)."""
+        if self.array is not None:
+            self.device.release(self.size, self.array)
+            self.array = None
+
     def host_sink(self, offset: int, nbytes: int) -> HostSink:
         """Where `nbytes` received for [offset, offset+nbytes) go (zero-copy on the CPU)."""
         return self.device.backend.host_sink(self.array, offset, nbytes)
