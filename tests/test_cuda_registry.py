@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from rpcnet import _native
 from rpcnet.compute import kernels  # noqa: F401 - registers every kernel
+from rpcnet.compute.backend import CpuBackend
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.cuda.kernels import NOT_YET_ON_CUDA
 from rpcnet.compute.device import Device
@@ -267,3 +268,76 @@ def test_nodes_outside_the_launchers_are_refused_on_cuda_not_run_on_the_host():
     x = g.tensor(T.F32, (8, 8, 1, 1))
     with pytest.raises(UnsupportedOp, match="on cuda"):
         compile_plan([g.tensor(T.F32, (8, 1, 1, 1), Op.SUM_ROWS, (), (x,))], "cuda")
+
+
+# ------------------------------------------------------------------ the xp kernels, on NumPy
+
+
+class NumpyAsCuda(CpuBackend):
+    """The cuda registry key with NumPy as the array module: the xp kernels run on the host."""
+
+    name = "cuda"
+    cp = np
+    device = contextlib.nullcontext()
+    stream = contextlib.nullcontext()
+
+
+def _host_graph(backend) -> tuple[Device, DeviceBuffer]:
+    device = Device(0, backend.name, "host", MemoryPool(1 << 26), backend=backend)
+    mem = backend.allocate(1 << 20)
+    return device, DeviceBuffer(1, device, 0x1000, 1 << 20, mem)
+
+
+def _xp_case(name: str, rng) -> tuple[list, list]:
+    """(inputs as (type, ne, values), node spec (op, type, ne, params, source indices))."""
+    x = rng.standard_normal((3, 8, 16)).astype(np.float32)
+    if name == "norm":
+        return [(T.F32, (16, 8, 3, 1), x)], [Op.NORM, T.F32, (16, 8, 3, 1), (1e-5,), (0,)]
+    if name == "sum_rows":
+        return [(T.F32, (16, 8, 3, 1), x)], [Op.SUM_ROWS, T.F32, (1, 8, 3, 1), (), (0,)]
+    if name == "clamp":
+        return [(T.F32, (16, 8, 3, 1), x)], [Op.CLAMP, T.F32, (16, 8, 3, 1), (-0.5, 0.7), (0,)]
+    if name.startswith("argsort"):
+        order = int(name.endswith("desc"))
+        return [(T.F32, (16, 8, 3, 1), x)], [Op.ARGSORT, T.I32, (16, 8, 3, 1), (order,), (0,)]
+    if name == "get_rows_moe":
+        probs = rng.random((4, 1, 4), dtype=np.float32)  # (tokens, 1 -> ne02, experts)
+        ids = np.stack([rng.permutation(4)[:2] for _ in range(4)]).astype(np.int32)
+        return [
+            (T.F32, (1, 4, 4, 1), probs.reshape(4, 4, 1)),  # ggml [1, experts, tokens]
+            (T.I32, (2, 4, 1, 1), ids),
+        ], [Op.GET_ROWS, T.F32, (1, 2, 4, 1), (), (0, 1)]
+    if name == "pad":
+        pads = (1, 0, 0, 0, 2, 3, 0, 0)  # left and right, in ne0 and ne2
+        return [(T.F32, (16, 8, 3, 1), x)], [Op.PAD, T.F32, (17, 8, 8, 1), pads, (0,)]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["norm", "sum_rows", "clamp", "argsort_asc", "argsort_desc", "get_rows_moe", "pad"]
+)
+def test_xp_kernels_match_the_cpu_kernels(name):
+    """The cuda xp kernels (CuPy on a GPU) run on NumPy here, against the CPU kernels."""
+    rng = np.random.default_rng(3)
+    inputs, (op, out_type, out_ne, params, srcs) = _xp_case(name, rng)
+    results = []
+    for backend in (CpuBackend(), NumpyAsCuda()):
+        device, buf = _host_graph(backend)
+        g = Graph.__new__(Graph)
+        g.buffer, g.used, g.ids = buf, 0, 0
+        tensors = []
+        for type_, ne, values in inputs:
+            t = g.tensor(type_, ne)
+            buf.write(t.offset, np.ascontiguousarray(values).tobytes())
+            tensors.append(t)
+        node = g.tensor(out_type, out_ne, op, params, tuple(tensors[i] for i in srcs))
+        assert registry.select(node, device.kind).device == device.kind
+        compile_plan([node], device.kind).run()
+        results.append(np.frombuffer(bytes(buf.read(node.offset, node.nbytes)), np.uint8))
+    want, got = results
+    if out_type == T.I32:
+        assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    else:
+        np.testing.assert_allclose(
+            got.view(np.float32), want.view(np.float32), rtol=2e-6, atol=2e-6
+        )

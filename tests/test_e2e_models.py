@@ -422,7 +422,9 @@ def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
         assert staged.pool.in_use == 0, "a transfer kept its staging slots"
 
 
-@pytest.mark.parametrize("model", ["llama-gqa-f32", "llama256-Q4_K_M", "qwen3-f32"])
+@pytest.mark.parametrize(
+    "model", ["llama-gqa-f32", "llama256-Q4_K_M", "qwen3-f32", "qwen3moe-f32", "bert-f32"]
+)
 def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, monkeypatch) -> None:
     """Every node of the real client's prefill and decode graphs (FA off) has a cuda kernel:
     served by a cuda device, the graph would be planned, not refused. Checked without a GPU by

@@ -52,15 +52,19 @@ NOT_YET_ON_CUDA: dict[str, str] = {
     "GLU": "the split form (one source, halves) and SWIGLU_CLAMP",
     "SOFT_MAX": "ALiBi (max_bias > 0) and non-contiguous inputs",
     "ROPE": "MROPE/IMROPE/VISION, YaRN and freq factors (kernels exist, builders do not)",
-    "NORM": "no builder yet (kernel rpc_norm_f32 exists)",
+    "NORM": "f16/bf16 (f32 runs as an xp kernel; the CUDA C rpc_norm_f32 has no builder yet)",
     "MUL_MAT": "quantized or bf16 weights in batched (ne2/ne3 > 1) or strided products",
     "CPY": "to and from quantized types and i32",
+    "ARGSORT": "f16/bf16 inputs",
+    "CLAMP": "f16/bf16",
+    "SUM_ROWS": "f16/bf16",
+    "PAD": "circular padding, bf16 and integer types",
     **{
         op: "no CUDA kernel yet"
         for op in (
-            "ACC ADD1 ADD_ID ARANGE ARGMAX ARGSORT CLAMP CONCAT COUNT_EQUAL CUMSUM DIAG_MASK_INF "
-            "DIAG_MASK_ZERO FILL GROUP_NORM L2_NORM LEAKY_RELU MEAN PAD REPEAT SSM_CONV SUM "
-            "SUM_ROWS TIMESTEP_EMBEDDING TOP_K TRI"
+            "ACC ADD1 ADD_ID ARANGE ARGMAX CONCAT COUNT_EQUAL CUMSUM DIAG_MASK_INF "
+            "DIAG_MASK_ZERO FILL GROUP_NORM L2_NORM LEAKY_RELU MEAN REPEAT SSM_CONV SUM "
+            "TIMESTEP_EMBEDDING TOP_K TRI"
         ).split()
     },
 }
@@ -563,3 +567,159 @@ def cuda_glu(node: Tensor) -> Step:
     op = _GLU_IDS[Glu(node.i32(0))]
     alpha, limit = (node.f32(2), node.f32(3)) if node.i32(0) == Glu.SWIGLU_OAI else (1.702, 7.0)
     return lambda: launch.glu(be, a, b, dst, op, alpha, limit)
+
+
+# ---------------------------------------------------------------------------------- xp kernels
+# Small ops of the MoE router and of encoders, written against the backend's array module
+# (`be.cp`: CuPy on a GPU; NumPy in the host tests, which compare them with the CPU kernels).
+# They write through `out=` views, so nothing is allocated while they run, except ARGSORT and
+# the 3-D GET_ROWS (CuPy temporaries): those are marked uncapturable.
+
+XP = -10  # below the CUDA C kernels of the same op
+
+
+def _f32_unary_ok(node: Tensor) -> bool:
+    s = _srcs(node, 1)
+    return s is not None and s[0].type == F32 and node.type == F32
+
+
+@kernel(Op.NORM, "f32 (xp)", lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne, device=CUDA)  # type: ignore[union-attr]
+def cuda_norm(node: Tensor) -> Step:
+    (src,) = _need(node, 1)
+    be = _backend(node)
+    x, dst, eps = _view(src), _view(node), node.f32(0)
+
+    def run() -> None:
+        xp = be.cp
+        with be.device, be.stream:
+            d = x - x.mean(axis=-1, keepdims=True, dtype=xp.float32)
+            var = (d * d).mean(axis=-1, keepdims=True, dtype=xp.float32)
+            xp.multiply(d, 1.0 / xp.sqrt(var + xp.float32(eps)), out=dst)
+
+    return run
+
+
+def _sum_rows_ok(node: Tensor) -> bool:
+    s = _srcs(node, 1)
+    return _f32_unary_ok(node) and s is not None and node.ne == (1, *s[0].ne[1:])
+
+
+@kernel(Op.SUM_ROWS, "f32 (xp)", _sum_rows_ok, device=CUDA)
+def cuda_sum_rows(node: Tensor) -> Step:
+    (src,) = _need(node, 1)
+    be = _backend(node)
+    x, dst = _view(src), _view(node)
+
+    def run() -> None:
+        with be.device, be.stream:
+            x.sum(axis=-1, keepdims=True, out=dst)
+
+    return run
+
+
+@kernel(Op.CLAMP, "f32 (xp)", lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne, device=CUDA)  # type: ignore[union-attr]
+def cuda_clamp(node: Tensor) -> Step:
+    (src,) = _need(node, 1)
+    be = _backend(node)
+    x, dst, lo, hi = _view(src), _view(node), node.f32(0), node.f32(1)
+
+    def run() -> None:
+        xp = be.cp
+        with be.device, be.stream:
+            xp.minimum(x, xp.float32(hi), out=dst)
+            xp.maximum(dst, xp.float32(lo), out=dst)
+
+    return run
+
+
+def _argsort_ok(node: Tensor) -> bool:
+    s = _srcs(node, 1)
+    return (
+        s is not None
+        and s[0].type == F32
+        and node.type == I32
+        and s[0].ne == node.ne
+        and node.i32(0) in (0, 1)
+    )
+
+
+@kernel(Op.ARGSORT, "f32 -> i32 (xp; p0: 0 asc, 1 desc)", _argsort_ok, device=CUDA)
+def cuda_argsort(node: Tensor) -> Step:
+    (src,) = _need(node, 1)
+    be = _backend(node)
+    x, dst, desc = _view(src), _view(node), node.i32(0) == 1
+
+    def run() -> None:
+        xp = be.cp
+        with be.device, be.stream:
+            # stable, largest first for desc (ties keep index order, like the CPU kernel)
+            order = xp.argsort(-x if desc else x, axis=-1, kind="stable")
+            dst[...] = order.astype(xp.int32)
+
+    return _uncapturable(run)
+
+
+def _get_rows_f32_ok(node: Tensor) -> bool:
+    s = _srcs(node, 2)
+    if s is None or node.type != F32:
+        return False
+    src, ids = s
+    return (
+        src.type == F32
+        and ids.type == I32
+        and src.ne[2] == ids.ne[1]
+        and src.ne[3] == ids.ne[2]
+        and ids.ne[3] == 1
+        and node.ne == (src.ne[0], ids.ne[0], ids.ne[1], ids.ne[2])
+    )
+
+
+@kernel(
+    Op.GET_ROWS,
+    "f32 x i32 ids, 3-D batches (xp: the MoE weights)",
+    _get_rows_f32_ok,
+    priority=XP,
+    device=CUDA,
+)
+def cuda_get_rows_batched(node: Tensor) -> Step:
+    src, ids = _need(node, 2)
+    be = _backend(node)
+    x, idx, dst = _view(src), _view(ids), _view(node)
+
+    def run() -> None:
+        xp = be.cp
+        with be.device, be.stream:
+            rows = idx[0].astype(xp.int64)[..., None]  # (ne12, ne11, n, 1)
+            dst[...] = xp.take_along_axis(x, rows, axis=2)  # (ne12, ne11, n, ne0)
+
+    return _uncapturable(run)
+
+
+def _pad_ok(node: Tensor) -> bool:
+    s = _srcs(node, 1)
+    if s is None or s[0].type != node.type or node.type not in (F32, F16) or node.i32(8):
+        return False
+    a = s[0]
+    pads = [node.i32(i) for i in range(8)]
+    return all(
+        pads[2 * d] >= 0
+        and pads[2 * d + 1] >= 0
+        and a.ne[d] > 0
+        and node.ne[d] == a.ne[d] + pads[2 * d] + pads[2 * d + 1]
+        for d in range(4)
+    )
+
+
+@kernel(Op.PAD, "f32|f16 zero padding (xp; p0..p7 lp/rp per dim)", _pad_ok, device=CUDA)
+def cuda_pad(node: Tensor) -> Step:
+    (src,) = _need(node, 1)
+    be = _backend(node)
+    a, dst = _view(src), _view(node)
+    inner = tuple(slice(node.i32(2 * d), node.i32(2 * d) + src.ne[d]) for d in (3, 2, 1, 0))
+
+    def run() -> None:
+        with be.device, be.stream:
+            dst.fill(0)
+            dst[inner] = a
+
+    return run
