@@ -423,10 +423,18 @@ def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "model", ["llama-gqa-f32", "llama256-Q4_K_M", "qwen3-f32", "qwen3moe-f32", "bert-f32"]
+    ("model", "fa"),
+    [
+        *(
+            (m, fa)
+            for m in ("llama-gqa-f32", "llama256-Q4_K_M", "qwen3-f32", "qwen3moe-f32")
+            for fa in ("0", "1")
+        ),
+        ("bert-f32", "0"),  # bert with FA on is refused by graph.build_nodes on the CPU too
+    ],
 )
-def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, monkeypatch) -> None:
-    """Every node of the real client's prefill and decode graphs (FA off) has a cuda kernel:
+def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, fa: str, monkeypatch) -> None:
+    """Every node of the real client's prefill and decode graphs (FA on and off) has a cuda kernel:
     served by a cuda device, the graph would be planned, not refused. Checked without a GPU by
     selecting the cuda entry of each node the CPU server compiles."""
     import rpcnet.server.session as session_mod
@@ -447,8 +455,8 @@ def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, monkeypatch
         return compile_plan(nodes, *args, **kwargs)
 
     monkeypatch.setattr(session_mod, "compile_plan", also_on_cuda)
-    case = Case(model, servers=("v8",), opts=("--prefill", PREFILL, "--flash-attn", "0"))
-    e2e.check(f"cuda-coverage/{model}", case)
+    case = Case(model, servers=("v8",), opts=("--prefill", PREFILL, "--flash-attn", fa))
+    e2e.check(f"cuda-coverage-fa{fa}/{model}", case)
     assert checked and not refused, "\n".join(refused.values())
 
 

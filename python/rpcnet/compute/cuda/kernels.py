@@ -16,6 +16,7 @@ cuda device, whose backend is a `CudaBackend`. Steps that launch cuBLAS (prefill
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -47,8 +48,8 @@ _SET_ROWS_DST = {F32: "F32", F16: "F16", BF16: "BF16", GgmlType.Q8_0: "Q8_0"}
 #: (op, what is missing) the CPU device serves that no cuda entry covers yet: documented gaps,
 #: not silent fallbacks (a graph with such a node is refused at plan time on cuda).
 NOT_YET_ON_CUDA: dict[str, str] = {
-    "FLASH_ATTN_EXT": "the decode kernel takes head-major contiguous K/V; llama.cpp's KV views "
-    "are strided (a strided launcher is needed)",
+    "FLASH_ATTN_EXT": "quantized (q8_0) and bf16 K/V, ALiBi (runs as an xp kernel; the CUDA C "
+    "decode kernel takes head-major contiguous K/V, llama.cpp's cache views are strided)",
     "GLU": "the split form (one source, halves) and SWIGLU_CLAMP",
     "SOFT_MAX": "ALiBi (max_bias > 0) and non-contiguous inputs",
     "ROPE": "MROPE/IMROPE/VISION, YaRN and freq factors (kernels exist, builders do not)",
@@ -723,3 +724,92 @@ def cuda_pad(node: Tensor) -> Step:
             dst[inner] = a
 
     return run
+
+
+def _fa_srcs(node: Tensor) -> tuple[Tensor | None, ...]:
+    return (tuple(node.src) + (None,) * 5)[:5]
+
+
+def _fa_ok(node: Tensor) -> bool:
+    q, k, v, mask, sinks = _fa_srcs(node)
+    if q is None or k is None or v is None or node.type != F32 or q.type != F32:
+        return False
+    if any(t is not None and t.buffer is None for t in (q, k, v, mask, sinks)):
+        return False
+    dk, n_q, n_head, n3 = q.ne
+    n_kv = k.ne[1]
+    return (
+        k.type in (F32, F16)
+        and v.type in (F32, F16)
+        and n3 == k.ne[3] == v.ne[3] == 1
+        and k.ne[0] == dk
+        and v.ne[1] == n_kv
+        and node.ne == (v.ne[0], n_head, n_q, 1)
+        and 0 < k.ne[2] == v.ne[2]
+        and n_head % k.ne[2] == 0
+        and _contiguous(node)
+        and node.f32(1) == 0.0  # no ALiBi
+        and (
+            mask is None
+            or (
+                mask.type in (F16, F32)
+                and mask.ne[0] >= n_kv
+                and mask.ne[1] >= n_q
+                and mask.ne[2] == mask.ne[3] == 1
+            )
+        )
+        and (sinks is None or (sinks.type == F32 and _contiguous(sinks) and sinks.ne[0] >= n_head))
+    )
+
+
+@kernel(
+    Op.FLASH_ATTN_EXT,
+    "f32 q x f32/f16 k, v (+mask, softcap, sinks, GQA; xp: batched matmuls)",
+    _fa_ok,
+    priority=XP,
+    device=CUDA,
+)
+def cuda_flash_attn_xp(node: Tensor) -> Step:
+    """softmax(scale·Q·Kᵀ (softcapped) + mask)·V with the array module, on the cache's own
+    strided views (no contiguous K/V needed): three batched products, f32 accumulation."""
+    q_t, k_t, v_t, mask_t, sinks_t = _fa_srcs(node)
+    assert q_t is not None and k_t is not None and v_t is not None
+    be = _backend(node)
+    dk, n_q, n_head, _ = q_t.ne
+    n_kv = k_t.ne[1]
+    scale, softcap = node.f32(0), node.f32(2)
+    if softcap != 0:
+        scale /= softcap
+    q, k, v = _view(q_t)[0], _view(k_t)[0], _view(v_t)[0]  # (heads, rows, d)
+    mask = None if mask_t is None else _view(mask_t)[0, 0, :n_q, :n_kv]
+    sinks = None if sinks_t is None else _view(sinks_t, (sinks_t.ne[0],))[:n_head]
+    out = _view(node)[0]  # (n_q, n_head, dv)
+    rep = n_head // k_t.ne[2]
+
+    def run() -> None:
+        xp = be.cp
+        f32 = xp.float32
+        quiet = getattr(xp, "errstate", None)
+        with be.device, be.stream, quiet(all="ignore") if quiet else contextlib.nullcontext():
+            kf, vf = k.astype(f32), v.astype(f32)
+            if rep > 1:
+                kf, vf = xp.repeat(kf, rep, axis=0), xp.repeat(vf, rep, axis=0)
+            s = xp.matmul(q.astype(f32), kf.swapaxes(-1, -2)) * f32(scale)
+            if softcap != 0:
+                s = xp.tanh(s) * f32(softcap)
+            if mask is not None:
+                s = s + mask.astype(f32)[None]
+            mx = s.max(axis=-1, keepdims=True)
+            sk = None if sinks is None else sinks.astype(f32).reshape(n_head, 1, 1)
+            if sk is not None:
+                mx = xp.maximum(mx, sk)
+            mx = xp.where(mx == -xp.inf, f32(0), mx)  # fully masked rows give zeros
+            p = xp.exp(s - mx)
+            total = p.sum(axis=-1, keepdims=True)
+            if sk is not None:
+                total = total + xp.exp(sk - mx)
+            res = xp.matmul(p, vf)
+            res = xp.where(total == 0, f32(0), res / total)
+            out[...] = res.transpose(1, 0, 2)
+
+    return _uncapturable(run)
