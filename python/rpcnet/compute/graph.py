@@ -117,7 +117,10 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
         kernel = registry.select(node, device)
-        bound = 0 if budget is None else scratch.scratch_bytes(node, kernel.name, budget.limit)
+        # The bounds are the CPU kernels' temporaries; GPU plans share one scratch per device
+        # (compute/cuda/kernels.py) instead.
+        counted = budget is not None and device == "cpu"
+        bound = scratch.scratch_bytes(node, kernel.name, budget.limit) if counted else 0
         if bound > need:
             # Checked before build: builders may already allocate index arrays per shape.
             budget.check(bound, registry.describe_node(node))
