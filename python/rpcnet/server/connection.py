@@ -221,10 +221,13 @@ class Connection:
         cache = self.cache
         assert cache is not None  # the session asks for lookups only when there is a cache
         # The file read and the hash check run on a thread; the entry lands in device memory.
-        found = await asyncio.to_thread(cache.load_into, lookup.digest, lookup.target)
-        if found:
-            lookup.loaded()  # a GPU backend copies the entry from staging to the device
-        return found
+        def load() -> bool:
+            found = cache.load_into(lookup.digest, lookup.target)
+            if found:
+                lookup.loaded()  # a GPU backend copies the verified entry to the device
+            return found
+
+        return await asyncio.to_thread(load)
 
     async def _allreduce(self, payload: bytes) -> None:
         job = self.session.begin_comm_allreduce(payload)

@@ -7,6 +7,7 @@ rpcnet.compute.cuda.device` works on machines without CuPy; constructing a backe
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -37,9 +38,12 @@ class GpuInfo:
 class CupyCopier:
     """staging.Copier on one CuPy stream: pinned host memory and async copies with events."""
 
-    def __init__(self, cupy: ModuleType, stream: Any) -> None:
+    def __init__(self, cupy: ModuleType, stream: Any, device: Any = None) -> None:
         self.cp = cupy
         self.stream = stream
+        # the stream's GPU is made current for each call: transfers run on the event loop and,
+        # for cache hits, on worker threads, whose current device may be another GPU
+        self.device = device if device is not None else contextlib.nullcontext()
         self._keep: list[Any] = []  # the pinned allocations backing the slot views
 
     def pinned(self, nbytes: int) -> memoryview:
@@ -60,19 +64,19 @@ class CupyCopier:
         return event
 
     def to_device_async(self, dst: int, src: memoryview, nbytes: int) -> object:
-        with checked(self.cp.cuda.runtime.CUDARuntimeError, "upload"):
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "upload"):
             rt = self.cp.cuda.runtime
             rt.memcpyAsync(dst, self._host_ptr(src), nbytes, _H2D, self.stream.ptr)
             return self._event()
 
     def to_host_async(self, dst: memoryview, src: int, nbytes: int) -> object:
-        with checked(self.cp.cuda.runtime.CUDARuntimeError, "download"):
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "download"):
             rt = self.cp.cuda.runtime
             rt.memcpyAsync(self._host_ptr(dst), src, nbytes, _D2H, self.stream.ptr)
             return self._event()
 
     def wait(self, token: object) -> None:
-        with checked(self.cp.cuda.runtime.CUDARuntimeError, "transfer"):
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "transfer"):
             token.synchronize()  # type: ignore[attr-defined]
 
 
@@ -189,7 +193,9 @@ class CudaBackend:
     def staging_pool(self) -> StagingPool:
         if self._staging is None:
             with self.device:
-                self._staging = StagingPool(CupyCopier(self.cp, self.stream), DEFAULT_CHUNK)
+                self._staging = StagingPool(
+                    CupyCopier(self.cp, self.stream, self.device), DEFAULT_CHUNK
+                )
         return self._staging
 
     def upload(self, buf: Any, offset: int, total: int, fill: Any) -> None:
@@ -238,7 +244,7 @@ class CudaBackend:
         return memoryview(out)
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
-        with checked(self.cp.cuda.runtime.CUDARuntimeError, "COPY_TENSOR"):
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "COPY_TENSOR"):
             self.cp.cuda.runtime.memcpyAsync(
                 int(dst.data.ptr) + dst_offset,
                 int(src.data.ptr) + src_offset,
@@ -248,7 +254,7 @@ class CudaBackend:
             )
 
     def fill(self, buf: Any, offset: int, nbytes: int, value: int) -> None:
-        with checked(self.cp.cuda.runtime.CUDARuntimeError, "memset"):
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "memset"):
             ptr = int(buf.data.ptr) + offset
             self.cp.cuda.runtime.memsetAsync(ptr, value, nbytes, self.stream.ptr)
 

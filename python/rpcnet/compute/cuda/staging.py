@@ -11,6 +11,7 @@ CuPy implementation is `rpcnet.compute.cuda.device.CupyCopier`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -111,19 +112,24 @@ class StagingPool:
         self.keep = keep
         self._idle: list[Staging] = []
         self.in_use = 0
+        self._lock = threading.Lock()  # cache hits upload from a thread
 
     @property
     def pinned_bytes(self) -> int:
         return (len(self._idle) + self.in_use) * 2 * self.chunk
 
     def acquire(self) -> Staging:
-        self.in_use += 1
-        return self._idle.pop() if self._idle else Staging(self.copier, self.chunk)
+        with self._lock:
+            self.in_use += 1
+            if self._idle:
+                return self._idle.pop()
+        return Staging(self.copier, self.chunk)
 
     def release(self, staging: Staging) -> None:
-        self.in_use -= 1
-        if len(self._idle) < self.keep:
-            self._idle.append(staging)
+        with self._lock:
+            self.in_use -= 1
+            if len(self._idle) < self.keep:
+                self._idle.append(staging)
 
 
 class StagedSink:
