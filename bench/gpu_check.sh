@@ -7,8 +7,9 @@
 #      llama.cpp v8 client for the real quantizer, Debian 13 libs) for the test oracles;
 #   2. runs `pytest -m gpu` (every CUDA kernel against gguf/NumPy oracles, buffers, staging);
 #   3. runs bench/gpu_bench.py (matvec GB/s per type and shape, upload GB/s, prefill TFLOP/s);
-#   4. the end-to-end run with the real v8 client on `rpcnet serve --device cuda` is reported as
-#      not run while the server does not yet execute graphs on cuda (SERVING_READY is False).
+#   4. the end-to-end run with the real v8 client on a cuda device (tests/test_e2e_models.py
+#      test_backends[cuda]: prefill + decode, logits vs the client's local CPU run). The server
+#      is built with make_cuda_devices(ready=True) since SERVING_READY is still False.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -68,6 +69,15 @@ if $install_ok; then
     log "pytest -m gpu: rc=$tests_rc, $(tail -1 "$RESULTS/gpu_tests.log")"
 fi
 
+# ---- 2b. end to end with the real v8 client on cuda ---------------------------------------------
+e2e_rc=-1
+if $install_ok; then
+    timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_e2e_models.py \
+        -k test_backends --junitxml="$RESULTS/gpu_e2e.xml" >"$RESULTS/gpu_e2e.log" 2>&1
+    e2e_rc=$?
+    log "e2e on cuda: rc=$e2e_rc, $(tail -1 "$RESULTS/gpu_e2e.log")"
+fi
+
 # ---- 3. benchmark ----------------------------------------------------------------------------
 bench_rc=-1
 if $install_ok; then
@@ -81,12 +91,14 @@ if $install_ok; then
 fi
 
 # ---- summary ---------------------------------------------------------------------------------
-"$PY" - "$RESULTS" "$tests_rc" "$bench_rc" "$install_ok" $((SECONDS - START)) <<'PYEOF'
+"$PY" - "$RESULTS" "$tests_rc" "$bench_rc" "$install_ok" $((SECONDS - START)) "$e2e_rc" <<'PYEOF'
 import json, os, sys, xml.etree.ElementTree as ET
-results, tests_rc, bench_rc, install_ok, seconds = sys.argv[1:]
+results, tests_rc, bench_rc, install_ok, seconds, e2e_rc = sys.argv[1:]
 summary = {"install_ok": install_ok == "true", "seconds": int(seconds),
-           "tests_rc": int(tests_rc), "bench_rc": int(bench_rc),
-           "e2e": "not run: graph execution on cuda is not wired into the server yet"}
+           "tests_rc": int(tests_rc), "bench_rc": int(bench_rc), "e2e_rc": int(e2e_rc)}
+e2e_log = os.path.join(results, "gpu_e2e.log")
+if os.path.exists(e2e_log):
+    summary["e2e"] = open(e2e_log).read().strip().splitlines()[-1:]
 xml = os.path.join(results, "gpu_tests.xml")
 if os.path.exists(xml):
     suite = ET.parse(xml).getroot()
@@ -106,4 +118,4 @@ with open(os.path.join(results, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
 print(json.dumps(summary))
 PYEOF
-[ "$install_ok" = true ] && [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+[ "$install_ok" = true ] && [ "$tests_rc" = 0 ] && [ "$e2e_rc" = 0 ] && [ "$bench_rc" = 0 ]

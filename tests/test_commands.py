@@ -1,4 +1,9 @@
-"""Every command of both dialects through real sockets, with rpcnet's own client."""
+"""Every command of both dialects through real sockets, with rpcnet's own client.
+
+Each test runs on two backends (compute/backend.py): host memory, and a backend that moves
+bytes the CUDA backend's way (pinned-style staging slots, copies completed only when waited on,
+no host view of device memory: tests/support/fakebackend.py).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,31 @@ import numpy as np
 import pytest
 from rpcnet import _native
 from rpcnet.client import RpcClient, ServerClosed
+from rpcnet.compute.device import cpu_device
 from rpcnet.protocol.commands import Cmd
+from support.fakebackend import FakeStagedBackend
+from support.inproc import ServerThread
 
 F32 = 0
+
+
+@pytest.fixture(params=["cpu", "fake-staged"])
+def server_factory(request):
+    """conftest's factory, per backend (the `server` fixtures build on it)."""
+    started: list[ServerThread] = []
+
+    def start(**config) -> ServerThread:
+        devices = None
+        if request.param == "fake-staged":
+            devices = [cpu_device(0, capacity=config.get("mem"))]
+            devices[0].backend = FakeStagedBackend(chunk=4096)  # small: payloads take many
+        srv = ServerThread(devices, **config).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
 
 
 def f32_tensor(buffer: int, data: int, ne=(4, 1, 1, 1), tid: int = 1, **kw) -> _native.RpcTensor:

@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rpcnet.compute.device import cpu_device
 from support import refenv, require
+from support.fakebackend import FakeStagedBackend
 from support.inproc import ServerThread
 from support.models import ZOO, ensure_model, tensor_types
 
@@ -127,7 +129,15 @@ def servers(server_logs: _LogCapture, tmp_path_factory: pytest.TempPathFactory) 
                 return procs[key][1]
             if key not in started:
                 proto = 7 if version == "v7" else 8
-                started[key] = ServerThread(proto=proto, mem=SERVER_MEM).start()
+                devices = None
+                if key.endswith("-staged"):  # transfers the CUDA backend's way, on NumPy
+                    devices = [cpu_device(0, capacity=SERVER_MEM)]
+                    devices[0].backend = FakeStagedBackend()
+                elif key.endswith("-cuda"):  # the GPU (gpu-marked cases only)
+                    from rpcnet.compute.cuda.serve import make_cuda_devices
+
+                    devices = make_cuda_devices("cuda:0", SERVER_MEM, None, ready=True)
+                started[key] = ServerThread(devices, proto=proto, mem=SERVER_MEM).start()
             return started[key].endpoint
 
     yield {"get": get, "started": started}
@@ -408,6 +418,60 @@ def test_prefill_then_decode(e2e: E2E, model: str, version: str, fa: str) -> Non
         opts=("--prefill", PREFILL, "--flash-attn", fa),
     )
     e2e.check(f"decode-{version}-fa{fa}/{model}", case)
+
+
+@pytest.mark.parametrize(
+    "backend", ["cpu", "fake-staged", pytest.param("cuda", marks=pytest.mark.gpu)]
+)
+@pytest.mark.parametrize(("model", "fa"), [("llama-gqa-f32", "1"), ("llama256-Q4_K_M", "0")])
+def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
+    """The backend seam end to end: the same prefill + decode through host memory and through
+    a backend that moves every byte the CUDA backend's way (staged, deferred copies)."""
+    key = {"cpu": "v8", "fake-staged": "v8-staged", "cuda": "v8-cuda"}[backend]
+    case = Case(model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa))
+    e2e.check(f"backend-{backend}-fa{fa}/{model}", case)
+    if backend == "fake-staged":
+        staged = e2e.servers["started"][key].devices[0].backend
+        assert staged.copier.copies > 0, "no byte went through the staging slots"
+        assert staged.pool.in_use == 0, "a transfer kept its staging slots"
+
+
+@pytest.mark.parametrize(
+    ("model", "fa"),
+    [
+        *(
+            (m, fa)
+            for m in ("llama-gqa-f32", "llama256-Q4_K_M", "qwen3-f32", "qwen3moe-f32")
+            for fa in ("0", "1")
+        ),
+        ("bert-f32", "0"),  # bert with FA on is refused by graph.build_nodes on the CPU too
+    ],
+)
+def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, fa: str, monkeypatch) -> None:
+    """Every node of the real client's prefill and decode graphs (FA on and off) has a cuda kernel:
+    served by a cuda device, the graph would be planned, not refused. Checked without a GPU by
+    selecting the cuda entry of each node the CPU server compiles."""
+    import rpcnet.server.session as session_mod
+    from rpcnet.compute.errors import UnsupportedOp
+    from rpcnet.compute.graph import needs_compute
+    from rpcnet.compute.kernels import registry
+
+    compile_plan = session_mod.compile_plan
+    refused: dict[str, str] = {}
+    checked = []
+
+    def also_on_cuda(nodes, *args, **kwargs):
+        for node in filter(needs_compute, nodes):
+            try:
+                checked.append(registry.select(node, "cuda").name)
+            except UnsupportedOp as exc:
+                refused.setdefault(f"{node.op}/{registry.types_of(node)}", str(exc))
+        return compile_plan(nodes, *args, **kwargs)
+
+    monkeypatch.setattr(session_mod, "compile_plan", also_on_cuda)
+    case = Case(model, servers=("v8",), opts=("--prefill", PREFILL, "--flash-attn", fa))
+    e2e.check(f"cuda-coverage-fa{fa}/{model}", case)
+    assert checked and not refused, "\n".join(refused.values())
 
 
 @pytest.mark.parametrize("n_gpu_layers", [1, 2])

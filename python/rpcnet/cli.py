@@ -250,11 +250,16 @@ def cmd_caps(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     from rpcnet.compute import kernels  # noqa: F401 - registers the kernels
+    from rpcnet.compute.cuda.kernels import NOT_YET_ON_CUDA
     from rpcnet.compute.kernels.registry import table
     from rpcnet.compute.ops import op_name
 
-    for k in table("cpu"):
-        print(f"{op_name(k.op):<20} {k.types:<48} {k.device}")
+    for device in ("cpu", "cuda"):
+        for k in table(device):
+            print(f"{op_name(k.op):<20} {k.types:<48} {k.device}")
+    print("\nnot yet on cuda (graphs with these nodes are refused on a cuda device):")
+    for op, why in sorted(NOT_YET_ON_CUDA.items()):
+        print(f"  {op:<20} {why}")
     return 0
 
 

@@ -10,8 +10,9 @@ from rpcnet.server.app import Server, ServerConfig, run_loop
 
 
 class ServerThread:
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, devices: list | None = None, **config: Any) -> None:
         config.setdefault("port", 0)
+        self.devices = devices  # None: the devices `config.device` names
         self.config = ServerConfig(**config)
         self.server: Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -30,7 +31,7 @@ class ServerThread:
     async def _serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.server = Server(self.config)
+        self.server = Server(self.config, self.devices)
         await self.server.start()
         self._ready.set()
         await self._stop.wait()

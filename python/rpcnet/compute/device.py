@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet.compute.backend import CPU, Backend
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
 
@@ -30,11 +31,14 @@ class Device:
     description: str
     memory: MemoryPool
     xp: Any = np
+    backend: Backend = CPU  # where buffers live and how bytes move (compute/backend.py)
     alignment: int = 32
     max_size: int = (1 << 64) - 1
     threads: int = 1
     _worker: ThreadPoolExecutor = field(init=False, repr=False)
 
+    runner: Any = None  # runs plans instead of plan.run (cuda: stream, replay cache, errors)
+    live_memory: Callable[[], tuple[int, int]] | None = None  # (free, total) the device reports
     derived_limit: int | None = None  # bytes for dequantized weight copies; default capacity / 4
     max_scratch: int | None = None  # compute scratch per plan; default min(1 GiB, capacity / 10)
 
@@ -55,16 +59,55 @@ class Device:
         if not self.memory.reserve(nbytes):
             return None
         try:
-            return self.xp.empty(nbytes, dtype=self.xp.uint8)
-        except MemoryError:
+            mem = self.backend.allocate(nbytes)
+        except Exception:
             self.memory.release(nbytes)
-            return None
+            raise
+        if mem is None:
+            self.memory.release(nbytes)
+        return mem
 
-    def release(self, nbytes: int) -> None:
+    @property
+    def kind(self) -> str:
+        """The kernel registry's device key for this device ("cpu", "cuda")."""
+        return self.backend.name
+
+    def release(self, nbytes: int, mem: Any = None) -> None:
+        if mem is not None:
+            self.backend.free(mem)
         self.memory.release(nbytes)
 
     def submit(self, fn: Callable[[], None]) -> Future[None]:
         return self._worker.submit(fn)
+
+    def launch(self, plan: Any, owner: object) -> Future[Any]:
+        """Run `plan` for `owner` (a session) on the worker; the future ends when it is done."""
+        runner = self.runner
+        if runner is None:
+            return self.submit(plan.run)
+        return self._worker.submit(runner.run, plan, owner)
+
+    def buffer_freed(self, handle: int) -> None:
+        if self.runner is not None:
+            self._later(lambda: self.runner.buffer_freed(handle))
+
+    def owner_closed(self, owner: object) -> None:
+        if self.runner is not None:
+            self._later(lambda: self.runner.owner_closed(owner))
+
+    def _later(self, fn: Callable[[], None]) -> None:
+        try:
+            self.submit(fn)
+        except RuntimeError:  # the worker is shut down: the server is closing, nothing to keep
+            pass
+
+    def memory_report(self) -> tuple[int, int]:
+        """(free, total) for GET_DEVICE_MEMORY: the pool (--mem), and the real free memory of
+        the device where it can tell (a GPU shared with other processes)."""
+        free, total = self.memory.free, self.memory.capacity
+        if self.live_memory is not None:
+            free = min(free, self.live_memory()[0])
+        return free, total
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

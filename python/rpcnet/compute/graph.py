@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,9 @@ def build_nodes(graph: _native.Graph, locate: Locator) -> list[Tensor]:
     return nodes
 
 
+_PLAN_UIDS = itertools.count(1)
+
+
 @dataclass
 class Plan:
     """A graph compiled once into kernel closures; re-running it does no decoding."""
@@ -78,6 +82,7 @@ class Plan:
     written: tuple[Any, ...] = ()  # buffers its nodes write into
     scratch: Any = None  # rpcnet.compute.scratch.ScratchLease, released when the plan is dropped
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
+    uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
 
     def release(self) -> None:
         """Return the plan's scratch reservation and footprint to the device now."""
@@ -116,7 +121,10 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
         kernel = registry.select(node, device)
-        bound = 0 if budget is None else scratch.scratch_bytes(node, kernel.name, budget.limit)
+        # The bounds are the CPU kernels' temporaries; GPU plans share one scratch per device
+        # (compute/cuda/kernels.py) instead.
+        counted = budget is not None and device == "cpu"
+        bound = scratch.scratch_bytes(node, kernel.name, budget.limit) if counted else 0
         if bound > need:
             # Checked before build: builders may already allocate index arrays per shape.
             budget.check(bound, registry.describe_node(node))

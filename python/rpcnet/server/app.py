@@ -30,7 +30,7 @@ def make_devices(config: ServerConfig) -> list[Device]:
     if config.device != "cpu":
         from rpcnet.compute.cuda.serve import make_cuda_devices  # one line if CuPy/GPU missing
 
-        return make_cuda_devices(config.device, config.mem, config.threads)
+        return make_cuda_devices(config.device, config.mem, config.threads, config.max_scratch)
     return [
         cpu_device(0, capacity=config.mem, threads=config.threads, max_scratch=config.max_scratch)
     ]

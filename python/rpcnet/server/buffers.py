@@ -57,8 +57,7 @@ class BufferTable:
         buf = self._buffers.pop(handle, None)
         if buf is not None:
             buf.device.derived.drop_buffer(buf)
-            buf.device.release(buf.size)
-            buf.array = None
+            buf.release()
         return buf
 
     def free_all(self) -> int:

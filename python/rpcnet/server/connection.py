@@ -221,7 +221,13 @@ class Connection:
         cache = self.cache
         assert cache is not None  # the session asks for lookups only when there is a cache
         # The file read and the hash check run on a thread; the entry lands in device memory.
-        return await asyncio.to_thread(cache.load_into, lookup.digest, lookup.target)
+        def load() -> bool:
+            found = cache.load_into(lookup.digest, lookup.target)
+            if found:
+                lookup.loaded()  # a GPU backend copies the verified entry to the device
+            return found
+
+        return await asyncio.to_thread(load)
 
     async def _allreduce(self, payload: bytes) -> None:
         job = self.session.begin_comm_allreduce(payload)
@@ -259,12 +265,13 @@ class Connection:
     async def _set_tensor(self, size: int) -> None:
         prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)
         target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
-        await self.stream.readinto(target.view)  # straight into device memory
+        for piece in target.sink.pieces():  # CPU: one piece, the device memory itself
+            await self.stream.readinto(piece)
         cache = self.cache
         if target.cache and cache is not None and cache.writable:
             # Hash and store straight from device memory on a thread (GIL released while
             # hashing); this connection waits, so nothing can change those bytes meanwhile.
-            await asyncio.to_thread(cache.store_hashed, target.view)
+            await asyncio.to_thread(cache.store_hashed, target.received())
 
     async def _wait_graphs(self) -> None:
         for fut in self.session.take_pending():

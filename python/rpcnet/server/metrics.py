@@ -259,7 +259,7 @@ def status_snapshot(server: Server) -> dict[str, Any]:
                 "description": dev.description,
                 "capacity": dev.memory.capacity,
                 "held": dev.memory.held,
-                "free": dev.memory.free,
+                "free": dev.memory_report()[0],
                 "derived_bytes": dev.derived.held,
                 "scratch_bytes": _scratch_bytes(dev),
             }

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpcnet import _native
+from rpcnet.compute.backend import HostSink
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
@@ -43,8 +44,14 @@ class ProtocolViolation(Exception):
 class SetTensorTarget:
     """Where the data of a SET_TENSOR lands, so the transport can receive straight into it."""
 
-    view: Any  # writable uint8 buffer of exactly the payload length
+    sink: HostSink  # receive into sink.pieces(); on the CPU the one piece is device memory
     cache: bool
+    buffer: DeviceBuffer
+    offset: int
+
+    def received(self) -> memoryview:
+        """The payload as it now is in the buffer, for the hash cache (zero-copy on the CPU)."""
+        return self.buffer.read(self.offset, self.sink.nbytes)
 
 
 @dataclass
@@ -54,6 +61,7 @@ class CacheLookup:
 
     digest: int
     target: Callable[[int], Any]
+    loaded: Callable[[], None] = lambda: None  # after a hit: moves the bytes onto the device
 
 
 @dataclass
@@ -61,12 +69,14 @@ class Allreduce:
     """COMM_ALLREDUCE: swap `region` with the peer of `device` and add its values; then `done()`."""
 
     device: int
-    region: Any  # the tensor's bytes (uint8 device memory)
+    region: Any  # the tensor's bytes (uint8 host array: device memory itself on the CPU)
     type_id: int
     ne: int
     buffer: DeviceBuffer
+    offset: int = 0
 
     def done(self) -> None:
+        self.buffer.write_back(self.offset, self.region)  # no-op on host memory
         self.buffer.touched()  # derived caches must not trust what the add changed
 
 
@@ -147,8 +157,7 @@ class Session:
         return msg.u64(self.device(msg.parse_u32(payload)).max_size)
 
     def get_device_memory(self, payload: bytes) -> bytes:
-        mem = self.device(msg.parse_u32(payload)).memory
-        return msg.u64_pair(mem.free, mem.capacity)
+        return msg.u64_pair(*self.device(msg.parse_u32(payload)).memory_report())
 
     def get_alloc_size(self, payload: bytes) -> bytes:
         req = msg.parse_alloc_size(payload)
@@ -231,14 +240,15 @@ class Session:
         handle = msg.parse_u64(payload)
         self.buffer(handle)
         self._invalidate_graphs(handle)
+        for device in self.devices:
+            device.buffer_freed(handle)  # a captured CUDA graph may point into it
         self.buffers.free(handle)
 
     def buffer_clear(self, payload: bytes) -> None:
         req = msg.parse_clear(payload)
         buf = self.buffer(req.handle)
         buf.touched()
-        if buf.size:
-            buf.array.fill(req.value)
+        buf.fill(0, buf.size, req.value)
 
     # ---------------------------------------------------------------- tensor data
 
@@ -256,13 +266,16 @@ class Session:
         )
         start = rel + head.offset
         buf.touched()
-        return SetTensorTarget(buf.region(start, data_len), head.cache and self.caching)
+        sink = buf.host_sink(start, data_len)
+        return SetTensorTarget(sink, head.cache and self.caching, buf, start)
 
     def begin_set_tensor_hash(self, payload: bytes) -> CacheLookup | bytes:
         """The cache lookup to do, or the response right away (no cache: "not found")."""
         req = msg.parse_set_tensor_hash(payload)
         if not self.caching:
             return self.set_tensor_hash_response(False)
+
+        sinks: list[HostSink] = []
 
         def target(size: int) -> Any:
             # Only reached when the entry exists: a miss answers 0 without validating (spec §7.11).
@@ -271,9 +284,14 @@ class Session:
                 buf.base, buf.size, req.tensor.data, req.offset, size, req.tensor.nbytes()
             )
             buf.touched()
-            return buf.region(rel + req.offset, size)
+            sinks.append(buf.host_sink(rel + req.offset, size))
+            return sinks[-1].whole()
 
-        return CacheLookup(req.hash, target)
+        def loaded() -> None:
+            for sink in sinks:
+                sink.commit()
+
+        return CacheLookup(req.hash, target, loaded)
 
     @staticmethod
     def set_tensor_hash_response(found: bool) -> bytes:
@@ -285,8 +303,7 @@ class Session:
         _native.check_region(
             buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes()
         )
-        start = rel + req.offset
-        return memoryview(buf.region(start, req.size))
+        return buf.read(rel + req.offset, req.size)
 
     def memset_tensor(self, payload: bytes) -> None:
         req = msg.parse_memset(payload)
@@ -295,7 +312,7 @@ class Session:
             buf.base, buf.size, req.tensor.data, req.offset, req.size, req.tensor.nbytes()
         )
         buf.touched()
-        buf.region(rel + req.offset, req.size).fill(req.value)
+        buf.fill(rel + req.offset, req.size, req.value)
 
     def copy_tensor(self, payload: bytes) -> bytes:
         req = msg.parse_copy(payload)
@@ -305,8 +322,7 @@ class Session:
         if req.dst.data + n > dst_buf.base + dst_buf.size:
             raise ProtocolViolation("COPY_TENSOR destination range exceeds its buffer")
         dst_buf.touched()
-        if n:
-            dst_buf.region(dst_rel, n)[:] = src_buf.region(src_rel, n)
+        dst_buf.copy_from(dst_rel, src_buf, src_rel, n)
         return msg.u8(1)
 
     def _rows_2d(self, req: msg.Transfer2D, data_len: int | None) -> tuple[DeviceBuffer, int]:
@@ -332,18 +348,14 @@ class Session:
         buf.touched()
         rows = memoryview(payload)[msg.TRANSFER_2D_HEADER :]
         for i in range(req.n_copies):
-            start = base + i * req.stride
-            buf.array[start : start + req.size] = rows[i * req.size : (i + 1) * req.size]
+            buf.write(base + i * req.stride, rows[i * req.size : (i + 1) * req.size])
 
     def get_tensor_2d(self, payload: bytes) -> bytes:
         req = msg.parse_transfer_2d(payload)
         buf, base = self._rows_2d(req, None)
         # Rows may repeat (stride 0): the response is counted like a received payload.
         with self.staging(req.size * req.n_copies):
-            return b"".join(
-                buf.array[base + i * req.stride : base + i * req.stride + req.size]
-                for i in range(req.n_copies)
-            )
+            return b"".join(buf.read(base + i * req.stride, req.size) for i in range(req.n_copies))
 
     # ---------------------------------------------------------------- graphs
 
@@ -358,7 +370,7 @@ class Session:
             )
         try:
             nodes = build_nodes(graph, self.locate)
-            plan = compile_plan(nodes, budget=device.scratch)
+            plan = compile_plan(nodes, device.kind, budget=device.scratch)
         except _native.TensorError as exc:
             raise ComputeError(f"invalid tensor in graph: {exc}") from exc
         if self.proto == 7:
@@ -390,7 +402,7 @@ class Session:
 
     def _launch(self, device: Device, plan: Plan) -> None:
         self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
-        self._pending.append(device.submit(plan.run))
+        self._pending.append(device.launch(plan, self))
 
     def has_pending(self) -> bool:
         return bool(self._pending)
@@ -448,7 +460,7 @@ class Session:
             self._hold(self.devices[device], nbytes - held, "COMM_ALLREDUCE receive buffer")
             self._comm_held[device] = nbytes
         buf.touched()
-        return Allreduce(device, buf.region(rel, nbytes), t.type, ne, buf)
+        return Allreduce(device, buf.host_array(rel, nbytes), t.type, ne, buf, rel)
 
     def comm_failed(self, device: int, reason: str) -> ProtocolViolation:
         """The peer link of `device` broke (the connection closes it): the error to raise."""
@@ -476,6 +488,8 @@ class Session:
         self._last_graph = [None for _ in self.devices]
         for device in self._linked | set(self._comm_held):  # also without COMM_FREE
             self._drop_link(device)
+        for dev in self.devices:
+            dev.owner_closed(self)
         return self.buffers.free_all()
 
 

@@ -7,6 +7,7 @@ rpcnet.compute.cuda.device` works on machines without CuPy; constructing a backe
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -14,8 +15,9 @@ from typing import Any
 
 from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.errors import CudaGraphError, classify, error_status
+from rpcnet.compute.cuda.execute import checked
 from rpcnet.compute.cuda.probe import check_cuda
-from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, Staging
+from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, StagedSink, StagingPool
 
 # cudaMemcpyKind
 _H2D, _D2H, _D2D = 1, 2, 3
@@ -36,9 +38,12 @@ class GpuInfo:
 class CupyCopier:
     """staging.Copier on one CuPy stream: pinned host memory and async copies with events."""
 
-    def __init__(self, cupy: ModuleType, stream: Any) -> None:
+    def __init__(self, cupy: ModuleType, stream: Any, device: Any = None) -> None:
         self.cp = cupy
         self.stream = stream
+        # the stream's GPU is made current for each call: transfers run on the event loop and,
+        # for cache hits, on worker threads, whose current device may be another GPU
+        self.device = device if device is not None else contextlib.nullcontext()
         self._keep: list[Any] = []  # the pinned allocations backing the slot views
 
     def pinned(self, nbytes: int) -> memoryview:
@@ -46,7 +51,7 @@ class CupyCopier:
         self._keep.append(mem)
         import numpy as np
 
-        return memoryview(np.frombuffer(mem, dtype=np.uint8, count=nbytes))
+        return np.frombuffer(mem, dtype=np.uint8, count=nbytes).data
 
     def _host_ptr(self, view: memoryview) -> int:
         import numpy as np
@@ -59,15 +64,20 @@ class CupyCopier:
         return event
 
     def to_device_async(self, dst: int, src: memoryview, nbytes: int) -> object:
-        self.cp.cuda.runtime.memcpyAsync(dst, self._host_ptr(src), nbytes, _H2D, self.stream.ptr)
-        return self._event()
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "upload"):
+            rt = self.cp.cuda.runtime
+            rt.memcpyAsync(dst, self._host_ptr(src), nbytes, _H2D, self.stream.ptr)
+            return self._event()
 
     def to_host_async(self, dst: memoryview, src: int, nbytes: int) -> object:
-        self.cp.cuda.runtime.memcpyAsync(self._host_ptr(dst), src, nbytes, _D2H, self.stream.ptr)
-        return self._event()
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "download"):
+            rt = self.cp.cuda.runtime
+            rt.memcpyAsync(self._host_ptr(dst), src, nbytes, _D2H, self.stream.ptr)
+            return self._event()
 
     def wait(self, token: object) -> None:
-        token.synchronize()  # type: ignore[attr-defined]
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "transfer"):
+            token.synchronize()  # type: ignore[attr-defined]
 
 
 class KernelLibrary:
@@ -106,7 +116,10 @@ class KernelLibrary:
 
 
 class CudaBackend:
-    """One GPU: the small interface the compute layer uses (allocate, view, copy, fill, sync)."""
+    """One GPU: compute.backend.Backend on CuPy (allocate, view, copy, fill, sync, host sink)."""
+
+    name = "cuda"
+    host_resident = False
 
     def __init__(self, index: int, cupy: ModuleType | None = None) -> None:
         if cupy is None:
@@ -127,7 +140,9 @@ class CudaBackend:
             free=int(free),
         )
         self.kernels = KernelLibrary(cupy, self.info.capability)
-        self._staging: Staging | None = None
+        self._staging: StagingPool | None = None
+        self._scratch: dict[str, Any] = {}
+        self._scratch_lock = threading.Lock()
 
     # ---- memory -----------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Any | None:
@@ -145,11 +160,28 @@ class CudaBackend:
             raise
         return cp.ndarray((nbytes,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
 
+    def free(self, buf: Any) -> None:
+        pass  # cudaFree when the last view of the allocation goes (CuPy's Memory)
+
     def view(
         self, buf: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
     ) -> Any:
         """A typed view of `buf` at byte `offset` with byte `strides` (ggml's nb, reversed)."""
         return self.cp.ndarray(shape, dtype=dtype, memptr=buf.data + offset, strides=strides)
+
+    def scratch(self, kind: str, nbytes: int) -> Any | None:
+        """Plan scratch shared by every plan of this GPU (they run one after another on its
+        stream): the current `kind` buffer if it is large enough, else a larger one that
+        replaces it. Plans keep the buffer they were built with alive, so a captured graph never
+        points at freed memory; the old one goes with the last plan that uses it."""
+        with self._scratch_lock:
+            cur = self._scratch.get(kind)
+            if cur is None or cur.size < nbytes:
+                cur = self.allocate(nbytes)
+                if cur is None:
+                    return None
+                self._scratch[kind] = cur
+            return cur
 
     def free_memory(self) -> tuple[int, int]:
         with self.device:
@@ -158,31 +190,73 @@ class CudaBackend:
 
     # ---- transfers --------------------------------------------------------------------
     @property
-    def staging(self) -> Staging:
+    def staging_pool(self) -> StagingPool:
         if self._staging is None:
             with self.device:
-                self._staging = Staging(CupyCopier(self.cp, self.stream), DEFAULT_CHUNK)
+                self._staging = StagingPool(
+                    CupyCopier(self.cp, self.stream, self.device), DEFAULT_CHUNK
+                )
         return self._staging
 
     def upload(self, buf: Any, offset: int, total: int, fill: Any) -> None:
-        with self.device:
-            self.staging.upload(int(buf.data.ptr) + offset, total, fill)
+        pool = self.staging_pool
+        staging = pool.acquire()
+        try:
+            with self.device:
+                staging.upload(int(buf.data.ptr) + offset, total, fill)
+        finally:
+            pool.release(staging)
 
     def download(self, buf: Any, offset: int, total: int, emit: Any) -> None:
-        with self.device:
-            self.staging.download(int(buf.data.ptr) + offset, total, emit)
+        pool = self.staging_pool
+        staging = pool.acquire()
+        try:
+            with self.device:
+                staging.download(int(buf.data.ptr) + offset, total, emit)
+        finally:
+            pool.release(staging)
+
+    def host_sink(self, buf: Any, offset: int, nbytes: int) -> StagedSink:
+        return StagedSink(self.staging_pool, int(buf.data.ptr) + offset, nbytes)
+
+    def to_device(self, buf: Any, offset: int, data: Any) -> None:
+        src = memoryview(data).cast("B")
+        pos = 0
+
+        def fill(view: memoryview) -> None:
+            nonlocal pos
+            view[:] = src[pos : pos + len(view)]
+            pos += len(view)
+
+        self.upload(buf, offset, src.nbytes, fill)
+
+    def to_host(self, buf: Any, offset: int, nbytes: int) -> memoryview:
+        out = bytearray(nbytes)
+        pos = 0
+
+        def emit(view: memoryview) -> None:
+            nonlocal pos
+            out[pos : pos + len(view)] = view
+            pos += len(view)
+
+        self.synchronize("read")  # graph work on this stream first (the stream orders it anyway)
+        self.download(buf, offset, nbytes, emit)
+        return memoryview(out)
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
-        self.cp.cuda.runtime.memcpyAsync(
-            int(dst.data.ptr) + dst_offset,
-            int(src.data.ptr) + src_offset,
-            nbytes,
-            _D2D,
-            self.stream.ptr,
-        )
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "COPY_TENSOR"):
+            self.cp.cuda.runtime.memcpyAsync(
+                int(dst.data.ptr) + dst_offset,
+                int(src.data.ptr) + src_offset,
+                nbytes,
+                _D2D,
+                self.stream.ptr,
+            )
 
     def fill(self, buf: Any, offset: int, nbytes: int, value: int) -> None:
-        self.cp.cuda.runtime.memsetAsync(int(buf.data.ptr) + offset, value, nbytes, self.stream.ptr)
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "memset"):
+            ptr = int(buf.data.ptr) + offset
+            self.cp.cuda.runtime.memsetAsync(ptr, value, nbytes, self.stream.ptr)
 
     def synchronize(self, what: str = "synchronize") -> None:
         try:

@@ -92,9 +92,12 @@ def matvec_id(
     k: int,
     m: int,
     yq_scratch: Any | None = None,
+    ids_tok: int | None = None,
 ) -> None:
     """MUL_MAT_ID decode: w [n_expert, m, k] in block form, y [n_tokens, ne11, k] f32, ids
-    int32 [n_tokens, n_slots], dst [n_tokens, n_slots, m] f32 = W[ids] @ y[slot % ne11]."""
+    int32 [n_tokens, n_slots] (a token's ids `ids_tok` elements apart: default n_slots; ggml's
+    top-k ids are a view of the argsort rows), dst [n_tokens, n_slots, m] f32
+    = W[ids] @ y[slot % ne11]."""
     n_tokens, ne11 = int(y.shape[0]), int(y.shape[1])
     n_slots = int(ids.shape[1])
     rb = row_bytes(type_name, k)
@@ -122,7 +125,7 @@ def matvec_id(
         i64(y_col),
         i64(y_tok),
         i64(1),
-        i64(n_slots),
+        i64(n_slots if ids_tok is None else ids_tok),
         i64(m),
         i64(m * n_slots),
     )

@@ -103,9 +103,12 @@ def parse_device_spec(spec: str) -> list[tuple[str, int | None]]:
     return out
 
 
-def check_cuda(indices: list[int | None]) -> tuple[ModuleType, list[int]]:
-    """CuPy and the concrete GPU indices to serve; CudaUnavailable with one line otherwise."""
-    cupy = import_cupy()
+def check_cuda(
+    indices: list[int | None], cupy: ModuleType | None = None
+) -> tuple[ModuleType, list[int]]:
+    """CuPy and the concrete GPU indices to serve; CudaUnavailable with one line otherwise.
+    (`cupy`: a stand-in module, for tests.)"""
+    cupy = cupy if cupy is not None else import_cupy()
     count = gpu_count(cupy)
     chosen: list[int] = []
     for index in indices:

@@ -11,8 +11,9 @@ CuPy implementation is `rpcnet.compute.cuda.device.CupyCopier`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 DEFAULT_CHUNK = 8 << 20  # 8 MiB: large enough to reach copy-engine speed, small to overlap
 
@@ -65,6 +66,17 @@ class Staging:
             self.pending[slot] = self.copier.to_device_async(dst + offset, view, size)
         self.drain()
 
+    def upload_pieces(self, dst: int, total: int) -> Iterator[memoryview]:
+        """`upload` turned inside out for an event loop: yields the slot view each chunk is to be
+        received into; resuming the generator starts that chunk's copy to the device. When it is
+        exhausted every copy has finished."""
+        for i, (offset, size) in enumerate(chunks(total, self.chunk)):
+            slot = i % 2
+            view = self._take(slot)[:size]
+            yield view
+            self.pending[slot] = self.copier.to_device_async(dst + offset, view, size)
+        self.drain()
+
     def download(self, src: int, total: int, emit: Callable[[memoryview], None]) -> None:
         """Copy `total` bytes from device address `src`, handing each chunk to `emit` in order.
         The copy of chunk i+1 is started before chunk i is emitted."""
@@ -88,3 +100,77 @@ class Staging:
     def drain(self) -> None:
         for slot in (0, 1):
             self._take(slot)
+
+
+class StagingPool:
+    """Staging slot pairs for concurrent transfers (one per connection mid-transfer): a transfer
+    takes a pair for its duration; at most `keep` idle pairs stay allocated."""
+
+    def __init__(self, copier: Copier, chunk: int = DEFAULT_CHUNK, keep: int = 2) -> None:
+        self.copier = copier
+        self.chunk = chunk
+        self.keep = keep
+        self._idle: list[Staging] = []
+        self.in_use = 0
+        self._lock = threading.Lock()  # cache hits upload from a thread
+
+    @property
+    def pinned_bytes(self) -> int:
+        return (len(self._idle) + self.in_use) * 2 * self.chunk
+
+    def acquire(self) -> Staging:
+        with self._lock:
+            self.in_use += 1
+            if self._idle:
+                return self._idle.pop()
+        return Staging(self.copier, self.chunk)
+
+    def release(self, staging: Staging) -> None:
+        with self._lock:
+            self.in_use -= 1
+            if len(self._idle) < self.keep:
+                self._idle.append(staging)
+
+
+class StagedSink:
+    """backend.HostSink of a staged backend: payload pieces land in the pinned slots and are
+    copied to device address `dst` while the next piece arrives.
+
+    `whole()` (a cache-file read, verified before use) is a plain host buffer of all the bytes,
+    uploaded through the slots by `commit()`.
+    """
+
+    def __init__(self, pool: StagingPool, dst: int, nbytes: int) -> None:
+        self.pool = pool
+        self.dst = dst
+        self.nbytes = nbytes
+        self._whole: Any = None
+
+    def pieces(self) -> Iterator[memoryview]:
+        staging = self.pool.acquire()
+        try:
+            yield from staging.upload_pieces(self.dst, self.nbytes)
+        finally:
+            staging.drain()  # also when the receive failed half-way: no copy left in flight
+            self.pool.release(staging)
+
+    def whole(self) -> memoryview:
+        self._whole = bytearray(self.nbytes)
+        return memoryview(self._whole)
+
+    def commit(self) -> None:
+        if self._whole is None:
+            return
+        data, self._whole = memoryview(self._whole), None
+        pos = 0
+
+        def fill(view: memoryview) -> None:
+            nonlocal pos
+            view[:] = data[pos : pos + len(view)]
+            pos += len(view)
+
+        staging = self.pool.acquire()
+        try:
+            staging.upload(self.dst, self.nbytes, fill)
+        finally:
+            self.pool.release(staging)

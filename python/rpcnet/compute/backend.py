@@ -1,0 +1,112 @@
+"""The backend seam: where a device's memory lives and how bytes get in and out of it.
+
+Buffers, views and transfers of every device go through one small interface, so the server
+never slices raw arrays and the same session code serves host memory (NumPy) and GPU memory
+(CuPy, `rpcnet.compute.cuda.backend`).
+
+Receiving a payload goes through a `HostSink`: host memory the socket (or a cache file) writes
+into, in pieces. On the CPU the one piece is the buffer region itself (zero-copy receive); a
+GPU backend hands out pinned staging slots and copies each to the device while the next one
+arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class HostSink(Protocol):
+    """Destination of `n` received bytes at a buffer offset.
+
+    Either iterate `pieces()` and fill each yielded view completely before asking for the next
+    (the bytes arrive in order), or fill `whole()` at once and call `commit()`.
+    """
+
+    nbytes: int
+
+    def pieces(self) -> Iterator[memoryview]: ...
+    def whole(self) -> memoryview: ...
+    def commit(self) -> None: ...
+
+
+class Backend(Protocol):
+    """One device's memory operations; `mem` is what `allocate` returned."""
+
+    name: str  # the kernel registry's device key: "cpu", "cuda"
+    host_resident: bool  # mem is host memory: host views of it are zero-copy
+
+    def allocate(self, nbytes: int) -> Any | None: ...
+    def free(self, mem: Any) -> None: ...
+    def view(
+        self, mem: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
+    ) -> Any: ...
+    def to_device(self, mem: Any, offset: int, data: Any) -> None: ...
+    def to_host(self, mem: Any, offset: int, nbytes: int) -> memoryview: ...
+    def fill(self, mem: Any, offset: int, nbytes: int, value: int) -> None: ...
+    def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None: ...
+    def synchronize(self) -> None: ...
+    def host_sink(self, mem: Any, offset: int, nbytes: int) -> HostSink: ...
+
+
+class DirectSink:
+    """The buffer region itself: bytes land in device memory with no copy (host backends)."""
+
+    def __init__(self, region: Any) -> None:
+        self.region = region
+        self.nbytes = len(region)
+
+    def pieces(self) -> Iterator[memoryview]:
+        if self.nbytes:
+            yield memoryview(self.region)
+
+    def whole(self) -> memoryview:
+        return memoryview(self.region)
+
+    def commit(self) -> None:
+        pass
+
+
+class CpuBackend:
+    """Host memory as NumPy uint8 arrays; every operation is immediate."""
+
+    name = "cpu"
+    host_resident = True
+
+    def allocate(self, nbytes: int) -> Any | None:
+        try:
+            return np.empty(nbytes, dtype=np.uint8)
+        except MemoryError:
+            return None
+
+    def free(self, mem: Any) -> None:
+        pass  # the array goes when its last view does
+
+    def view(
+        self, mem: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
+    ) -> Any:
+        return np.ndarray(shape, dtype=dtype, buffer=mem, offset=offset, strides=strides)
+
+    def to_device(self, mem: Any, offset: int, data: Any) -> None:
+        src = np.frombuffer(data, dtype=np.uint8)
+        mem[offset : offset + src.size] = src
+
+    def to_host(self, mem: Any, offset: int, nbytes: int) -> memoryview:
+        return memoryview(mem[offset : offset + nbytes])  # zero-copy
+
+    def fill(self, mem: Any, offset: int, nbytes: int, value: int) -> None:
+        mem[offset : offset + nbytes].fill(value)
+
+    def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
+        dst[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]
+
+    def synchronize(self) -> None:
+        pass
+
+    def host_sink(self, mem: Any, offset: int, nbytes: int) -> HostSink:
+        return DirectSink(mem[offset : offset + nbytes])
+
+
+CPU = CpuBackend()

@@ -1,0 +1,105 @@
+"""Running plans on one GPU: its stream, the CUDA-graph replay cache, the error policy.
+
+A `PlanRunner` is a device's `runner` (compute/device.py): it runs on the device's worker thread
+(off the event loop, FIFO over all clients), so the GPU work of a plan is launched on the
+device's one stream and the job ends with that stream synchronized: a command that reads a
+graph's outputs waits for the job, i.e. for that stream only.
+
+CUDA errors: a per-graph error becomes `CudaGraphError` (the connection closes that client); a
+sticky one (the context is unusable) goes to `fatal`, which logs it and ends the process
+non-zero so a supervisor restarts it (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rpcnet.compute.cuda.capture import Capturer, GraphReplayCache
+from rpcnet.compute.cuda.errors import (
+    CudaGraphError,
+    CudaStickyError,
+    classify,
+    error_status,
+)
+
+log = logging.getLogger("rpcnet.cuda")
+
+EXIT_STICKY = 70  # EX_SOFTWARE: the supervisor restarts the server
+
+
+def exit_on_sticky(exc: CudaStickyError) -> None:
+    """Default `fatal`: the context is gone for every client; stop the process now."""
+    log.critical("%s; exiting so that a supervisor restarts the server", exc)
+    logging.shutdown()
+    os._exit(EXIT_STICKY)
+
+
+@contextmanager
+def checked(
+    error_type: type[BaseException],
+    what: str,
+    fatal: Callable[[CudaStickyError], None] = exit_on_sticky,
+) -> Iterator[None]:
+    """CUDA errors (`error_type`: CuPy's CUDARuntimeError) of a transfer on the event loop as
+    our narrow errors: a per-transfer one closes the client; a sticky one goes to `fatal`."""
+    try:
+        yield
+    except error_type as exc:
+        status = error_status(exc)
+        err = classify(status, what) if status is not None else CudaGraphError(str(exc))
+        if isinstance(err, CudaStickyError):
+            fatal(err)
+        raise err from exc
+
+
+class PlanRunner:
+    """Device.runner for a GPU: eager / capture / replay per plan, then synchronize."""
+
+    def __init__(
+        self,
+        backend: Any,
+        capturer: Capturer,
+        fatal: Callable[[CudaStickyError], None] = exit_on_sticky,
+    ) -> None:
+        self.backend = backend
+        self.replay = GraphReplayCache(capturer)
+        self.fatal = fatal
+
+    def run(self, plan: Any, owner: Hashable) -> str:
+        for buf in plan.written:
+            buf.touched()  # derived caches of these buffers are stale from here on
+        capturable = all(getattr(step, "capturable", True) for step in plan.steps)
+
+        def eager() -> None:
+            for step in plan.steps:
+                step()
+
+        try:
+            how = self.replay.run(owner, plan.uid, plan.buffers, capturable, eager)
+            self.backend.synchronize("graph")
+        except CudaStickyError as exc:
+            self.fatal(exc)
+            raise
+        except CudaGraphError:
+            raise
+        except Exception as exc:
+            status = error_status(exc)
+            if status is None:
+                raise  # not a CUDA error: a kernel's argument check, a bug (closes the client)
+            err = classify(status, "graph")
+            if isinstance(err, CudaStickyError):
+                self.fatal(err)
+            raise err from exc
+        return how
+
+    # Bookkeeping calls come through the device's worker too (FIFO with the plans), so the
+    # replay cache is only ever touched by one thread.
+    def buffer_freed(self, handle: int) -> None:
+        self.replay.buffer_freed(handle)
+
+    def owner_closed(self, owner: Hashable) -> None:
+        self.replay.session_closed(owner)
