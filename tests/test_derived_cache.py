@@ -9,6 +9,7 @@ from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
 from rpcnet.compute.scratch import PLAN_BYTES_PER_TENSOR
 from support import require
+from support.ggml_oracle import q8_0_x86_dequantized
 from support.opgraph import contiguous_nb
 
 Q8_0, F32, F16, MUL_MAT = 8, 0, 1, 29
@@ -45,8 +46,8 @@ async def test_weight_cache_hits_and_invalidation(server):
         await c.graph_compute([3], [tw, tx, to], uid=1)
         first = np.frombuffer(await c.get_tensor(to, 0, 192), np.float32).reshape(12, 4)
         deq = gguf.quants.dequantize(np.frombuffer(wq, np.uint8).reshape(4, -1), q8_0)
-        # ggml rounds activations to q8_0 against q8_0 weights (quantize_row_q8_0_ref)
-        xq = gguf.quants.dequantize(gguf.quants.quantize(x.astype(np.float32), q8_0), q8_0)
+        # ggml's x86 path rounds activations to q8_0 against q8_0 weights
+        xq = q8_0_x86_dequantized(x.astype(np.float32))
         np.testing.assert_allclose(first, xq @ deq.T, rtol=1e-5)
         held = server.call(lambda: server.server.devices[0].derived.held)
         assert held == 4 * 64 * 4  # the f32 copy is kept, and counted

@@ -17,6 +17,7 @@ from rpcnet import _native
 from rpcnet.compute.kernels.registry import select
 from rpcnet.compute.tensor import Tensor
 from support import refenv
+from support.ggml_oracle import q8_x86
 from support.opgraph import OpGraph, as_f32, contiguous_nb
 
 F32, F16, BF16, I32 = 0, 1, 30, 26
@@ -87,19 +88,6 @@ def real_weights(tmp_path_factory) -> dict[tuple[int, int], tuple[np.ndarray, np
 
 
 # ---- NumPy oracle: ggml's definitions, written independently of the kernels -----------------
-
-
-def q8_x86(x: np.ndarray, with_sum: bool):
-    """arch/x86 quantize_row_q8_0/1 per 32-block: (d as f16->f32, codes, s as f16->f32)."""
-    b = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    amax = np.abs(b).max(axis=2)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    codes = np.rint(b * inv[..., None]).astype(np.int64)  # vroundps: ties to even
-    d16 = d.astype(np.float16).astype(np.float32)
-    s16 = (d * codes.sum(axis=2).astype(np.float32)).astype(np.float16).astype(np.float32)
-    return d16, codes, (s16 if with_sum else None)
 
 
 def q8_k_ref(x: np.ndarray):

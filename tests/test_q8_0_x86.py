@@ -20,26 +20,12 @@ from rpcnet.compute import quant as Q
 from rpcnet.compute.quant.hostisa import host_has_avx
 from rpcnet.ggml_types import GgmlType as T
 from support import require
+from support.ggml_oracle import q8_0_x86_bytes
 from support.opgraph import OpGraph
 
 CPY, SET_ROWS = 34, 42
 F32, I64 = 0, 27
 f32 = np.float32
-
-
-def x86_rule(x: np.ndarray) -> bytes:
-    """ggml x86 AVX quantize_row_q8_0 for finite input: d = amax/127 stored as f16 (F16C, nearest
-    even), q = saturate_int8(round_nearest_even(x * (127/amax)))."""
-    blocks = np.asarray(x, f32).reshape(-1, 32)
-    amax = np.abs(blocks).max(axis=1, keepdims=True)
-    d = amax / f32(127)
-    safe = np.where(amax == 0, f32(1), amax)
-    mul = np.where(amax == 0, f32(0), f32(127) / safe).astype(f32)
-    q = np.clip(np.rint(blocks * mul), -128, 127).astype(np.int8)
-    out = np.empty((blocks.shape[0], 34), np.uint8)
-    out[:, :2] = d.astype(np.float16).view(np.uint8)
-    out[:, 2:] = q.view(np.uint8)
-    return out.tobytes()
 
 
 def tie_blocks() -> np.ndarray:
@@ -64,19 +50,19 @@ def test_tie_blocks_separate_the_rules() -> None:
     x = tie_blocks()
     ref = Q.quantize(T.Q8_0, x).tobytes()
     assert ref == gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0).tobytes()
-    ours, expected = np.frombuffer(ref, np.uint8), np.frombuffer(x86_rule(x), np.uint8)
+    ours, expected = np.frombuffer(ref, np.uint8), np.frombuffer(q8_0_x86_bytes(x), np.uint8)
     differ = np.flatnonzero(ours != expected)
     assert differ.size >= 10, differ  # ten halves of block a, one each in b and c
     assert {int(i) // 34 for i in differ} == {0, 1, 2}
 
 
 @pytest.mark.skipif(not host_has_avx(), reason="the x86 rule is what AVX hosts run")
-def test_quantize_cpu_follows_the_x86_rule() -> None:
+def test_quantize_cpu_follows_the_q8_0_x86_bytes() -> None:
     rng = np.random.default_rng(11)
     x = tie_blocks()
-    assert Q.quantize_cpu(T.Q8_0, x).tobytes() == x86_rule(x)
+    assert Q.quantize_cpu(T.Q8_0, x).tobytes() == q8_0_x86_bytes(x)
     wide = (rng.standard_normal((17, 96)) * rng.uniform(1e-3, 1e3, (17, 1))).astype(f32)
-    assert Q.quantize_cpu(T.Q8_0, wide).tobytes() == x86_rule(wide)
+    assert Q.quantize_cpu(T.Q8_0, wide).tobytes() == q8_0_x86_bytes(wide)
 
 
 def test_quantize_cpu_saturates_like_the_packs() -> None:
@@ -101,7 +87,7 @@ def test_cpy_f32_to_q8_0_matches_reference(reference_v8: int, rpcnet_v8: int) ->
     out = g.op(CPY, T.Q8_0, ne, (src, dst), inplace_of=dst)
     (ref,) = g.run(reference_v8, [out])
     (ours,) = g.run(rpcnet_v8, [out])
-    assert ref == x86_rule(x), "the reference server does not run the x86 rule on this host"
+    assert ref == q8_0_x86_bytes(x), "the reference server does not run the x86 rule on this host"
     assert ours == ref
 
 
@@ -118,5 +104,5 @@ def test_set_rows_into_q8_0_matches_reference(reference_v8: int, rpcnet_v8: int)
     (ours,) = g.run(rpcnet_v8, [out])
     rb = Q.row_bytes(T.Q8_0, ne0)
     for i, row in zip(ids, rows, strict=True):
-        assert ref[i * rb : (i + 1) * rb] == x86_rule(row), f"reference row {i}"
+        assert ref[i * rb : (i + 1) * rb] == q8_0_x86_bytes(row), f"reference row {i}"
     assert ours == ref
