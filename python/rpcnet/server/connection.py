@@ -72,6 +72,7 @@ class Connection:
         self.cmd = int(Cmd.HELLO)
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
+        self._receiving = False  # a fast-path SET_TENSOR payload is still arriving
         self._stopping = False
 
     @property
@@ -81,7 +82,7 @@ class Connection:
     def stop_after_command(self) -> None:
         """Server drain: finish the command in progress (if any), then close."""
         self._stopping = True
-        if self._idle and self._task is not None:
+        if self._idle and not self._receiving and self._task is not None:
             self._task.cancel()
 
     async def run(self) -> None:
@@ -174,10 +175,14 @@ class Connection:
             if len(data) < HEADER_SIZE:
                 return
             cmd, size = _HEADER.unpack_from(data)
+            if cmd in WAITS and session.has_pending():
+                return
+            if cmd == SET_TENSOR:
+                if not self._fast_set_tensor(data, size):
+                    return
+                continue
             handler = HANDLERS.get(cmd)
             if handler is None or len(data) - HEADER_SIZE < size:
-                return
-            if cmd in WAITS and session.has_pending():
                 return
             self._admit(cmd, size)
             payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
@@ -185,6 +190,33 @@ class Connection:
             self.stats.begin(cmd, size)
             self._respond(handler(session, payload))
             self.stats.end()
+
+    def _fast_set_tensor(self, data: memoryview, size: int) -> bool:
+        """SET_TENSOR from the protocol callback once its prefix is staged: the payload goes
+        straight into device memory. False: left to the coroutine (or receiving still)."""
+        prefix_end = HEADER_SIZE + msg.SET_TENSOR_HEADER
+        if len(data) < prefix_end or size < msg.SET_TENSOR_HEADER:
+            return False  # (a too-short frame is the coroutine's to reject)
+        cache = self.cache
+        if data[HEADER_SIZE + msg.TENSOR] and cache is not None and cache.writable:
+            return False  # the cache write runs on a thread: the coroutine does it
+        self._admit(SET_TENSOR, size)
+        prefix = bytes(data[HEADER_SIZE:prefix_end])
+        stream = self.stream
+        stream.consume(prefix_end)
+        self.stats.begin(SET_TENSOR, size)
+        target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
+        if stream.receive_into(target.view, self._fast_set_done):
+            self.stats.end()
+            return True
+        self._receiving = True
+        return False
+
+    def _fast_set_done(self) -> None:
+        self._receiving = False
+        self.stats.end()
+        if self._stopping and self._idle and self._task is not None:  # drain: this was the last
+            self._task.cancel()
 
     # ------------------------------------------------------------ commands that need I/O
 
@@ -251,8 +283,7 @@ class Connection:
                 header + view.tobytes() if not isinstance(payload, bytes) else header + payload
             )
         else:
-            self.stream.write(header)
-            self.stream.write(view)  # zero-copy; see the drain() in _serve
+            self.stream.writelines([header, view])  # zero-copy; see the drain() in _serve
 
     async def _set_tensor(self, size: int) -> None:
         prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)
