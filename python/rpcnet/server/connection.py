@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from concurrent.futures import Future
 from typing import Protocol
 
 from rpcnet import _native
@@ -32,6 +33,16 @@ from rpcnet.transport.base import ByteStream, ConnectionClosed
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
+
+
+class LinkFailed(Exception):
+    """An allreduce launched on the device worker failed on its peer link."""
+
+    def __init__(self, device: int, reason: str) -> None:
+        super().__init__(reason)
+        self.device = device
+        self.reason = reason
+
 
 _HEADER = struct.Struct("<BQ")
 _SIZE = struct.Struct("<Q")
@@ -73,6 +84,8 @@ class Connection:
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
         self._receiving = False  # a fast-path SET_TENSOR payload is still arriving
+        self._failure: ProtocolViolation | None = None  # a launched allreduce failed
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
     @property
@@ -87,8 +100,13 @@ class Connection:
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
         try:
             await self._serve()
+        except asyncio.CancelledError:
+            if self._failure is None:
+                raise
+            log.warning("%s: closing connection: COMM_ALLREDUCE: %s", self.peer, self._failure)
         except ConnectionClosed:
             log.debug("%s: disconnected", self.peer)
         except asyncio.TimeoutError:
@@ -105,10 +123,10 @@ class Connection:
             )
         finally:
             self.stream.close()
-            await self._finish_graphs()
-            for link in self.links.values():  # also without COMM_FREE
+            for link in self.links.values():  # also without COMM_FREE; wakes a waiting exchange
                 link.close()
             self.links.clear()
+            await self._finish_graphs()
             self.stats.close()
             released = self.session.close()
             log.debug("%s: released %d bytes", self.peer, released)
@@ -134,6 +152,8 @@ class Connection:
         stream = self.stream = await self.negotiation.after_hello(self.stream)  # RDMA or same
         stream.fast_path = self._fast_path
         while True:
+            if self._failure is not None:
+                raise self._failure
             self._idle = True
             try:
                 if self._stopping or await stream.at_eof():
@@ -146,7 +166,7 @@ class Connection:
             await stream.drain()
             cmd, size = await self._header()
             self._admit(cmd, size)
-            if cmd in WAITS:
+            if cmd in WAITS and cmd != COMM_ALLREDUCE:  # that one queues behind the graphs
                 await self._wait_graphs()
             handler = HANDLERS.get(cmd)
             if handler is not None:
@@ -170,11 +190,21 @@ class Connection:
         a command that needs I/O, an unfinished graph, a full socket) is left for it.
         """
         stream, session = self.stream, self.session
-        while stream.write_ready:
+        while stream.write_ready and self._failure is None:
             data = stream.staged()
             if len(data) < HEADER_SIZE:
                 return
             cmd, size = _HEADER.unpack_from(data)
+            if cmd == COMM_ALLREDUCE:  # launched, not waited for: see _launch_allreduce
+                if len(data) - HEADER_SIZE < size:
+                    return
+                self._admit(cmd, size)
+                payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
+                stream.consume(HEADER_SIZE + size)
+                self.stats.begin(cmd, size)
+                self._launch_allreduce(payload)
+                self.stats.end()
+                continue
             if cmd in WAITS and session.has_pending():
                 return
             if cmd == SET_TENSOR:
@@ -215,7 +245,8 @@ class Connection:
     def _fast_set_done(self) -> None:
         self._receiving = False
         self.stats.end()
-        if self._stopping and self._idle and self._task is not None:  # drain: this was the last
+        stop = self._stopping or self._failure is not None
+        if stop and self._idle and self._task is not None:  # drain, or a failed link
             self._task.cancel()
 
     # ------------------------------------------------------------ commands that need I/O
@@ -238,8 +269,8 @@ class Connection:
                     self.links[req.device] = link
                 req = session.comm_init_done(req.device, link is not None)
             self._respond(req)
-        elif cmd == COMM_ALLREDUCE:  # this connection's graphs are done (WAITS_FOR_GRAPH)
-            await self._allreduce(await stream.readexactly(size))
+        elif cmd == COMM_ALLREDUCE:
+            self._launch_allreduce(await stream.readexactly(size))
         elif cmd == COMM_FREE:
             link = self.links.pop(session.comm_free(await stream.readexactly(size)), None)
             if link is not None:
@@ -253,19 +284,47 @@ class Connection:
         # The file read and the hash check run on a thread; the entry lands in device memory.
         return await asyncio.to_thread(cache.load_into, lookup.digest, lookup.target)
 
-    async def _allreduce(self, payload: bytes) -> None:
+    def _launch_allreduce(self, payload: bytes) -> None:
+        """Queue the exchange and add on the link's thread, behind this connection's graphs.
+
+        A decode step of a tensor split is graph, allreduce, graph, ...: it runs on the device
+        worker and the link thread, each handing the next job to the other; the event loop only
+        hears of an allreduce if it fails.
+        """
         job = self.session.begin_comm_allreduce(payload)
         if job is None:
             return
         link = self.links[job.device]
-        try:
-            await link.allreduce(job.region, job.type_id, job.ne)
-        except CommError as exc:
-            self.links.pop(job.device, None)
+
+        def exchange() -> None:
+            try:
+                link.allreduce(job.region, job.type_id, job.ne)
+            except CommError as exc:
+                raise LinkFailed(job.device, str(exc)) from exc
+            finally:
+                job.done()
+
+        future = self.session.launch(link, exchange)
+        future.add_done_callback(self._exchange_done)
+
+    def _exchange_done(self, future: Future[None]) -> None:
+        """On the link thread: report a failed exchange to the loop (successes stay silent)."""
+        exc = future.exception() if not future.cancelled() else None
+        if isinstance(exc, LinkFailed) and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._link_failed, exc)
+            except RuntimeError:  # the loop is closed: the server is gone anyway
+                pass
+
+    def _link_failed(self, exc: LinkFailed) -> None:
+        if self._failure is not None:
+            return
+        link = self.links.pop(exc.device, None)
+        if link is not None:
             link.close()
-            raise self.session.comm_failed(job.device, str(exc)) from exc
-        finally:
-            job.done()
+        self._failure = self.session.comm_failed(exc.device, exc.reason)
+        if self._idle and not self._receiving and self._task is not None:
+            self._task.cancel()  # waiting for a frame: close now (logged in run)
 
     async def _header(self) -> tuple[int, int]:
         cmd, size = _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
@@ -301,6 +360,10 @@ class Connection:
                 await asyncio.wrap_future(fut)
             except ComputeError:
                 raise
+            except LinkFailed as exc:
+                self._link_failed(exc)
+                assert self._failure is not None
+                raise self._failure from exc
             except Exception as exc:  # kernels failing on client data: close, do not crash
                 raise ComputeError(f"graph execution failed: {type(exc).__name__}: {exc}") from exc
 
