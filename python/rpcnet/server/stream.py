@@ -15,6 +15,7 @@ from rpcnet._native import MAX_CHUNK, chunk_plan
 from rpcnet.transport.base import ConnectionClosed
 
 STAGING = 256 * 1024
+FIRST_READ = 16 * 1024
 
 
 class StreamProtocol(asyncio.BufferedProtocol):
@@ -53,7 +54,10 @@ class StreamProtocol(asyncio.BufferedProtocol):
             return self._target[self._filled : self._filled + MAX_CHUNK]
         if self._start == self._end:
             self._start = self._end = 0
-        elif self._end == STAGING:  # compact so the free space is contiguous
+            # A frame starts here: read a little first, so that a large payload is copied out
+            # of staging only for its first bytes and lands directly in its destination after.
+            return self._staged[:FIRST_READ]
+        if self._end == STAGING:  # compact so the free space is contiguous
             n = self._end - self._start
             self._staging[:n] = self._staging[self._start : self._end]
             self._start, self._end = 0, n
