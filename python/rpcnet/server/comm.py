@@ -167,9 +167,9 @@ class PeerLink:
         try:
             if self.rank == 0:  # rank 0 sends first, rank 1 receives first (spec §11.3)
                 self._send_all(send, deadline)
-                self._recv_exactly(memoryview(received), deadline)
+                self._recv_exactly(received.data, deadline)
             else:
-                self._recv_exactly(memoryview(received), deadline)
+                self._recv_exactly(received.data, deadline)
                 self._send_all(send, deadline)
         except TimeoutError as exc:
             # A peer that stalls without closing must not hold this connection forever.
