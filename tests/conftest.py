@@ -26,6 +26,7 @@ def pytest_report_header() -> str:
 RINGS: dict[str, tuple[str, ...]] = {
     "test_bad_input": ("unit",),
     "test_cache": ("unit",),
+    "test_chain": ("unit",),
     "test_cli": ("unit",),
     "test_commands": ("unit",),
     "test_concurrency": ("unit",),
