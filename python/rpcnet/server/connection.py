@@ -36,7 +36,7 @@ log = logging.getLogger("rpcnet.server")
 
 
 class LinkFailed(Exception):
-    """An allreduce launched on the device worker failed on its peer link."""
+    """An allreduce launched on its peer link's thread failed (the link broke or timed out)."""
 
     def __init__(self, device: int, reason: str) -> None:
         super().__init__(reason)
