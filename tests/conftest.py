@@ -26,6 +26,7 @@ def pytest_report_header() -> str:
 RINGS: dict[str, tuple[str, ...]] = {
     "test_bad_input": ("unit",),
     "test_cache": ("unit",),
+    "test_chain": ("unit",),
     "test_cli": ("unit",),
     "test_commands": ("unit",),
     "test_concurrency": ("unit",),
@@ -50,6 +51,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_refenv": ("reference",),
     "test_e2e_models": ("e2e", "slow"),
     "test_multihost": ("e2e",),
+    "test_rss_return": ("e2e",),
     "test_soak": ("e2e", "slow"),
     "test_rdma_fake_verbs": ("rdma",),
     "test_rdma_resolver": ("rdma",),

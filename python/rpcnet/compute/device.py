@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -80,12 +81,17 @@ class Device:
     def submit(self, fn: Callable[[], None]) -> Future[None]:
         return self._worker.submit(fn)
 
-    def launch(self, plan: Any, owner: object) -> Future[Any]:
-        """Run `plan` for `owner` (a session) on the worker; the future ends when it is done."""
+    def plan_work(self, plan: Any, owner: object) -> Callable[[], None]:
+        """What the worker runs for `plan` launched by `owner` (a session): the plan itself, or
+        on a GPU the device's runner (stream, CUDA-graph replay, error policy)."""
         runner = self.runner
         if runner is None:
-            return self.submit(plan.run)
-        return self._worker.submit(runner.run, plan, owner)
+            return plan.run
+        return functools.partial(runner.run, plan, owner)
+
+    def launch(self, plan: Any, owner: object) -> Future[Any]:
+        """Run `plan` for `owner` (a session) on the worker; the future ends when it is done."""
+        return self.submit(self.plan_work(plan, owner))
 
     def buffer_freed(self, handle: int) -> None:
         if self.runner is not None:

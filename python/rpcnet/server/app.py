@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from rpcnet.compute.device import Device, cpu_device
+from rpcnet.compute.trim import release_free_memory
 from rpcnet.server.access import allowed, default_allow, is_loopback
 from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
@@ -103,7 +104,12 @@ class Server:
         conn = Connection(self, stream, name)
         task = asyncio.get_running_loop().create_task(conn.run())
         self.connections[task] = conn
-        task.add_done_callback(lambda t: self.connections.pop(t, None))
+        task.add_done_callback(self._connection_done)
+
+    def _connection_done(self, task: asyncio.Task[None]) -> None:
+        self.connections.pop(task, None)
+        if not self.connections:  # the last client left: give its memory back to the OS
+            asyncio.get_running_loop().run_in_executor(None, release_free_memory)
 
     async def serve_forever(self) -> None:
         assert self._server is not None

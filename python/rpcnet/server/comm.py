@@ -20,8 +20,8 @@ Wire behaviour is the reference's (spec §11), so a peer may be another rpcnet o
 
 Where rpcnet differs from the reference, on purpose:
 
-* every wait is a coroutine: rank 0 waiting for its peer, rank 1's connect retries and the
-  exchanges block only the connection that asked, never the server;
+* every wait blocks only the connection that asked, never the server: rank 0 waiting for its
+  peer and rank 1's connect retries are coroutines, an exchange waits on its link's thread;
 * rank 0 waits at most ``ServerConfig.comm_timeout`` seconds (the reference waits forever),
   then answers ``ok = 0`` so the client falls back to its own reduction;
 * rank 0 listens on the server's own host (``--host``), not on every interface, and accepts the
@@ -29,16 +29,22 @@ Where rpcnet differs from the reference, on purpose:
 * a peer that disappears, or a failed exchange, closes the one client connection whose link it
   was; the link of a connection that ends without COMM_FREE is closed with it.
 
-Large conversions and adds (over :data:`INLINE_BYTES`) run on a worker thread so that other
-clients keep being served meanwhile; small ones (single-token decode) run inline, which is
-cheaper than a thread hop.
+The exchange and the add of COMM_ALLREDUCE run on the link's own thread, chained after the
+connection's graphs (server/chain.py): a tensor-parallel decode step is graph, allreduce, graph,
+... handed between the device worker and the link thread with no hop to the event loop; the loop
+only launches them. The device worker never waits for a peer, so other clients keep computing
+and two servers serving several tensor-split clients cannot deadlock on each other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +62,6 @@ PEER_CAPS = NO_CAPS  # TCP only (spec §11.2, §12)
 BF16_MIN_ELEMENTS = 32768  # F32 tensors with at least this many elements travel as bf16
 CONNECT_ATTEMPTS = 100  # rank 1, like the reference: 100 tries, 50 ms apart (~5 s)
 CONNECT_DELAY = 0.05
-INLINE_BYTES = 256 << 10  # wire payloads up to this size are converted and added inline
 DEFAULT_TIMEOUT = ServerConfig.comm_timeout
 
 # types an allreduce can add -> bytes per element
@@ -113,10 +118,6 @@ def accumulate(region: Any, received: Any, type_id: int, ne: int) -> None:
         raise ValueError(f"allreduce of ggml type {type_id}")
 
 
-async def _run(big: bool, fn: Any, *args: Any) -> Any:
-    return await asyncio.to_thread(fn, *args) if big else fn(*args)
-
-
 # ---------------------------------------------------------------- links
 
 
@@ -138,46 +139,77 @@ class PeerLink:
         self.stats = CommStats(links=1)
         self._scratch = np.empty(0, dtype=np.uint8)
         self.closed = False
+        # Exchanges wait for the peer here, never on the device worker (see server/chain.py).
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"rpcnet-link{device}")
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        return self._thread.submit(fn)
 
     def __repr__(self) -> str:
         return f"PeerLink(device {self.device}, rank {self.rank}, peer {self.peer})"
 
-    async def allreduce(self, region: Any, type_id: int, ne: int) -> None:
-        """Swap `region` (the tensor's bytes, a uint8 array) with the peer and add its values."""
+    def allreduce(self, region: Any, type_id: int, ne: int) -> None:
+        """Swap `region` (the tensor's bytes, a uint8 array) with the peer and add its values.
+
+        Runs on the link's thread, right after the graph that produced the tensor: no hop to
+        the event loop and back per allreduce. The wait for the peer is bounded; closing the
+        link (from another thread) ends it at once.
+        """
         if self.closed:
             raise CommError("the peer link is closed")
         wire = wire_size(type_id, ne, region.nbytes)
-        big = wire > INLINE_BYTES
-        send = await _run(big, encode, region, type_id, ne)
+        send = memoryview(encode(region, type_id, ne)).cast("B")
         if self._scratch.nbytes < wire:
             self._scratch = np.empty(wire, dtype=np.uint8)
         received = self._scratch[:wire]
         limit = self.hub.timeout * EXCHANGE_TIMEOUT_FACTOR
+        deadline = time.monotonic() + limit
         try:
-            await asyncio.wait_for(self._exchange(send, received), limit)
-        except asyncio.TimeoutError as exc:
+            if self.rank == 0:  # rank 0 sends first, rank 1 receives first (spec §11.3)
+                self._send_all(send, deadline)
+                self._recv_exactly(received.data, deadline)
+            else:
+                self._recv_exactly(received.data, deadline)
+                self._send_all(send, deadline)
+        except TimeoutError as exc:
             # A peer that stalls without closing must not hold this connection forever.
             raise CommError(f"peer {self.peer} sent nothing for {limit:.0f} s") from exc
         except OSError as exc:
+            if self.closed:
+                raise CommError("the peer link is closed") from exc
             raise CommError(f"peer {self.peer}: {exc.strerror or exc}") from exc
         for stats in (self.stats, self.hub.stats):
             stats.allreduces += 1
             stats.bytes_sent += wire
             stats.bytes_received += wire
-        await _run(big, accumulate, region, received, type_id, ne)
+        accumulate(region, received, type_id, ne)
 
-    async def _exchange(self, send: Any, received: Any) -> None:
-        loop = asyncio.get_running_loop()
-        if self.rank == 0:  # rank 0 sends first, rank 1 receives first (spec §11.3)
-            await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
-            await self._recv_exactly(loop, memoryview(received))
-        else:
-            await self._recv_exactly(loop, memoryview(received))
-            await loop.sock_sendall(self.sock, memoryview(send).cast("B"))
+    def _wait(self, events: int, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not self._poll(events, remaining):
+            raise TimeoutError
 
-    async def _recv_exactly(self, loop: asyncio.AbstractEventLoop, view: memoryview) -> None:
+    def _poll(self, events: int, timeout: float) -> bool:
+        poller = select.poll()
+        poller.register(self.sock, events)
+        return bool(poller.poll(timeout * 1000))
+
+    def _send_all(self, view: memoryview, deadline: float) -> None:
         while view.nbytes:
-            n = await loop.sock_recv_into(self.sock, view)
+            try:
+                n = self.sock.send(view)
+            except BlockingIOError:
+                self._wait(select.POLLOUT, deadline)
+                continue
+            view = view[n:]
+
+    def _recv_exactly(self, view: memoryview, deadline: float) -> None:
+        while view.nbytes:
+            try:
+                n = self.sock.recv_into(view)
+            except BlockingIOError:
+                self._wait(select.POLLIN, deadline)
+                continue
             if n == 0:
                 raise CommError(f"peer {self.peer} closed the link")
             view = view[n:]
@@ -188,6 +220,11 @@ class PeerLink:
         self.closed = True
         self.hub.links.discard(self)
         self._scratch = np.empty(0, dtype=np.uint8)
+        self._thread.shutdown(wait=False)  # queued exchanges still run, and fail at once
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes an exchange waiting for the peer
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from concurrent.futures import Future
 from typing import Protocol
 
 from rpcnet import _native
@@ -33,6 +34,16 @@ from rpcnet.transport.base import ByteStream, ConnectionClosed
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
+
+
+class LinkFailed(Exception):
+    """An allreduce launched on its peer link's thread failed (the link broke or timed out)."""
+
+    def __init__(self, device: int, reason: str) -> None:
+        super().__init__(reason)
+        self.device = device
+        self.reason = reason
+
 
 _HEADER = struct.Struct("<BQ")
 _SIZE = struct.Struct("<Q")
@@ -74,6 +85,9 @@ class Connection:
         self.cmd = int(Cmd.HELLO)
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
+        self._receiving = False  # a fast-path SET_TENSOR payload is still arriving
+        self._failure: ProtocolViolation | None = None  # a launched allreduce failed
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
     @property
@@ -83,13 +97,18 @@ class Connection:
     def stop_after_command(self) -> None:
         """Server drain: finish the command in progress (if any), then close."""
         self._stopping = True
-        if self._idle and self._task is not None:
+        if self._idle and not self._receiving and self._task is not None:
             self._task.cancel()
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
         try:
             await self._serve()
+        except asyncio.CancelledError:
+            if self._failure is None:
+                raise
+            log.warning("%s: closing connection: COMM_ALLREDUCE: %s", self.peer, self._failure)
         except ConnectionClosed:
             log.debug("%s: disconnected", self.peer)
         except asyncio.TimeoutError:
@@ -106,10 +125,10 @@ class Connection:
             )
         finally:
             self.stream.close()
-            await self._finish_graphs()
-            for link in self.links.values():  # also without COMM_FREE
+            for link in self.links.values():  # also without COMM_FREE; wakes a waiting exchange
                 link.close()
             self.links.clear()
+            await self._finish_graphs()
             self.stats.close()
             released = self.session.close()
             log.debug("%s: released %d bytes", self.peer, released)
@@ -135,6 +154,8 @@ class Connection:
         stream = self.stream = await self.negotiation.after_hello(self.stream)  # RDMA or same
         stream.fast_path = self._fast_path
         while True:
+            if self._failure is not None:
+                raise self._failure
             self._idle = True
             try:
                 if self._stopping or await stream.at_eof():
@@ -147,7 +168,7 @@ class Connection:
             await stream.drain()
             cmd, size = await self._header()
             self._admit(cmd, size)
-            if cmd in WAITS:
+            if cmd in WAITS and cmd != COMM_ALLREDUCE:  # that one queues behind the graphs
                 await self._wait_graphs()
             handler = HANDLERS.get(cmd)
             if handler is not None:
@@ -171,15 +192,29 @@ class Connection:
         a command that needs I/O, an unfinished graph, a full socket) is left for it.
         """
         stream, session = self.stream, self.session
-        while stream.write_ready:
+        while stream.write_ready and self._failure is None:
             data = stream.staged()
             if len(data) < HEADER_SIZE:
                 return
             cmd, size = _HEADER.unpack_from(data)
+            if cmd == COMM_ALLREDUCE:  # launched, not waited for: see _launch_allreduce
+                if len(data) - HEADER_SIZE < size:
+                    return
+                self._admit(cmd, size)
+                payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
+                stream.consume(HEADER_SIZE + size)
+                self.stats.begin(cmd, size)
+                self._launch_allreduce(payload)
+                self.stats.end()
+                continue
+            if cmd in WAITS and session.has_pending():
+                return
+            if cmd == SET_TENSOR:
+                if not self._fast_set_tensor(data, size):
+                    return
+                continue
             handler = HANDLERS.get(cmd)
             if handler is None or len(data) - HEADER_SIZE < size:
-                return
-            if cmd in WAITS and session.has_pending():
                 return
             self._admit(cmd, size)
             payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
@@ -187,6 +222,34 @@ class Connection:
             self.stats.begin(cmd, size)
             self._respond(handler(session, payload))
             self.stats.end()
+
+    def _fast_set_tensor(self, data: memoryview, size: int) -> bool:
+        """SET_TENSOR from the protocol callback once its prefix is staged: the payload goes
+        straight into device memory. False: left to the coroutine (or receiving still)."""
+        prefix_end = HEADER_SIZE + msg.SET_TENSOR_HEADER
+        if len(data) < prefix_end or size < msg.SET_TENSOR_HEADER:
+            return False  # (a too-short frame is the coroutine's to reject)
+        cache = self.cache
+        if data[HEADER_SIZE + msg.TENSOR] and cache is not None and cache.writable:
+            return False  # the cache write runs on a thread: the coroutine does it
+        self._admit(SET_TENSOR, size)
+        prefix = bytes(data[HEADER_SIZE:prefix_end])
+        stream = self.stream
+        stream.consume(prefix_end)
+        self.stats.begin(SET_TENSOR, size)
+        target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
+        if stream.receive_into(target.view, self._fast_set_done):
+            self.stats.end()
+            return True
+        self._receiving = True
+        return False
+
+    def _fast_set_done(self) -> None:
+        self._receiving = False
+        self.stats.end()
+        stop = self._stopping or self._failure is not None
+        if stop and self._idle and self._task is not None:  # drain, or a failed link
+            self._task.cancel()
 
     # ------------------------------------------------------------ commands that need I/O
 
@@ -208,8 +271,8 @@ class Connection:
                     self.links[req.device] = link
                 req = session.comm_init_done(req.device, link is not None)
             self._respond(req)
-        elif cmd == COMM_ALLREDUCE:  # this connection's graphs are done (WAITS_FOR_GRAPH)
-            await self._allreduce(await stream.readexactly(size))
+        elif cmd == COMM_ALLREDUCE:
+            self._launch_allreduce(await stream.readexactly(size))
         elif cmd == COMM_FREE:
             link = self.links.pop(session.comm_free(await stream.readexactly(size)), None)
             if link is not None:
@@ -229,19 +292,47 @@ class Connection:
 
         return await asyncio.to_thread(load)
 
-    async def _allreduce(self, payload: bytes) -> None:
+    def _launch_allreduce(self, payload: bytes) -> None:
+        """Queue the exchange and add on the link's thread, behind this connection's graphs.
+
+        A decode step of a tensor split is graph, allreduce, graph, ...: it runs on the device
+        worker and the link thread, each handing the next job to the other; the event loop only
+        hears of an allreduce if it fails.
+        """
         job = self.session.begin_comm_allreduce(payload)
         if job is None:
             return
         link = self.links[job.device]
-        try:
-            await link.allreduce(job.region, job.type_id, job.ne)
-        except CommError as exc:
-            self.links.pop(job.device, None)
+
+        def exchange() -> None:
+            try:
+                link.allreduce(job.region, job.type_id, job.ne)
+            except CommError as exc:
+                raise LinkFailed(job.device, str(exc)) from exc
+            finally:
+                job.done()
+
+        future = self.session.launch(link, exchange)
+        future.add_done_callback(self._exchange_done)
+
+    def _exchange_done(self, future: Future[None]) -> None:
+        """On the link thread: report a failed exchange to the loop (successes stay silent)."""
+        exc = future.exception() if not future.cancelled() else None
+        if isinstance(exc, LinkFailed) and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._link_failed, exc)
+            except RuntimeError:  # the loop is closed: the server is gone anyway
+                pass
+
+    def _link_failed(self, exc: LinkFailed) -> None:
+        if self._failure is not None:
+            return
+        link = self.links.pop(exc.device, None)
+        if link is not None:
             link.close()
-            raise self.session.comm_failed(job.device, str(exc)) from exc
-        finally:
-            job.done()
+        self._failure = self.session.comm_failed(exc.device, exc.reason)
+        if self._idle and not self._receiving and self._task is not None:
+            self._task.cancel()  # waiting for a frame: close now (logged in run)
 
     async def _header(self) -> tuple[int, int]:
         cmd, size = _HEADER.unpack(await self.stream.readexactly(HEADER_SIZE))
@@ -259,8 +350,7 @@ class Connection:
                 header + view.tobytes() if not isinstance(payload, bytes) else header + payload
             )
         else:
-            self.stream.write(header)
-            self.stream.write(view)  # zero-copy; see the drain() in _serve
+            self.stream.writelines([header, view])  # zero-copy; see the drain() in _serve
 
     async def _set_tensor(self, size: int) -> None:
         prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)
@@ -279,6 +369,10 @@ class Connection:
                 await asyncio.wrap_future(fut)
             except ComputeError:
                 raise
+            except LinkFailed as exc:
+                self._link_failed(exc)
+                assert self._failure is not None
+                raise self._failure from exc
             except Exception as exc:  # kernels failing on client data: close, do not crash
                 raise ComputeError(f"graph execution failed: {type(exc).__name__}: {exc}") from exc
 

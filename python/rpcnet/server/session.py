@@ -28,6 +28,7 @@ from rpcnet.ggml_types import type_name
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import NO_CAPS, Cmd, version_triple
 from rpcnet.server.buffers import BufferTable
+from rpcnet.server.chain import Chain, Runner
 from rpcnet.server.comm import ELEMENT_SIZE
 
 log = logging.getLogger("rpcnet.session")
@@ -102,6 +103,7 @@ class Session:
         self._graphs: list[OrderedDict[int, Plan]] = [OrderedDict() for _ in devices]
         self._last_graph: list[Plan | None] = [None for _ in devices]  # v7 keeps one per device
         self._pending: list[Future[None]] = []
+        self._chain = Chain()  # launched work runs in order, across devices and peer links
         self._linked: set[int] = set()  # devices with a peer link (spec §11; the connection
         # holds the links themselves)
         self._comm_held: dict[int, int] = {}  # peer receive scratch counted, by device
@@ -401,8 +403,15 @@ class Session:
         self._launch(device, plan)
 
     def _launch(self, device: Device, plan: Plan) -> None:
+        self.launch(device, device.plan_work(plan, self))
+
+    def launch(self, runner: Runner, work: Callable[[], None]) -> Future[None]:
+        """Run `work` on `runner` (a device's worker, a peer link's thread) after everything
+        this connection launched before; commands that touch memory wait for it."""
         self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
-        self._pending.append(device.launch(plan, self))
+        future = self._chain.launch(runner, work)
+        self._pending.append(future)
+        return future
 
     def has_pending(self) -> bool:
         return bool(self._pending)
@@ -438,7 +447,8 @@ class Session:
         return msg.u8(1 if linked else 0)
 
     def begin_comm_allreduce(self, payload: bytes) -> Allreduce | None:
-        """COMM_ALLREDUCE (the caller has waited for graphs): validated; None when empty."""
+        """COMM_ALLREDUCE, validated; None when empty. The exchange is to be `launch`ed (on its
+        peer link's thread), so that it runs after this connection's graphs."""
         device = msg.parse_u32(payload)
         self.device(device)
         if device not in self._linked:

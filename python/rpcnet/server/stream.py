@@ -15,6 +15,7 @@ from rpcnet._native import MAX_CHUNK, chunk_plan
 from rpcnet.transport.base import ConnectionClosed
 
 STAGING = 256 * 1024
+FIRST_READ = 16 * 1024
 
 
 class StreamProtocol(asyncio.BufferedProtocol):
@@ -26,6 +27,7 @@ class StreamProtocol(asyncio.BufferedProtocol):
         self._end = 0
         self._target: memoryview | None = None  # destination of an active readinto
         self._filled = 0
+        self._on_filled: Callable[[], None] | None = None  # completion of a fast-path receive
         self._waiter: asyncio.Future[None] | None = None
         self._eof = False
         self._error: BaseException | None = None
@@ -52,7 +54,10 @@ class StreamProtocol(asyncio.BufferedProtocol):
             return self._target[self._filled : self._filled + MAX_CHUNK]
         if self._start == self._end:
             self._start = self._end = 0
-        elif self._end == STAGING:  # compact so the free space is contiguous
+            # A frame starts here: read a little first, so that a large payload is copied out
+            # of staging only for its first bytes and lands directly in its destination after.
+            return self._staged[:FIRST_READ]
+        if self._end == STAGING:  # compact so the free space is contiguous
             n = self._end - self._start
             self._staging[:n] = self._staging[self._start : self._end]
             self._start, self._end = 0, n
@@ -63,7 +68,15 @@ class StreamProtocol(asyncio.BufferedProtocol):
             self._filled += nbytes
             if self._filled == len(self._target):
                 self._target = None  # later bytes belong to the next request: stage them
-                self._wake()
+                done, self._on_filled = self._on_filled, None
+                if done is None:
+                    self._wake()
+                    return
+                try:
+                    done()
+                except Exception as exc:  # handed to the waiting coroutine, which closes
+                    self._fast_error = exc
+                    self._wake()
             return
         self._end += nbytes
         if self._end == STAGING and self._start == 0 and not self._paused:
@@ -127,6 +140,24 @@ class StreamProtocol(asyncio.BufferedProtocol):
             self._paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
 
+    def receive_into(self, dest: Any, on_filled: Callable[[], None]) -> bool:
+        """From the fast path: fill `dest` from the staged bytes, then straight from the socket.
+
+        True when it is already full (the caller completes now); otherwise `on_filled` runs
+        from the protocol callback once it is, with no task switch.
+        """
+        view = memoryview(dest).cast("B")
+        got = self._take_staged(view)
+        if got == len(view):
+            return True
+        self._target, self._filled, self._on_filled = view, got, on_filled
+        return False
+
+    @property
+    def receiving(self) -> bool:
+        """A fast-path receive is in progress (the frame loop must not start a new frame)."""
+        return self._on_filled is not None
+
     async def readinto(self, dest: Any) -> None:
         """Fill `dest` (any writable buffer) completely, or raise ConnectionClosed."""
         view = memoryview(dest).cast("B")
@@ -187,6 +218,14 @@ class StreamProtocol(asyncio.BufferedProtocol):
         for offset, length in chunk_plan(view.nbytes, MAX_CHUNK):
             self.transport.write(view[offset : offset + length])  # type: ignore[union-attr]
 
+    def writelines(self, parts: list[Any]) -> None:
+        views = [memoryview(part).cast("B") for part in parts]
+        if any(view.nbytes > MAX_CHUNK for view in views):
+            for view in views:
+                self.write(view)
+            return
+        self.transport.writelines(views)  # type: ignore[union-attr]  # one gathered send
+
     async def drain(self) -> None:
         if self._eof and self._error is not None:
             raise ConnectionClosed(str(self._error))
@@ -199,5 +238,6 @@ class StreamProtocol(asyncio.BufferedProtocol):
             self._drain_waiter = None
 
     def close(self) -> None:
+        self._target = self._on_filled = None  # drop the view of device memory
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()

@@ -155,6 +155,11 @@ class RdmaServerStream:
         if self._fallback is not None:
             self._fallback.consume(n)
 
+    def receive_into(self, dest: Any, on_filled: Callable[[], None]) -> bool:
+        if self._fallback is None:  # the fast path only runs on staged bytes: none here
+            raise RuntimeError("no fast-path receive on RDMA")
+        return self._fallback.receive_into(dest, on_filled)
+
     @property
     def write_ready(self) -> bool:
         return self._fallback is not None and self._fallback.write_ready
@@ -177,6 +182,10 @@ class RdmaServerStream:
         pieces = self._framer.split(memoryview(data).cast("B"))
         if pieces:
             self._last_write = self._run(self._send_all, pieces)
+
+    def writelines(self, parts: list[Any]) -> None:
+        for part in parts:
+            self.write(part)
 
     async def drain(self) -> None:
         if self._fallback is not None:
