@@ -69,8 +69,11 @@ async def test_graph_cache_over_client_quota_closes(server_factory):
         for uid in range(1, 6):
             await c.graph_compute(nodes, tensors, uid=uid)
         assert not await closed(c)  # 4 KiB + 5 x 200 KiB < 1 MiB
-        for uid in range(6, 12):
-            await c.graph_compute(nodes, tensors, uid=uid)
+        try:  # the server may close while later graphs are still being sent
+            for uid in range(6, 12):
+                await c.graph_compute(nodes, tensors, uid=uid)
+        except (ServerClosed, ConnectionError, OSError):
+            pass
         assert await closed(c)
     async with await RpcClient.connect("127.0.0.1", srv.port) as c2:
         for _ in range(100):  # the server frees a closed connection's state just after closing

@@ -9,12 +9,14 @@ the client, command and reason, and the session is freed; other connections neve
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 from concurrent.futures import Future
 from typing import Protocol
 
 from rpcnet import _native
+from rpcnet.compute.backend import HostSink
 from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.protocol import messages as msg
@@ -82,6 +84,8 @@ class Connection:
         self.session = Session(config.proto, server.devices, limits, caching=self.cache is not None)
         self.links: dict[int, PeerLink] = {}  # COMM_INIT peer links by device (spec §11)
         self.stats = server.stats.open_connection(peer, self.session)  # metrics, close log
+        # every device's memory is host memory: SET_TENSOR can land from the protocol callback
+        self._host_resident = all(d.backend.host_resident for d in server.devices)
         self.cmd = int(Cmd.HELLO)
         self._task: asyncio.Task[None] | None = None
         self._idle = False  # waiting for the next frame: safe to cancel
@@ -232,20 +236,25 @@ class Connection:
         cache = self.cache
         if data[HEADER_SIZE + msg.TENSOR] and cache is not None and cache.writable:
             return False  # the cache write runs on a thread: the coroutine does it
+        if not self._host_resident:
+            return False  # GPU payloads go through bounded staging, piece by piece
         self._admit(SET_TENSOR, size)
         prefix = bytes(data[HEADER_SIZE:prefix_end])
         stream = self.stream
         stream.consume(prefix_end)
         self.stats.begin(SET_TENSOR, size)
-        target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
-        if stream.receive_into(target.view, self._fast_set_done):
+        sink = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER).sink
+        # whole() is the buffer region itself on the CPU; commit() moves staged bytes to a GPU
+        if stream.receive_into(sink.whole(), functools.partial(self._fast_set_done, sink)):
+            sink.commit()
             self.stats.end()
             return True
         self._receiving = True
         return False
 
-    def _fast_set_done(self) -> None:
+    def _fast_set_done(self, sink: HostSink) -> None:
         self._receiving = False
+        sink.commit()
         self.stats.end()
         stop = self._stopping or self._failure is not None
         if stop and self._idle and self._task is not None:  # drain, or a failed link
