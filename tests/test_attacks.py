@@ -326,7 +326,9 @@ def test_rope_into_overlapping_output_is_refused(target):
     g = OpGraph()
     x = row_view(g, GgmlType.F32, np.ones(d, np.float32), (d, n_head, n_tok), (4, 0, 0, 0))
     pos = g.input(GgmlType.I32, (n_tok,), np.arange(n_tok, dtype=np.int32))
-    out = g.op(Op.ROPE, GgmlType.F32, (d, n_head, n_tok), (x, pos), _rope_params(d), nb=(4, 0, 0, 0))
+    out = g.op(
+        Op.ROPE, GgmlType.F32, (d, n_head, n_tok), (x, pos), _rope_params(d), nb=(4, 0, 0, 0)
+    )
     attack(target, g, [out], must_close=True)
 
 
@@ -350,7 +352,12 @@ def test_glu_into_overlapping_output_is_refused(target):
     g = OpGraph()
     a = row_view(g, GgmlType.F32, np.ones(1024, np.float32), (1024, 1 << 20), (4, 0, 0, 0))
     out = g.op(
-        Op.GLU, GgmlType.F32, (1024, 1 << 20), (a, a), pack_params(int(Glu.SWIGLU), 0), nb=(4, 0, 0, 0)
+        Op.GLU,
+        GgmlType.F32,
+        (1024, 1 << 20),
+        (a, a),
+        pack_params(int(Glu.SWIGLU), 0),
+        nb=(4, 0, 0, 0),
     )
     attack(target, g, [out], must_close=True)
 

@@ -64,6 +64,18 @@ __all__ = [
     "matmul_quant_block",
     "set_portable_kernels",
     "kernels_simd",
+    "NativeStep",
+    "run_steps",
+    "native_ops_portable",
+    "flash_attn_ext_f16_step",
+    "rms_norm_step",
+    "rope_step",
+    "swiglu_step",
+    "set_rows_step",
+    "get_rows_step",
+    "copy_step",
+    "binary_step",
+    "soft_max_step",
     "rdma_scan",
     "rdma_env",
     "rdma_resolve",
@@ -319,6 +331,74 @@ def matmul_q8_0(
     CPU vec_dot_q8_0_q8_0). ``out``: writable C-contiguous float32 (N, M). The rows of ``w``
     are split over up to ``threads`` threads. ValueError on inconsistent shapes or sizes.
     """
+
+# --- native non-matmul ops as prepared steps (checked against their buffers when built) -------
+
+# (buffer, byte offset of element 0, ne, nb)
+_TensorArg: TypeAlias = tuple[_ArrayBuffer, int, tuple[int, ...], tuple[int, ...]]
+
+@final
+class NativeStep:
+    """One prepared kernel call; holds its buffers alive. Calling it runs it (GIL released)."""
+
+    # pyo3 exposes __call__ as (*args, **kwargs); it takes none and raises on any
+    def __call__(self, /, *args: object, **kwargs: object) -> None: ...
+
+def run_steps(steps: list[NativeStep]) -> None:
+    """Run consecutive steps in one call with the GIL released; IndexError on a bad row index."""
+
+def native_ops_portable(on: bool) -> None:
+    """Force (True) or release (False) the portable build of the native non-matmul ops."""
+
+def flash_attn_ext_f16_step(
+    q: _TensorArg,
+    k: _TensorArg,
+    v: _TensorArg,
+    mask: _TensorArg | None,
+    sinks: _TensorArg | None,
+    out: _TensorArg,
+    scale: float,
+    max_bias: float,
+    softcap: float,
+    threads: int = 1,
+) -> NativeStep: ...
+def rms_norm_step(x: _TensorArg, out: _TensorArg, eps: float, threads: int = 1) -> NativeStep: ...
+def rope_step(
+    x: _TensorArg,
+    pos: _TensorArg,
+    freq_factors: _TensorArg | None,
+    out: _TensorArg,
+    params: tuple[int, int, int, int, float, float, float, float, float, float],
+    threads: int = 1,
+) -> NativeStep: ...
+def swiglu_step(x: _TensorArg, g: _TensorArg, out: _TensorArg, threads: int = 1) -> NativeStep: ...
+def set_rows_step(
+    src: _TensorArg,
+    idx: _TensorArg,
+    idx_type: int,
+    dst: _TensorArg,
+    dst_type: int,
+    threads: int = 1,
+) -> NativeStep: ...
+def get_rows_step(
+    src: _TensorArg, src_type: int, idx: _TensorArg, out: _TensorArg, threads: int = 1
+) -> NativeStep: ...
+def copy_step(
+    src: _TensorArg, src_type: int, dst: _TensorArg, dst_type: int, threads: int = 1
+) -> NativeStep: ...
+def binary_step(
+    a: _TensorArg, b: _TensorArg, out: _TensorArg, op: int, threads: int = 1
+) -> NativeStep: ...
+def soft_max_step(
+    x: _TensorArg,
+    mask: _TensorArg | None,
+    mask_type: int,
+    sinks: _TensorArg | None,
+    out: _TensorArg,
+    scale: float,
+    max_bias: float,
+    threads: int = 1,
+) -> NativeStep: ...
 
 # --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
 

@@ -292,6 +292,7 @@ class Connection:
     async def _cache_lookup(self, lookup: CacheLookup) -> bool:
         cache = self.cache
         assert cache is not None  # the session asks for lookups only when there is a cache
+
         # The file read and the hash check run on a thread; the entry lands in device memory.
         def load() -> bool:
             found = cache.load_into(lookup.digest, lookup.target)

@@ -52,6 +52,7 @@ class Server(Protocol):
     @property
     def port(self) -> int: ...
 
+
 log = logging.getLogger("rpcnet.metrics")
 MAX_REQUEST = 8192
 REQUEST_TIMEOUT = 5.0

@@ -24,7 +24,13 @@ def _supported(node: Tensor) -> bool:
     q, k, v, mask, sinks = src[:5]
     if q is None or k is None or v is None or node.type != GgmlType.F32 or q.type != GgmlType.F32:
         return False
-    if k.type != GgmlType.F16 or v.type != GgmlType.F16 or q.nb[0] != 4 or k.nb[0] != 2 or v.nb[0] != 2:
+    if (
+        k.type != GgmlType.F16
+        or v.type != GgmlType.F16
+        or q.nb[0] != 4
+        or k.nb[0] != 2
+        or v.nb[0] != 2
+    ):
         return False
     dk, n_q, n_head, n3 = q.ne
     if n_q >= Q_TILE or k.ne[0] != dk or v.ne[1] != k.ne[1]:

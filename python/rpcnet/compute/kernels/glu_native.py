@@ -18,7 +18,12 @@ from rpcnet.ggml_types import GgmlType
 def _supported(node: Tensor) -> bool:
     a = node.src[0] if node.src else None
     b = node.src[1] if len(node.src) > 1 else None
-    if a is None or node.i32(0) != Glu.SWIGLU or a.type != GgmlType.F32 or node.type != GgmlType.F32:
+    if (
+        a is None
+        or node.i32(0) != Glu.SWIGLU
+        or a.type != GgmlType.F32
+        or node.type != GgmlType.F32
+    ):
         return False
     if not (rows_contiguous(a, 4) and rows_contiguous(node, 4)):
         return False

@@ -28,7 +28,10 @@ def weight_layout(a: Tensor) -> tuple[int, int] | None:
     """(row bytes, K multiple) when `a`'s rows are whole blocks the kernel reads, else None."""
     if not _native.matmul_quant_supports(a.type):
         return None
-    block, block_bytes, k_multiple = _native.matmul_quant_block(a.type)
+    layout = _native.matmul_quant_block(a.type)
+    if layout is None:
+        return None
+    block, block_bytes, k_multiple = layout
     k, m = a.ne[0], a.ne[1]
     if k <= 0 or k % k_multiple or a.nb[0] != block_bytes:
         return None

@@ -23,7 +23,13 @@ from rpcnet.ggml_types import GgmlType
 
 def _supported(node: Tensor) -> bool:
     a, b, ids = node.src[0], node.src[1], node.src[2] if len(node.src) > 2 else None
-    if a is None or b is None or ids is None or ids.type != GgmlType.I32 or node.type != GgmlType.F32:
+    if (
+        a is None
+        or b is None
+        or ids is None
+        or ids.type != GgmlType.I32
+        or node.type != GgmlType.F32
+    ):
         return False
     if b.type != GgmlType.F32 or weight_layout(a) is None:
         return False
@@ -43,7 +49,9 @@ def _supported(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.MUL_MAT_ID, "any supported expert type x f32 -> f32 (native)", _supported, priority=NATIVE)
+@kernel(
+    Op.MUL_MAT_ID, "any supported expert type x f32 -> f32 (native)", _supported, priority=NATIVE
+)
 def mul_mat_id_native(node: Tensor) -> Step:
     a_t, b_t, ids_t = node.src[0], node.src[1], node.src[2]
     assert a_t is not None and b_t is not None and ids_t is not None

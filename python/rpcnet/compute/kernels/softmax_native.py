@@ -22,7 +22,12 @@ def _supported(node: Tensor) -> bool:
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
-    if a is None or a.type != GgmlType.F32 or node.type != GgmlType.F32 or tuple(node.ne) != tuple(a.ne):
+    if (
+        a is None
+        or a.type != GgmlType.F32
+        or node.type != GgmlType.F32
+        or tuple(node.ne) != tuple(a.ne)
+    ):
         return False
     if not (rows_contiguous(a, 4) and rows_contiguous(node, 4)):
         return False
