@@ -58,7 +58,6 @@ __all__ = [
     "decode_tensors",
     "decode_graph",
     "fnv1a64",
-    "matmul_q8_0",
     "matmul_quant",
     "matmul_quant_supports",
     "matmul_quant_block",
@@ -319,18 +318,6 @@ def set_portable_kernels(on: bool) -> bool:
 
 def kernels_simd() -> bool:
     """Whether the matmul kernels take their SIMD (AVX2+FMA+F16C) build on this CPU."""
-
-def matmul_q8_0(
-    w: _ArrayBuffer, row_stride: int, x: _ArrayBuffer, out: _ArrayBuffer, threads: int = 1
-) -> None:
-    """out[n, m] = sum_k w[m, k] * x[n, k] for q8_0 weights against float32 activations.
-
-    ``w``: M rows of K / 32 q8_0 blocks (34 bytes: f16 d, 32 x i8), row i at byte
-    ``i * row_stride``. ``x``: C-contiguous float32 (N, K), 1 <= N <= 8, K % 32 == 0; quantized
-    to q8_0 like ggml's quantize_row_q8_0_ref before the integer block dot products (as ggml's
-    CPU vec_dot_q8_0_q8_0). ``out``: writable C-contiguous float32 (N, M). The rows of ``w``
-    are split over up to ``threads`` threads. ValueError on inconsistent shapes or sizes.
-    """
 
 # --- native non-matmul ops as prepared steps (checked against their buffers when built) -------
 

@@ -1,6 +1,5 @@
 //! CPU compute kernels working directly on ggml's quantized block layouts (no Python types).
 //!
-//! * [`q8_0`] — q8_0 weights × float32 activations (quantized to q8_0 like ggml's CPU backend)
 //! * [`act`] — activations converted to a weight type's vec_dot type (x86 ggml rules)
 //! * [`dot`] — one weight row · one activation row per weight type (ggml's AVX2 order)
 //! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
@@ -14,7 +13,6 @@ pub mod dot_avx2;
 pub mod f16vec;
 pub mod flash_attn;
 pub mod matmul;
-pub mod q8_0;
 pub mod rowops;
 
 use std::fmt;

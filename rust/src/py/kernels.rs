@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::buffer::ByteView;
-use crate::kernels::{matmul, q8_0};
+use crate::kernels::matmul;
 
 fn matrix_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize)> {
     if !buf.is_c_contiguous() {
@@ -20,43 +20,6 @@ fn matrix_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize)> {
             "{what} must be 2-D, got shape {shape:?}"
         ))),
     }
-}
-
-/// `out[n, m] = Σ_k w[m, k] · x[n, k]`: q8_0 weight rows `row_stride` bytes apart against
-/// float32 activations (quantized to q8_0 like ggml's CPU backend), n <= 8.
-#[pyfunction]
-#[pyo3(signature = (w, row_stride, x, out, threads = 1))]
-pub fn matmul_q8_0(
-    py: Python<'_>,
-    w: &Bound<'_, PyAny>,
-    row_stride: usize,
-    x: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-    threads: usize,
-) -> PyResult<()> {
-    let w = ByteView::new(w)?;
-    let x = PyBuffer::<f32>::get(x)?;
-    let out = PyBuffer::<f32>::get(out)?;
-    let (n, k) = matrix_shape(&x, "x")?;
-    let (n_out, m) = matrix_shape(&out, "out")?;
-    if out.readonly() {
-        return Err(PyValueError::new_err("out must be writable"));
-    }
-    if n_out != n {
-        return Err(PyValueError::new_err(format!(
-            "out has {n_out} rows, x has {n}"
-        )));
-    }
-    // Activations and results are small (n <= 8 rows): copy them while attached, so only the
-    // weights are read while detached.
-    let xs = x.to_vec(py)?;
-    let mut res = vec![0.0f32; n * m];
-    // SAFETY: like NumPy's own GIL-released kernels, this relies on no other thread writing
-    // the weight buffer during the call; `w` keeps the export (and the memory) alive.
-    let wb = unsafe { w.raw_slice() };
-    py.detach(|| q8_0::matmul_q8_0(wb, row_stride, m, k, &xs, &mut res, threads))
-        .map_err(|e| PyValueError::new_err(e.reason))?;
-    out.copy_from_slice(py, &res)
 }
 
 /// `out[n, m] = Σ_k w[m, k] · x[n, k]` for weights of ggml type `type_id` (rows `row_stride`
@@ -88,9 +51,12 @@ pub fn matmul_quant(
             "out has {n_out} rows, x has {n}"
         )));
     }
+    // Activations and results are small next to the weights: copy them while attached, so
+    // only the weights are read while detached.
     let xs = x.to_vec(py)?;
     let mut res = vec![0.0f32; n * m];
-    // SAFETY: as in matmul_q8_0, no other thread writes the weight buffer during the call.
+    // SAFETY: like NumPy's own GIL-released kernels, this relies on no other thread writing
+    // the weight buffer during the call; `w` keeps the export (and the memory) alive.
     let wb = unsafe { w.raw_slice() };
     py.detach(|| {
         matmul::matmul_quant(

@@ -59,7 +59,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::decode_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
     m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::matmul_q8_0, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_supports, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_block, m)?)?;
