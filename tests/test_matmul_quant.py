@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 from rpcnet import _native
+from rpcnet.compute.cuda.sources import TYPE_IDS
 from rpcnet.compute.kernels.registry import select
 from rpcnet.compute.tensor import Tensor
 from support import refenv
@@ -22,24 +23,8 @@ from support.opgraph import OpGraph, as_f32, contiguous_nb
 
 F32, F16, BF16, I32 = 0, 1, 30, 26
 MUL_MAT, MUL_MAT_ID = 29, 30
-TYPES = {
-    "F32": 0,
-    "F16": 1,
-    "Q4_0": 2,
-    "Q4_1": 3,
-    "Q5_0": 6,
-    "Q5_1": 7,
-    "Q8_0": 8,
-    "Q2_K": 10,
-    "Q3_K": 11,
-    "Q4_K": 12,
-    "Q5_K": 13,
-    "Q6_K": 14,
-    "IQ4_NL": 20,
-    "IQ4_XS": 23,
-    "BF16": 30,
-    "MXFP4": 39,
-}
+# every weight type rpcnet computes (the same set on CPU and CUDA), by ggml name
+TYPES = TYPE_IDS
 # vec_dot type of each weight type on ggml's CPU backend (type_traits_cpu)
 VEC_DOT = {2: "q8_0", 3: "q8_1", 6: "q8_0", 7: "q8_1", 8: "q8_0", 20: "q8_0", 39: "q8_0"}
 VEC_DOT |= {t: "q8_K" for t in (10, 11, 12, 13, 14, 23)}
