@@ -23,7 +23,8 @@ from rpcnet.ggml_types import GgmlType
 f32 = np.float32
 
 
-def _supported(node: Tensor) -> bool:
+def shapes_supported(node: Tensor) -> bool:
+    """MUL_MAT_ID's operand shapes and the id/output types, whatever computes it."""
     a, b, ids = node.src[0], node.src[1], node.src[2] if len(node.src) > 2 else None
     if (
         a is None
@@ -46,6 +47,15 @@ def _supported(node: Tensor) -> bool:
         and ids.ne[3] == 1
         and n_exp > 0
         and tuple(node.ne) == (m, n_used, n_tok, 1)
+    )
+
+
+def _supported(node: Tensor) -> bool:
+    a, b = node.src[0], node.src[1]
+    return (
+        shapes_supported(node)
+        and a is not None
+        and b is not None
         and convert.can_load(a.type)
         and convert.can_load(b.type)
     )

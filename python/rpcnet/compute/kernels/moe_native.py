@@ -13,6 +13,7 @@ from rpcnet import _native
 from rpcnet.compute import scratch
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels.matmul_native import weight_layout, weight_rows
+from rpcnet.compute.kernels.moe import shapes_supported
 from rpcnet.compute.kernels.native_args import device_threads
 from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
@@ -22,30 +23,13 @@ from rpcnet.ggml_types import GgmlType
 
 
 def _supported(node: Tensor) -> bool:
-    a, b, ids = node.src[0], node.src[1], node.src[2] if len(node.src) > 2 else None
-    if (
-        a is None
-        or b is None
-        or ids is None
-        or ids.type != GgmlType.I32
-        or node.type != GgmlType.F32
-    ):
-        return False
-    if b.type != GgmlType.F32 or weight_layout(a) is None:
-        return False
-    m, n_exp = a.ne[1], a.ne[2]
-    n_used, n_tok = ids.ne[0], ids.ne[1]
+    a, b = node.src[0], node.src[1]
     return (
-        a.ne[3] == 1
-        and b.ne[0] == a.ne[0]
-        and b.ne[3] == 1
-        and b.ne[1] > 0
-        and n_used % b.ne[1] == 0
-        and b.ne[2] == n_tok
-        and ids.ne[2] == 1
-        and ids.ne[3] == 1
-        and n_exp > 0
-        and tuple(node.ne) == (m, n_used, n_tok, 1)
+        shapes_supported(node)
+        and a is not None
+        and b is not None
+        and b.type == GgmlType.F32
+        and weight_layout(a) is not None
     )
 
 

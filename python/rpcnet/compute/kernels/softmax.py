@@ -54,7 +54,8 @@ def used_mask(mask: Tensor | None, ne0: int, ne1: int) -> Tensor | None:
     return dataclasses.replace(mask, ne=ne, src=())
 
 
-def _supported(node: Tensor) -> bool:
+def operands_supported(node: Tensor) -> bool:
+    """SOFT_MAX's operand types, shapes and mask broadcast, whatever computes it."""
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
@@ -95,7 +96,7 @@ def _vec_sum(e: Any) -> Any:
     return np.cumsum(parts, axis=-1)[..., -1:]  # sequential, not pairwise
 
 
-@kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", _supported)
+@kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", operands_supported)
 def soft_max(node: Tensor) -> Step:
     a_t = node.src[0]
     mask_t = node.src[1] if len(node.src) > 1 else None

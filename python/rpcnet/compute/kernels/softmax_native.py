@@ -11,6 +11,7 @@ from rpcnet.compute.kernels.native_args import (
     tensor_arg,
 )
 from rpcnet.compute.kernels.registry import Step
+from rpcnet.compute.kernels.softmax import operands_supported
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
@@ -19,32 +20,19 @@ ELEM = {GgmlType.F32: 4, GgmlType.F16: 2}
 
 
 def _supported(node: Tensor) -> bool:
+    """`softmax`'s conditions, plus rows the kernel walks by stride and no partial aliasing."""
+    if not operands_supported(node):
+        return False
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
-    if (
-        a is None
-        or a.type != GgmlType.F32
-        or node.type != GgmlType.F32
-        or tuple(node.ne) != tuple(a.ne)
-    ):
-        return False
+    assert a is not None
     if not (rows_contiguous(a, 4) and rows_contiguous(node, 4)):
         return False
-    if mask is not None:
-        if mask.type not in ELEM or not rows_contiguous(mask, ELEM[mask.type]):
-            return False
-        if mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
-            return False
-        if mask.ne[2] <= 0 or mask.ne[3] <= 0 or a.ne[2] % mask.ne[2] or a.ne[3] % mask.ne[3]:
-            return False
-    elif node.f32(1) > 0.0:
+    if mask is not None and not rows_contiguous(mask, ELEM[mask.type]):
         return False
-    if sinks is not None:
-        if sinks.type != GgmlType.F32 or sinks.nb[0] != 4 or sinks.ne[0] < a.ne[2]:
-            return False
-        if sinks.ne[1] * sinks.ne[2] * sinks.ne[3] != 1:
-            return False
+    if sinks is not None and (sinks.nb[0] != 4 or sinks.ne[1] * sinks.ne[2] * sinks.ne[3] != 1):
+        return False
     if node.buffer is a.buffer and node.offset != a.offset:
         return a.offset + a.nbytes <= node.offset or node.offset + node.nbytes <= a.offset
     return node.buffer is not a.buffer or tuple(node.nb) == tuple(a.nb)
