@@ -23,8 +23,8 @@ from rpcnet.ggml_types import GgmlType
 f32 = np.float32
 
 
-def shapes_supported(node: Tensor) -> bool:
-    """MUL_MAT_ID's operand shapes and the id/output types, whatever computes it."""
+def supported_operands(node: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(experts, b) when MUL_MAT_ID's shapes and id/output types fit, whatever computes it."""
     a, b, ids = node.src[0], node.src[1], node.src[2] if len(node.src) > 2 else None
     if (
         a is None
@@ -33,10 +33,10 @@ def shapes_supported(node: Tensor) -> bool:
         or ids.type != GgmlType.I32
         or node.type != GgmlType.F32
     ):
-        return False
+        return None
     k, m, n_exp = a.ne[0], a.ne[1], a.ne[2]
     n_used, n_tok = ids.ne[0], ids.ne[1]
-    return (
+    fits = (
         a.ne[3] == 1
         and b.ne[0] == k
         and b.ne[3] == 1
@@ -48,17 +48,12 @@ def shapes_supported(node: Tensor) -> bool:
         and n_exp > 0
         and tuple(node.ne) == (m, n_used, n_tok, 1)
     )
+    return (a, b) if fits else None
 
 
 def _supported(node: Tensor) -> bool:
-    a, b = node.src[0], node.src[1]
-    return (
-        shapes_supported(node)
-        and a is not None
-        and b is not None
-        and convert.can_load(a.type)
-        and convert.can_load(b.type)
-    )
+    operands = supported_operands(node)
+    return operands is not None and all(convert.can_load(t.type) for t in operands)
 
 
 @kernel(Op.MUL_MAT_ID, "f32|f16|bf16|quantized experts x f32|f16 -> f32", _supported)

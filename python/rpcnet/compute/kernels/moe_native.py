@@ -13,7 +13,7 @@ from rpcnet import _native
 from rpcnet.compute import scratch
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels.matmul_native import weight_layout, weight_rows
-from rpcnet.compute.kernels.moe import shapes_supported
+from rpcnet.compute.kernels.moe import supported_operands
 from rpcnet.compute.kernels.native_args import device_threads
 from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
@@ -23,14 +23,11 @@ from rpcnet.ggml_types import GgmlType
 
 
 def _supported(node: Tensor) -> bool:
-    a, b = node.src[0], node.src[1]
-    return (
-        shapes_supported(node)
-        and a is not None
-        and b is not None
-        and b.type == GgmlType.F32
-        and weight_layout(a) is not None
-    )
+    operands = supported_operands(node)
+    if operands is None:
+        return False
+    a, b = operands
+    return b.type == GgmlType.F32 and weight_layout(a) is not None
 
 
 @kernel(
