@@ -43,8 +43,9 @@ def test_every_op_has_distinct_priorities_and_native_first():
     for op, ks in by_op.items():
         assert len({k.priority for k in ks}) == len(ks), op
     mul_mat = registry._KERNELS[(Op.MUL_MAT, "cpu")]
-    assert [k.build.__module__.rsplit(".", 1)[1] for k in mul_mat] == ["matmul_native", "matmul"]
-    assert mul_mat[0].priority == registry.NATIVE > mul_mat[1].priority == registry.GENERIC
+    modules = [k.build.__module__.rsplit(".", 1)[1] for k in mul_mat]
+    assert modules == ["matmul_prefill", "matmul_native", "matmul"]
+    assert [k.priority for k in mul_mat] == [registry.PREFILL, registry.NATIVE, registry.GENERIC]
 
 
 def _node() -> Tensor:

@@ -17,6 +17,7 @@ KERNEL_MODULES = (
     "glu_native",
     "matmul",
     "matmul_native",
+    "matmul_prefill",
     "moe",
     "moe_native",
     "norm",

@@ -73,11 +73,12 @@ def batched_matmul(b: Any, a: Any, out: Any) -> None:
     split_batches(out, r3, r2)[...] = res.transpose(0, 2, 1, 3, 4, 5)
 
 
-def weight_chunks(a_t: Tensor, chunk: int) -> list[tuple[int, int, Tensor]]:
+def weight_chunks(a_t: Tensor, chunk: int, always: bool = False) -> list[tuple[int, int, Tensor]]:
     """Row ranges (m0, m1, descriptor) small enough to convert one at a time: weights of a
-    non-f32 type larger than `chunk` bytes as f32 are never converted whole (scratch.py)."""
+    non-f32 type larger than `chunk` bytes as f32 are never converted whole (scratch.py);
+    `always`: in blocks even when small (a caller that must not use the derived cache)."""
     k, m = a_t.ne[0], a_t.ne[1]
-    if a_t.type == GgmlType.F32 or a_t.nelements * 4 <= chunk:
+    if a_t.type == GgmlType.F32 or (a_t.nelements * 4 <= chunk and not always):
         return []
     rows = max(1, chunk // (4 * k * a_t.ne[2] * a_t.ne[3]))
     return [
