@@ -59,6 +59,7 @@ __all__ = [
     "decode_graph",
     "fnv1a64",
     "matmul_quant",
+    "matmul_quant_batched",
     "matmul_quant_supports",
     "matmul_quant_block",
     "set_portable_kernels",
@@ -302,6 +303,23 @@ def matmul_quant(
     ``llamafile``: follow ggml's MUL_MAT dispatch, where f32/f16/bf16 weights with N >= 2 and
     M % 4 == 0 go to llamafile's tinyBLAS (one 8-lane FMA accumulator per output); leave False
     for MUL_MAT_ID. ValueError on an unsupported type or inconsistent shapes or sizes.
+    """
+
+def matmul_quant_batched(
+    type_id: int,
+    w: _ArrayBuffer,
+    offsets: list[int],
+    row_stride: int,
+    x: _ArrayBuffer,
+    out: _ArrayBuffer,
+    threads: int = 1,
+    llamafile: bool = False,
+) -> None:
+    """``matmul_quant`` for B batches in one call: out[b, n, m] = sum_k w_b[m, k] * x[b, n, k].
+
+    Batch ``b``'s weight rows start at byte ``offsets[b]`` of ``w`` (broadcast batches share an
+    offset). ``x``: C-contiguous float32 (B, N, K); ``out``: writable C-contiguous float32
+    (B, N, M). Same results as one ``matmul_quant`` call per batch, bit for bit.
     """
 
 def matmul_quant_supports(type_id: int) -> bool:

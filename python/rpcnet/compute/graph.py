@@ -131,7 +131,9 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
             need, needy = bound, node
         step = kernel.build(node)
         if profile.enabled():
-            step = profile.timed(f"{op_name(node.op)} {'/'.join(registry.types_of(node))}", step)
+            base = f"{op_name(node.op)} {'/'.join(registry.types_of(node))}"
+            shapes = [tuple(s.ne) for s in node.src if s is not None]
+            step = profile.timed(profile.label(base, kernel.name, shapes), step)
         steps.append(step)
     if not profile.enabled():  # a profile times every node on its own
         steps = batch_native_steps(steps)

@@ -13,6 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable
 
 _PATH = os.environ.get("RPCNET_PROFILE")
+# RPCNET_PROFILE_SHAPES=1: labels also name the kernel and the operand shapes (finer rows)
+_SHAPES = os.environ.get("RPCNET_PROFILE_SHAPES") == "1"
 _totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
 _lock = threading.Lock()
 
@@ -34,6 +36,11 @@ def totals() -> dict[str, tuple[float, int]]:
     """{"OP types": (seconds, calls)} so far."""
     with _lock:
         return {label: (v[0], int(v[1])) for label, v in _totals.items()}
+
+
+def label(base: str, kernel_name: str, shapes: list[tuple[int, ...]]) -> str:
+    """A profile row's name: `base` ("OP types"), with the kernel and shapes if asked for."""
+    return f"{base} {kernel_name} {shapes}" if _SHAPES else base
 
 
 def timed(label: str, step: Callable[[], None]) -> Callable[[], None]:

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::act::ActFormat;
 use super::dot::{self, RowDot};
+use super::gemm_float;
 use super::KernelError;
 
 /// Most weight rows per tile.
@@ -254,7 +255,7 @@ fn rows_avx2<D: RowDot>(
     rows_impl::<D, true>(w, stride, first, k, act, out, gemm)
 }
 
-type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32], bool);
+pub type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32], bool);
 
 fn rows_fn<D: RowDot>() -> RowsFn {
     #[cfg(target_arch = "x86_64")]
@@ -270,7 +271,7 @@ fn rows_fn<D: RowDot>() -> RowsFn {
 }
 
 /// Checks sizes; returns the weight row bytes.
-fn check(
+pub(crate) fn check(
     info: TypeInfo,
     w_len: usize,
     row_stride: usize,
@@ -319,7 +320,7 @@ fn check(
 
 #[allow(clippy::too_many_arguments)]
 /// Runs the rows over up to `threads` threads into `tmp` (`[m][n]`).
-fn run_rows(
+pub(crate) fn run_rows(
     f: RowsFn,
     w: &[u8],
     stride: usize,
@@ -347,6 +348,29 @@ fn run_rows(
     tmp
 }
 
+/// The per-thread rows function for `n` activation rows against `m` weight rows of a supported
+/// type, and whether it follows llamafile's order (then float weights take
+/// [`gemm_float`], whose activations must be widened with
+/// [`gemm_float::widen_activations`]).
+pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> (RowsFn, bool) {
+    // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
+    // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
+    let gemm = llamafile
+        && n >= 2
+        && match type_id {
+            0 | 1 | 30 => m.is_multiple_of(4),
+            20 => true,
+            _ => false,
+        };
+    if gemm && gemm_float::serves(type_id) {
+        return (gemm_float::rows_fn(type_id), true);
+    }
+    (
+        for_type!(type_id, D => rows_fn::<D>(), unreachable!()),
+        gemm,
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 /// Weight rows (ggml type `type_id`, `m` rows `row_stride` bytes apart, `k` values each) times
 /// converted activations `act`; `out` is `act.rows × m` row-major. `llamafile`: follow ggml's
@@ -372,18 +396,14 @@ pub fn matmul_converted(
     if m == 0 || act.rows == 0 {
         return Ok(());
     }
-    let f = for_type!(type_id, D => rows_fn::<D>(), unreachable!());
     let n = act.rows;
-    // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
-    // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
-    let gemm = llamafile
-        && n >= 2
-        && match type_id {
-            0 | 1 | 30 => m.is_multiple_of(4),
-            20 => true,
-            _ => false,
-        };
-    let tmp = run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm);
+    let (f, gemm) = rows_for(type_id, m, n, llamafile);
+    let tmp = if gemm && gemm_float::serves(type_id) {
+        let wide = gemm_float::widen_activations(act, info.act, k);
+        run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm)
+    } else {
+        run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm)
+    };
     for (mi, vals) in tmp.chunks_exact(n).enumerate() {
         for (r, v) in vals.iter().enumerate() {
             out[r * m + mi] = *v;

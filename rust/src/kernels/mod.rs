@@ -3,6 +3,8 @@
 //! * [`act`] — activations converted to a weight type's vec_dot type (x86 ggml rules)
 //! * [`dot`] — one weight row · one activation row per weight type (ggml's AVX2 order)
 //! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
+//! * [`matmul_batched`] — many broadcast batches (attention heads) in one call
+//! * [`gemm_float`] — its many-row path for float weights, in llamafile tinyBLAS's order
 //! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
 //!   roundings
 
@@ -12,7 +14,9 @@ pub mod dot;
 pub mod dot_avx2;
 pub mod f16vec;
 pub mod flash_attn;
+pub mod gemm_float;
 pub mod matmul;
+pub mod matmul_batched;
 pub mod rowops;
 
 use std::fmt;

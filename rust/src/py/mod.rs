@@ -60,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
     m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_quant_batched, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_supports, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_block, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::set_portable_kernels, m)?)?;

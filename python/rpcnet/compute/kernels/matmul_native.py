@@ -101,7 +101,9 @@ def mul_mat_native(node: Tensor) -> Step:
     # after conversion, always); the kernel applies the rest of the rule (N >= 2, M % 4 == 0)
     llamafile = a_t.type != GgmlType.F32 or f32_contiguous(b_t)
     batches = list(_batches(a_t, b_t))
-    weights = {off: weight_rows(a_t, off, row) for _, _, off in batches}
+    first_weights = weight_rows(a_t, batches[0][2], row)
+    whole = np.frombuffer(storage(a_t), dtype=np.uint8)
+    offsets = [off for _, _, off in batches]
 
     def mul(w: np.ndarray, xs: np.ndarray, dst: np.ndarray) -> None:
         n = xs.shape[0]
@@ -117,10 +119,16 @@ def mul_mat_native(node: Tensor) -> Step:
             # every activation row meets the same weights: one call, activations converted once
             xs = np.ascontiguousarray(x).reshape(-1, k)
             dst = out.reshape(-1, m) if out.flags.c_contiguous else out
-            mul(weights[batches[0][2]], xs, dst)
+            mul(first_weights, xs, dst)
             return
-        for i13, i12, off in batches:
-            mul(weights[off], np.ascontiguousarray(x[i13, i12]), out[i13, i12])
+        # every batch (attention head) in one native call: one conversion and one thread
+        # dispatch instead of one per head
+        xs = np.ascontiguousarray(x).reshape(len(batches), -1, k)
+        dst = out.reshape(len(batches), -1, m) if out.flags.c_contiguous else None
+        res = dst if dst is not None else np.empty((len(batches), xs.shape[1], m), np.float32)
+        _native.matmul_quant_batched(type_id, whole, offsets, stride, xs, res, threads, llamafile)
+        if dst is None:
+            out[...] = res.reshape(out.shape)
 
     return run
 

@@ -1,0 +1,379 @@
+//! Float-weight (F32, F16, BF16) matmul for many activation rows, in llamafile tinyBLAS's order.
+//!
+//! ggml hands MUL_MAT with float weights and N >= 2 to tinyBLAS, where every output keeps one
+//! 8-lane FMA accumulator over K (the last step zero-padded) and ends with `hsum`. Products of
+//! f16/bf16 values are exact in f32, so where the conversion to f32 happens does not change a
+//! bit: each tile of weight rows is widened once into an f32 panel (zero-padded to a multiple of
+//! 8), the activations once per call, and a 4 × 2 register tile of outputs runs over K with
+//! each loaded vector used twice or four times. The portable build does the same FMAs in the
+//! same order, one output at a time.
+
+use super::act::ActFormat;
+use super::dot::hsum8;
+use super::fp16_to_f32;
+use super::matmul::{simd_active, Converted, RowsFn};
+
+/// Weight rows per micro-tile and activation rows per micro-tile.
+const MR: usize = 4;
+const NR: usize = 3;
+/// Bytes of widened weight rows kept at once (half of a 512 KiB L2).
+const PANEL_BYTES: usize = 192 * 1024;
+/// Bytes of activation rows walked per panel (the rest of L2).
+const XBLOCK_BYTES: usize = 256 * 1024;
+
+/// The float weight types this kernel serves (ggml type ids F32, F16, BF16).
+pub fn serves(type_id: u32) -> bool {
+    matches!(type_id, 0 | 1 | 30)
+}
+
+/// The activations of `act` (converted to the weight type's vec_dot type: f32, f16 or bf16)
+/// widened to f32 rows of `k` rounded up to 8, zero-padded: a [`Converted`] of format F32.
+pub fn widen_activations(act: &Converted, fmt: ActFormat, k: usize) -> Converted {
+    let kp = k.next_multiple_of(8);
+    let mut data = vec![0u8; act.rows * kp * 4];
+    for r in 0..act.rows {
+        let src = &act.data[r * act.row_bytes..(r + 1) * act.row_bytes];
+        let dst = &mut data[r * kp * 4..(r * kp + k) * 4];
+        for (i, d) in dst.chunks_exact_mut(4).enumerate() {
+            d.copy_from_slice(&element(fmt, src, i).to_le_bytes());
+        }
+    }
+    Converted {
+        data,
+        row_bytes: kp * 4,
+        rows: act.rows,
+    }
+}
+
+#[inline(always)]
+fn element(fmt: ActFormat, b: &[u8], i: usize) -> f32 {
+    match fmt {
+        ActFormat::F16 => fp16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])),
+        ActFormat::BF16 => {
+            f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
+        }
+        _ => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+    }
+}
+
+fn weight_format(type_id: u32) -> ActFormat {
+    match type_id {
+        1 => ActFormat::F16,
+        30 => ActFormat::BF16,
+        _ => ActFormat::F32,
+    }
+}
+
+/// The per-thread rows function for [`super::matmul`]'s thread split: `act` must come from
+/// [`widen_activations`].
+pub fn rows_fn(type_id: u32) -> RowsFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd_active() {
+            return match type_id {
+                1 => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F16, w, s, f, k, a, o),
+                30 => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::BF16, w, s, f, k, a, o),
+                _ => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F32, w, s, f, k, a, o),
+            };
+        }
+    }
+    match weight_format(type_id) {
+        ActFormat::F16 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F16, w, s, f, k, a, o),
+        ActFormat::BF16 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::BF16, w, s, f, k, a, o),
+        _ => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F32, w, s, f, k, a, o),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn unsafe_rows_avx2(
+    fmt: ActFormat,
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+) {
+    // SAFETY: only chosen by `rows_fn` after simd_active() checked AVX2, FMA and F16C.
+    unsafe { rows_avx2(fmt, w, stride, first, k, act, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_avx2(
+    fmt: ActFormat,
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+) {
+    rows::<true>(fmt, w, stride, first, k, act, out)
+}
+
+/// Weight rows `first..first + out.len() / n` (type `fmt`, `stride` bytes apart) against every
+/// widened activation row; `out[(i - first) * n + r]`.
+#[inline(always)]
+fn rows<const SIMD: bool>(
+    fmt: ActFormat,
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+) {
+    let n = act.rows;
+    if n == 0 {
+        return;
+    }
+    let kp = act.row_bytes / 4;
+    assert!(kp >= k && kp.is_multiple_of(8) && act.data.len() >= n * kp * 4);
+    let x: Vec<f32> = if SIMD {
+        Vec::new() // read in place below
+    } else {
+        act.data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let rows_total = out.len() / n;
+    let panel_rows = (PANEL_BYTES / (kp * 4)).clamp(MR, 16) / MR * MR;
+    let xblock = ((XBLOCK_BYTES / (kp * 4)).max(NR) / NR * NR).min(n.next_multiple_of(NR));
+    let mut panel = vec![0.0f32; panel_rows * kp];
+    let elem = fmt.block_bytes();
+    for t0 in (0..rows_total).step_by(panel_rows) {
+        let t1 = rows_total.min(t0 + panel_rows);
+        for (j, dst) in panel.chunks_exact_mut(kp).enumerate() {
+            dst.fill(0.0);
+            if t0 + j < t1 {
+                let at = (first + t0 + j) * stride;
+                widen_row::<SIMD>(fmt, &w[at..at + k * elem], &mut dst[..k]);
+            }
+        }
+        for r0 in (0..n).step_by(xblock) {
+            let r1 = n.min(r0 + xblock);
+            for q in (0..t1 - t0).step_by(MR) {
+                let p = &panel[q * kp..(q + MR) * kp];
+                for r in (r0..r1).step_by(NR) {
+                    // rows past the block repeat its last row; their results are dropped
+                    let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(r1 - 1));
+                    let res = if SIMD {
+                        // SAFETY: SIMD is only true inside `rows_avx2`.
+                        unsafe { tile_simd(p, &act.data, xr, kp) }
+                    } else {
+                        tile_portable(p, &x, xr, kp)
+                    };
+                    for (i, vals) in res.iter().enumerate() {
+                        let row = t0 + q + i;
+                        if row < t1 {
+                            for (j, v) in vals.iter().enumerate().take(r1 - r) {
+                                out[row * n + r + j] = *v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AVX2 MR × NR tile on activation rows `xr` of the widened bytes `x`.
+///
+/// # Safety
+/// AVX2, FMA and F16C present.
+#[inline(always)]
+unsafe fn tile_simd(p: &[f32], x: &[u8], xr: [usize; NR], kp: usize) -> [[f32; NR]; MR] {
+    assert!(p.len() >= MR * kp && xr.iter().all(|&r| x.len() >= (r + 1) * kp * 4));
+    #[cfg(target_arch = "x86_64")]
+    {
+        let xs = xr.map(|r| x[r * kp * 4..].as_ptr() as *const f32);
+        // SAFETY: forwarded from the caller; bounds asserted above.
+        unsafe { avx2::tile(p.as_ptr(), xs, kp) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no SIMD build off x86-64")
+}
+
+/// One weight row widened to f32 (exact for every format).
+#[inline(always)]
+fn widen_row<const SIMD: bool>(fmt: ActFormat, src: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD && fmt == ActFormat::F16 {
+        // SAFETY: SIMD is only true inside `rows_avx2` (F16C present); lengths match.
+        unsafe { avx2::widen_f16(src, dst) };
+        return;
+    }
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = element(fmt, src, i);
+    }
+}
+
+/// `[row][col]` results of an MR × NR tile: each output one 8-lane FMA chain over K, then hsum.
+fn tile_portable(p: &[f32], x: &[f32], xr: [usize; NR], kp: usize) -> [[f32; NR]; MR] {
+    std::array::from_fn(|i| {
+        let wr = &p[i * kp..(i + 1) * kp];
+        xr.map(|r| {
+            let mut acc = [0.0f32; 8];
+            for (wc, xc) in wr
+                .chunks_exact(8)
+                .zip(x[r * kp..(r + 1) * kp].chunks_exact(8))
+            {
+                for l in 0..8 {
+                    acc[l] = wc[l].mul_add(xc[l], acc[l]);
+                }
+            }
+            hsum8(&acc)
+        })
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{MR, NR};
+
+    /// [`hsum8`] in registers: (a0+a4, a1+a5, a2+a6, a3+a7), then (q0+q2) + (q1+q3).
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let t = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
+    }
+
+    /// [`super::tile_portable`] with eight ymm accumulators.
+    #[inline(always)]
+    pub unsafe fn tile(p: *const f32, x: [*const f32; NR], kp: usize) -> [[f32; NR]; MR] {
+        let mut a = [_mm256_setzero_ps(); MR * NR];
+        let mut l = 0;
+        while l < kp {
+            let xs: [__m256; NR] = std::array::from_fn(|j| _mm256_loadu_ps(x[j].add(l)));
+            for i in 0..MR {
+                let w = _mm256_loadu_ps(p.add(i * kp + l));
+                for j in 0..NR {
+                    a[i * NR + j] = _mm256_fmadd_ps(w, xs[j], a[i * NR + j]);
+                }
+            }
+            l += 8;
+        }
+        let mut res = [[0.0f32; NR]; MR];
+        for (i, row) in res.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = hsum(a[i * NR + j]);
+            }
+        }
+        res
+    }
+
+    /// f16 → f32 with F16C (exact).
+    #[inline(always)]
+    pub unsafe fn widen_f16(src: &[u8], dst: &mut [f32]) {
+        let k = dst.len();
+        assert!(src.len() >= 2 * k);
+        let mut i = 0;
+        while i + 8 <= k {
+            let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for (j, d) in dst.iter_mut().enumerate().skip(i) {
+            *d = super::fp16_to_f32(u16::from_le_bytes([src[2 * j], src[2 * j + 1]]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::dot::{RowDot, BF16, F16, F32};
+    use crate::kernels::matmul::matmul_quant;
+
+    fn noise(seed: u64, len: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn encode(type_id: u32, v: &[f32]) -> Vec<u8> {
+        match type_id {
+            1 => v
+                .iter()
+                .flat_map(|x| crate::kernels::f32_to_fp16(*x).to_le_bytes())
+                .collect(),
+            30 => v
+                .iter()
+                .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
+                .collect(),
+            _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+
+    /// Every output equals the one-pair tinyBLAS-order dot, on both builds, for ragged shapes.
+    #[test]
+    fn tiles_equal_the_pairwise_tinyblas_order() {
+        for &t in &[0u32, 1, 30] {
+            for &(m, k, n) in &[
+                (4usize, 8usize, 2usize),
+                (12, 37, 5),
+                (40, 300, 33),
+                (8, 1, 3),
+                (6, 20, 3),
+            ] {
+                let wv = noise(3 + t as u64, m * k);
+                let w = encode(t, &wv);
+                let x = noise(9, n * k);
+                let fmt = weight_format(t);
+                let act = Converted::new(fmt, &x, k);
+                let want: Vec<f32> = (0..n * m)
+                    .map(|o| {
+                        let (r, i) = (o / m, o % m);
+                        let wr = &w[i * k * fmt.block_bytes()..(i + 1) * k * fmt.block_bytes()];
+                        let xr = &act.data[r * act.row_bytes..(r + 1) * act.row_bytes];
+                        match t {
+                            1 => F16::dot_gemm(wr, xr, k),
+                            30 => BF16::dot_gemm(wr, xr, k),
+                            _ => F32::dot_gemm(wr, xr, k),
+                        }
+                    })
+                    .collect();
+                let wide = widen_activations(&act, fmt, k);
+                let mut builds: Vec<RowsFn> = vec![match t {
+                    1 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F16, w, s, f, k, a, o),
+                    30 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::BF16, w, s, f, k, a, o),
+                    _ => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F32, w, s, f, k, a, o),
+                }];
+                if simd_active() {
+                    builds.push(rows_fn(t)); // the AVX2 build on this CPU
+                }
+                let row = k * fmt.block_bytes();
+                for (b, f) in builds.into_iter().enumerate() {
+                    let mut got = vec![0.0f32; m * n]; // [row][col]
+                    f(&w, row, 0, k, &wide, &mut got, true);
+                    for (o, want) in want.iter().enumerate() {
+                        let (r, i) = (o / m, o % m);
+                        let same = got[i * n + r].to_bits() == want.to_bits();
+                        assert!(same, "type {t} m {m} k {k} n {n} build {b} at {r},{i}");
+                    }
+                }
+                if m % 4 != 0 {
+                    continue; // ggml takes tinyBLAS only for M % 4 == 0
+                }
+                let mut got = vec![0.0f32; n * m];
+                matmul_quant(t, &w, row, m, k, &x, &mut got, 3, true).unwrap();
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "type {t} m {m} k {k} n {n} through matmul_quant"
+                );
+            }
+        }
+    }
+}
