@@ -40,7 +40,6 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_conformance": ("reference",),
     "test_matmul_native": ("reference",),
     "test_matmul_quant": ("reference",),
-    "test_matmul_prefill": ("reference",),
     "test_ops_native": ("reference",),
     "test_ops_attention": ("reference",),
     "test_ops_elementwise": ("reference",),

@@ -17,7 +17,6 @@ KERNEL_MODULES = (
     "glu_native",
     "matmul",
     "matmul_native",
-    "matmul_prefill",
     "moe",
     "moe_native",
     "norm",
