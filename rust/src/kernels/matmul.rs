@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::act::ActFormat;
 use super::dot::{self, RowDot};
-use super::gemm_float;
 use super::KernelError;
+use super::{gemm_float, gemm_q8};
 
 /// Most weight rows per tile.
 pub const TILE_ROWS: usize = 16;
@@ -364,6 +364,9 @@ pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> (Ro
         };
     if gemm && gemm_float::serves(type_id) {
         return (gemm_float::rows_fn(type_id), true);
+    }
+    if gemm_q8::serves(type_id, n) {
+        return (gemm_q8::rows_fn(type_id), gemm);
     }
     (
         for_type!(type_id, D => rows_fn::<D>(), unreachable!()),

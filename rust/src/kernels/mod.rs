@@ -4,6 +4,7 @@
 //! * [`dot`] — one weight row · one activation row per weight type (ggml's AVX2 order)
 //! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
 //! * [`matmul_batched`] — many broadcast batches (attention heads) in one call
+//! * [`gemm_q8`] — its many-row path for q8_0/q4_0/q5_0 weights (decoded tiles)
 //! * [`gemm_float`] — its many-row path for float weights, in llamafile tinyBLAS's order
 //! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
 //!   roundings
@@ -15,6 +16,7 @@ pub mod dot_avx2;
 pub mod f16vec;
 pub mod flash_attn;
 pub mod gemm_float;
+pub mod gemm_q8;
 pub mod matmul;
 pub mod matmul_batched;
 pub mod rowops;
