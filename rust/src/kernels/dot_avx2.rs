@@ -38,7 +38,7 @@ unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
 
 /// 16 bytes of nibbles to 32 bytes: low nibbles, then high nibbles (`bytes_from_nibbles_32`).
 #[inline(always)]
-unsafe fn nibbles32(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles32(p: *const u8) -> __m256i {
     let tmp = _mm_loadu_si128(p as *const __m128i);
     let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
     _mm256_and_si256(both, _mm256_set1_epi8(0xF))
@@ -220,7 +220,7 @@ pub unsafe fn f16(w: &[u8], x: &[u8], k: usize) -> f32 {
 
 /// 32 bits to 32 bytes of 0x00 / 0xFF (`bytes_from_bits_32`).
 #[inline(always)]
-unsafe fn bytes_from_bits(p: *const u8) -> __m256i {
+pub(crate) unsafe fn bytes_from_bits(p: *const u8) -> __m256i {
     let x32 = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,

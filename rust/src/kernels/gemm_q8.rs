@@ -2,7 +2,7 @@
 //! (q8_0, q4_0, q5_0), for several activation rows: ggml's AVX2 vec_dot for these types is
 //! `acc = fma(d_w·d_x, Σ lanes of w·x, acc)` per block and `hsum` at the end, so a tile of
 //! outputs can share the work around that core. Each tile of weight rows is decoded once into
-//! signed bytes and f32 scales, the activation scales are widened once per call, and a 2 × 4
+//! signed bytes and f32 scales, the activation scales are widened once per call, and a 3 × 2
 //! register tile of outputs runs over the blocks. Every output keeps ggml's lanes, FMA order
 //! and final sum, so the bits equal [`super::dot`]'s (the tests compare them).
 //!
@@ -41,34 +41,6 @@ fn f16(b: &[u8]) -> f32 {
     super::fp16_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }
 
-/// One weight block as 32 signed values (the `qx` of ggml's AVX2 vec_dot) and its scale.
-#[inline(always)]
-fn decode_block(type_id: u32, b: &[u8], q: &mut [i8]) -> f32 {
-    match type_id {
-        8 => {
-            for (d, s) in q.iter_mut().zip(&b[2..34]) {
-                *d = *s as i8;
-            }
-        }
-        2 => {
-            for j in 0..16 {
-                q[j] = (b[2 + j] & 15) as i8 - 8;
-                q[j + 16] = (b[2 + j] >> 4) as i8 - 8;
-            }
-        }
-        _ => {
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            for j in 0..16 {
-                let lo = (b[6 + j] & 15) | ((((qh >> j) & 1) as u8) << 4);
-                let hi = (b[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-                q[j] = lo as i8 - 16;
-                q[j + 16] = hi as i8 - 16;
-            }
-        }
-    }
-    f16(b)
-}
-
 /// The rows function for [`super::matmul::run_rows`] (`act` in q8_0 form).
 pub fn rows_fn(type_id: u32) -> RowsFn {
     match type_id {
@@ -104,14 +76,31 @@ fn rows_entry(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{block_bytes, decode_block, f16, Block, Converted, MR, NR, XBLOCK_BYTES};
+    use super::{block_bytes, f16, Block, Converted, MR, NR, XBLOCK_BYTES};
     use crate::kernels::dot::hsum8;
+    use crate::kernels::dot_avx2::{bytes_from_bits, nibbles32};
 
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         let mut a = [0.0f32; 8];
         _mm256_storeu_ps(a.as_mut_ptr(), v);
         hsum8(&a)
+    }
+
+    /// One weight block as the 32 signed values of ggml's vec_dot (`qx`), and its scale.
+    #[inline(always)]
+    unsafe fn decode_simd(type_id: u32, b: *const u8, q: &mut Block) -> f32 {
+        let qx = match type_id {
+            8 => _mm256_loadu_si256(b.add(2) as *const __m256i),
+            2 => _mm256_sub_epi8(nibbles32(b.add(2)), _mm256_set1_epi8(8)),
+            _ => {
+                let hi = _mm256_andnot_si256(bytes_from_bits(b.add(2)), _mm256_set1_epi8(-16));
+                _mm256_or_si256(nibbles32(b.add(6)), hi)
+            }
+        };
+        _mm256_store_si256(q.0.as_mut_ptr() as *mut __m256i, qx);
+        let h = u16::from_le_bytes([*b, *b.add(1)]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
     }
 
     /// Weight rows `first..first + out.len() / n` against every activation row.
@@ -142,7 +131,9 @@ mod avx2 {
             .collect();
         let mut wq = vec![Block([0; 32]); MR * nb];
         let mut dw = vec![0.0f32; MR * nb];
-        let xblock = (XBLOCK_BYTES / act.row_bytes).max(NR) / NR * NR;
+        // activation blocks of even size, so none is a small remainder
+        let parts = (n * act.row_bytes).div_ceil(XBLOCK_BYTES).max(1);
+        let xblock = n.div_ceil(parts).next_multiple_of(NR);
         for r0 in (0..n).step_by(xblock) {
             let r1 = n.min(r0 + xblock);
             for t0 in (0..rows_total).step_by(MR) {
@@ -152,7 +143,7 @@ mod avx2 {
                     let at = (first + (t0 + i).min(t1 - 1)) * stride;
                     let row = &w[at..at + nb * bb];
                     for (b, blk) in row.chunks_exact(bb).enumerate() {
-                        dw[i * nb + b] = decode_block(type_id, blk, &mut wq[i * nb + b].0);
+                        dw[i * nb + b] = decode_simd(type_id, blk.as_ptr(), &mut wq[i * nb + b]);
                     }
                 }
                 for r in (r0..r1).step_by(NR) {
@@ -187,14 +178,16 @@ mod avx2 {
         for b in 0..nb {
             let ys: [__m256i; NR] =
                 std::array::from_fn(|j| _mm256_load_si256(xp[j].add(b) as *const __m256i));
+            let bys: [__m256; NR] = std::array::from_fn(|j| _mm256_set1_ps(*dyr[j].add(b)));
             for (i, acc_i) in acc.iter_mut().enumerate() {
                 let qx = _mm256_load_si256(wq.as_ptr().add(i * nb + b) as *const __m256i);
                 let ax = _mm256_sign_epi8(qx, qx);
-                let d_w = *dw.get_unchecked(i * nb + b);
-                for ((a, y), dyj) in acc_i.iter_mut().zip(&ys).zip(&dyr) {
+                let bw = _mm256_set1_ps(*dw.get_unchecked(i * nb + b));
+                for ((a, y), by) in acc_i.iter_mut().zip(&ys).zip(&bys) {
                     let sy = _mm256_sign_epi8(*y, qx);
                     let q = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-                    let d = _mm256_set1_ps(d_w * *dyj.add(b));
+                    // d_w·d_x in every lane: the same rounding as the scalar product
+                    let d = _mm256_mul_ps(bw, *by);
                     *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), *a);
                 }
             }

@@ -6,6 +6,7 @@
 //! * [`matmul_batched`] — many broadcast batches (attention heads) in one call
 //! * [`gemm_q8`] — its many-row path for q8_0/q4_0/q5_0 weights (decoded tiles)
 //! * [`gemm_float`] — its many-row path for float weights, in llamafile tinyBLAS's order
+//! * [`expf8`] — ggml's vector expf on eight lanes (soft max, SwiGLU)
 //! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
 //!   roundings
 
@@ -13,6 +14,7 @@ pub mod act;
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_avx2;
+pub mod expf8;
 pub mod f16vec;
 pub mod flash_attn;
 pub mod gemm_float;

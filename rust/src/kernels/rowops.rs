@@ -314,6 +314,11 @@ pub fn v_expf(x: f32) -> f32 {
 /// `x`, `g` readable and `y` writable for `n` floats.
 #[inline(always)]
 unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if super::f16vec::use_avx2() {
+        // SAFETY: features detected; pointers per this function's contract.
+        return unsafe { super::expf8::swiglu_row(x, g, y, n) };
+    }
     let np = n & !7;
     for i in 0..n {
         // SAFETY: i < n.
@@ -333,6 +338,11 @@ unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
 /// chunks (each chunk summed in float32 in the SSE order, then added in double), expf on the tail.
 #[inline(always)]
 fn soft_max_row(x: &[f32], y: &mut [f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if super::f16vec::use_avx2() {
+        // SAFETY: features detected.
+        return unsafe { super::expf8::soft_max_row(x, y, max) };
+    }
     let n = x.len();
     let np = n & !7;
     let mut sum = 0.0f64;
