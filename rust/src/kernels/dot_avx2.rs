@@ -21,8 +21,9 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
+/// `hsum_float_8` of one register (via [`hsum8`]).
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let mut a = [0.0f32; 8];
     _mm256_storeu_ps(a.as_mut_ptr(), v);
     hsum8(&a)

@@ -289,18 +289,7 @@ mod tests {
     use super::*;
     use crate::kernels::dot::{RowDot, BF16, F16, F32};
     use crate::kernels::matmul::matmul_quant;
-
-    fn noise(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_util::noise;
 
     fn encode(type_id: u32, v: &[f32]) -> Vec<u8> {
         match type_id {

@@ -44,20 +44,20 @@ fn f16(b: &[u8]) -> f32 {
 /// The rows function for [`super::matmul::run_rows`] (`act` in q8_0 form).
 pub fn rows_fn(type_id: u32) -> RowsFn {
     match type_id {
-        8 => |w, s, f, k, a, o, _| rows_entry(8, w, s, f, k, a, o),
-        2 => |w, s, f, k, a, o, _| rows_entry(2, w, s, f, k, a, o),
-        _ => |w, s, f, k, a, o, _| rows_entry(6, w, s, f, k, a, o),
+        8 => rows_entry::<8>,
+        2 => rows_entry::<2>,
+        _ => rows_entry::<6>,
     }
 }
 
-fn rows_entry(
-    type_id: u32,
+fn rows_entry<const TYPE_ID: u32>(
     w: &[u8],
     stride: usize,
     first: usize,
     k: usize,
     act: &Converted,
     out: &mut [f32],
+    _gemm: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -66,7 +66,7 @@ fn rows_entry(
             "gemm_q8 needs AVX2, FMA and F16C"
         );
         // SAFETY: checked just above.
-        unsafe { avx2::rows(type_id, w, stride, first, k, act, out) }
+        unsafe { avx2::rows(TYPE_ID, w, stride, first, k, act, out) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("gemm_q8 is only chosen on x86-64 with AVX2")
@@ -77,15 +77,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{block_bytes, f16, Block, Converted, MR, NR, XBLOCK_BYTES};
-    use crate::kernels::dot::hsum8;
-    use crate::kernels::dot_avx2::{bytes_from_bits, nibbles32};
-
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let mut a = [0.0f32; 8];
-        _mm256_storeu_ps(a.as_mut_ptr(), v);
-        hsum8(&a)
-    }
+    use crate::kernels::dot_avx2::{bytes_from_bits, hsum, nibbles32};
 
     /// One weight block as the 32 signed values of ggml's vec_dot (`qx`), and its scale.
     #[inline(always)]
@@ -201,18 +193,7 @@ mod tests {
     use super::*;
     use crate::kernels::act::ActFormat;
     use crate::kernels::dot::{RowDot, Q4_0, Q5_0, Q8_0};
-
-    fn noise(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_util::noise;
 
     /// Every output equals the portable row dot bit for bit, ragged tiles included.
     #[test]

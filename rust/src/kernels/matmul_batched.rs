@@ -123,18 +123,7 @@ pub fn matmul_batched(
 mod tests {
     use super::*;
     use crate::kernels::matmul::matmul_quant;
-
-    fn noise(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_util::noise;
 
     /// Batches in one call equal one call per batch, bit for bit, for float and q8_0 weights,
     /// shared (broadcast) weight offsets included.

@@ -22,6 +22,8 @@ pub mod gemm_q8;
 pub mod matmul;
 pub mod matmul_batched;
 pub mod rowops;
+#[cfg(test)]
+mod test_util;
 
 use std::fmt;
 
