@@ -9,6 +9,7 @@
 
 use super::act::ActFormat;
 use super::fp16_to_f32;
+use super::kquant_tiles::{accumulate, Slab};
 
 /// A weight type's row dot product against activations in its `vec_dot_type`.
 pub trait RowDot {
@@ -30,9 +31,10 @@ pub trait RowDot {
         Self::dot(w, x, k)
     }
 
-    /// The order of llamafile's tinyBLAS (ggml's MUL_MAT for f32/f16/bf16 weights when N >= 2
-    /// and M % 4 == 0): one 8-lane FMA accumulator over K (a zero-padded last step), then
-    /// `hsum`. Other types: [`Self::dot`].
+    /// The order of ggml's multi-row MUL_MAT path for this type: llamafile's tinyBLAS (f32,
+    /// f16, bf16 when N >= 2 and M % 4 == 0; IQ4_NL): one 8-lane FMA accumulator over K (a
+    /// zero-padded last step), then `hsum`; ggml's tiled kernel for the K-quants and IQ4_XS
+    /// (N >= 8, [`super::kquant_tiles`]). Other types: [`Self::dot`].
     #[inline(always)]
     fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
         Self::dot(w, x, k)
@@ -78,6 +80,23 @@ macro_rules! simd_dot {
         unsafe fn dot_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
             // SAFETY: the caller guarantees AVX2, FMA and F16C.
             unsafe { super::dot_avx2::$f(w, x, k) }
+        }
+    };
+}
+
+/// Overrides `dot_gemm` with the tiled K-quant order ([`super::kquant_tiles`]): `$slab` gives
+/// one super-block's integer parts.
+macro_rules! tiled_dot {
+    ($bytes:expr, $has_min:expr, $slab:expr) => {
+        #[inline(always)]
+        fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+            let slab = $slab;
+            let slabs = w
+                .chunks_exact($bytes)
+                .zip(x.chunks_exact(292))
+                .take(k / 256)
+                .map(|(wb, yb)| (f32_at(yb, 0), slab(wb, yb)));
+            accumulate(slabs, $has_min)
         }
     };
 }
@@ -409,6 +428,24 @@ impl RowDot for Q2K {
         hsum8(&acc)
     }
     simd_dot!(q2_k);
+    tiled_dot!(84, true, |wb: &[u8], yb: &[u8]| {
+        let (_, q8, bs) = q8k(yb);
+        let scales = &wb[..16];
+        let s2 = (0..16).map(|i| (scales[i] >> 4) as i32 * bs[i]).sum();
+        let sc: [i32; 16] = std::array::from_fn(|i| (scales[i] & 15) as i32);
+        let qs = &wb[16..80];
+        let q: [i8; 256] = std::array::from_fn(|e| {
+            let (j, s, i) = (e / 128, (e % 128) / 32, e % 32);
+            ((qs[32 * j + i] >> (2 * s)) & 3) as i8
+        });
+        let s1 = superblock_lanes(&q, &sc, q8).iter().sum();
+        Slab {
+            d: f16_at(wb, 80),
+            dmin: f16_at(wb, 82),
+            s1,
+            s2,
+        }
+    });
 }
 
 /// The 16 six-bit scales of a Q3_K block, minus 32.
@@ -457,6 +494,28 @@ impl RowDot for Q3K {
         hsum8(&acc)
     }
     simd_dot!(q3_k);
+    tiled_dot!(110, false, |wb: &[u8], yb: &[u8]| {
+        let (_, q8, _) = q8k(yb);
+        let (hmask, qs) = (&wb[..32], &wb[32..96]);
+        let q: [i8; 256] = std::array::from_fn(|e| {
+            let (j, s, i) = (e / 128, (e % 128) / 32, e % 32);
+            let low = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
+            low - if hmask[i] >> (4 * j + s) & 1 == 1 {
+                0
+            } else {
+                4
+            }
+        });
+        let s1 = superblock_lanes(&q, &q3k_scales(&wb[96..108]), q8)
+            .iter()
+            .sum();
+        Slab {
+            d: f16_at(wb, 108),
+            dmin: 0.0,
+            s1,
+            s2: 0,
+        }
+    });
 }
 
 /// (m0+m2) + (m1+m3) of the 4-lane min accumulator.
@@ -492,6 +551,21 @@ impl RowDot for Q4K {
     }
     simd_dot!(q4_k);
     simd_dot4!(q4_k_x4);
+    tiled_dot!(144, true, |wb: &[u8], yb: &[u8]| {
+        let (_, q8, bs) = q8k(yb);
+        let (sc, mn) = scale_min_k4(&wb[4..16]);
+        let s32 = bsums32(&bs);
+        let mut q = [0i8; 256];
+        k4_nibbles(&wb[16..144], &mut q);
+        let s1 = superblock_lanes(&q, &per16(&sc), q8).iter().sum();
+        let s2 = (0..8).map(|j| mn[j] * s32[j]).sum();
+        Slab {
+            d: f16_at(wb, 0),
+            dmin: f16_at(wb, 2),
+            s1,
+            s2,
+        }
+    });
 }
 
 pub struct Q5K;
@@ -524,6 +598,24 @@ impl RowDot for Q5K {
         hsum8(&acc) + summs
     }
     simd_dot!(q5_k);
+    tiled_dot!(176, true, |wb: &[u8], yb: &[u8]| {
+        let (_, q8, bs) = q8k(yb);
+        let (sc, mn) = scale_min_k4(&wb[4..16]);
+        let s32 = bsums32(&bs);
+        let mut q = [0i8; 256];
+        k4_nibbles(&wb[48..176], &mut q);
+        for (e, v) in q.iter_mut().enumerate() {
+            *v += (((wb[16 + e % 32] >> (e / 32)) & 1) << 4) as i8;
+        }
+        let s1 = superblock_lanes(&q, &per16(&sc), q8).iter().sum();
+        let s2 = (0..8).map(|j| mn[j] * s32[j]).sum();
+        Slab {
+            d: f16_at(wb, 0),
+            dmin: f16_at(wb, 2),
+            s1,
+            s2,
+        }
+    });
 }
 
 pub struct Q6K;
@@ -561,6 +653,25 @@ impl RowDot for Q6K {
     }
     simd_dot!(q6_k);
     simd_dot4!(q6_k_x4);
+    tiled_dot!(210, false, |wb: &[u8], yb: &[u8]| {
+        let (_, q8, bs) = q8k(yb);
+        let (ql, qh) = (&wb[..128], &wb[128..192]);
+        let sc: [i32; 16] = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
+        let q: [i8; 256] = std::array::from_fn(|e| {
+            let (j, part, i) = (e / 128, (e % 128) / 32, e % 32);
+            let l = ql[64 * j + 32 * (part & 1) + i];
+            let low = if part < 2 { l & 15 } else { l >> 4 };
+            (low | (((qh[32 * j + i] >> (2 * part)) & 3) << 4)) as i8
+        });
+        let bias: i32 = (0..16).map(|i| 32 * sc[i] * bs[i]).sum();
+        let s1 = superblock_lanes(&q, &sc, q8).iter().sum::<i32>() - bias;
+        Slab {
+            d: f16_at(wb, 208),
+            dmin: 0.0,
+            s1,
+            s2: 0,
+        }
+    });
 }
 
 pub struct IQ4XS;
@@ -591,6 +702,28 @@ impl RowDot for IQ4XS {
         hsum8(&acc)
     }
     simd_dot!(iq4_xs);
+    tiled_dot!(136, false, |wb: &[u8], yb: &[u8]| {
+        let (_, q8, _) = q8k(yb);
+        let sh = u16::from_le_bytes([wb[2], wb[3]]) as i32;
+        let sc8: [i32; 8] = std::array::from_fn(|ib| {
+            let low = ((wb[4 + ib / 2] >> (4 * (ib % 2))) & 15) as i32;
+            (low | (((sh >> (2 * ib)) & 3) << 4)) - 32
+        });
+        let mut q = [0i8; 256];
+        for ib in 0..8 {
+            let n = nibbles(&wb[8 + 16 * ib..24 + 16 * ib]);
+            for i in 0..32 {
+                q[32 * ib + i] = KVALUES_IQ4NL[n[i] as usize];
+            }
+        }
+        let s1 = superblock_lanes(&q, &per16(&sc8), q8).iter().sum();
+        Slab {
+            d: f16_at(wb, 0),
+            dmin: 0.0,
+            s1,
+            s2: 0,
+        }
+    });
 }
 
 /// Four 8-lane FMA accumulators over 32-element steps (`GGML_F16_STEP` / `GGML_F32_STEP`).

@@ -351,7 +351,9 @@ fn run_rows(
 /// Weight rows (ggml type `type_id`, `m` rows `row_stride` bytes apart, `k` values each) times
 /// converted activations `act`; `out` is `act.rows × m` row-major. `llamafile`: follow ggml's
 /// MUL_MAT dispatch, which sends N >= 2 to llamafile's tinyBLAS (another summation order for
-/// f32/f16/bf16 when M % 4 == 0, and for IQ4_NL); false for MUL_MAT_ID (always vec_dot).
+/// f32/f16/bf16 when M % 4 == 0, and for IQ4_NL); false for MUL_MAT_ID (vec_dot). K-quant and
+/// IQ4_XS weights take ggml's tiled order from 8 rows on either way (`act.rows` must then be
+/// the rows of ONE ggml batch or expert: ggml decides per src1 batch / per expert).
 pub fn matmul_converted(
     type_id: u32,
     w: &[u8],
@@ -376,13 +378,14 @@ pub fn matmul_converted(
     let n = act.rows;
     // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
     // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
-    let gemm = llamafile
-        && n >= 2
-        && match type_id {
-            0 | 1 | 30 => m.is_multiple_of(4),
-            20 => true,
-            _ => false,
-        };
+    let gemm = match type_id {
+        0 | 1 | 30 => llamafile && n >= 2 && m.is_multiple_of(4),
+        20 => llamafile && n >= 2,
+        // ggml's tiled K-quant kernel (super::kquant_tiles) from 8 activation rows on, in
+        // MUL_MAT (rows of one batch) and MUL_MAT_ID (rows routed to one expert) alike
+        10..=14 | 23 => n >= super::kquant_tiles::TILED_MIN_ROWS,
+        _ => false,
+    };
     let tmp = run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm);
     for (mi, vals) in tmp.chunks_exact(n).enumerate() {
         for (r, v) in vals.iter().enumerate() {

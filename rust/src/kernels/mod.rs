@@ -12,6 +12,7 @@ pub mod dot;
 pub mod dot_avx2;
 pub mod f16vec;
 pub mod flash_attn;
+pub mod kquant_tiles;
 pub mod matmul;
 pub mod rowops;
 
