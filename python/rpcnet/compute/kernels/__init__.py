@@ -16,6 +16,7 @@ KERNEL_MODULES = (
     "glu",
     "glu_native",
     "matmul",
+    "matmul_hadamard",
     "matmul_native",
     "matmul_prefill",
     "moe",
