@@ -9,7 +9,7 @@
 
 use super::act::ActFormat;
 use super::fp16_to_f32;
-use super::kquant_tiles::{self, Decoded};
+use super::kquant_tiles::{self, Codes, Decoded};
 
 /// A weight type's row dot product against activations in its `vec_dot_type`.
 pub trait RowDot {
@@ -108,7 +108,7 @@ macro_rules! simd_dot {
 /// Overrides `dot_gemm` and `dot_gemm_rows` with the tiled K-quant order
 /// ([`super::kquant_tiles`]); `$decode` fills one super-block's [`Decoded`].
 macro_rules! tiled_dot {
-    ($bytes:expr, $has_min:expr, $decode:expr) => {
+    ($bytes:expr, $has_min:expr, $codes:expr, $decode:expr) => {
         #[inline(always)]
         fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
             let mut out = [0.0f32];
@@ -123,7 +123,7 @@ macro_rules! tiled_dot {
         #[inline(always)]
         unsafe fn dot_gemm_rows_simd(w: &[u8], xs: &[&[u8]], k: usize, out: &mut [f32]) {
             // SAFETY: the caller guarantees AVX2, FMA and F16C.
-            unsafe { kquant_tiles::rows_avx2(w, $bytes, $has_min, xs, k, out, $decode) }
+            unsafe { kquant_tiles::rows_avx2(w, $bytes, $has_min, $codes, xs, k, out, $decode) }
         }
     };
 }
@@ -455,7 +455,7 @@ impl RowDot for Q2K {
         hsum8(&acc)
     }
     simd_dot!(q2_k);
-    tiled_dot!(84, true, |wb: &[u8], t: &mut Decoded| {
+    tiled_dot!(84, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
         let (scales, qs) = (&wb[..16], &wb[16..80]);
         t.sc = std::array::from_fn(|i| (scales[i] & 15) as i32);
         t.mn = std::array::from_fn(|i| (scales[i] >> 4) as i32);
@@ -516,20 +516,25 @@ impl RowDot for Q3K {
         hsum8(&acc)
     }
     simd_dot!(q3_k);
-    tiled_dot!(110, false, |wb: &[u8], t: &mut Decoded| {
-        let (hmask, qs) = (&wb[..32], &wb[32..96]);
-        for j in 0..2 {
-            for s in 0..4 {
-                for i in 0..32 {
-                    let low = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
-                    let high = (((hmask[i] >> (4 * j + s)) & 1) ^ 1) as i8;
-                    t.q[128 * j + 32 * s + i] = low - 4 * high;
+    tiled_dot!(
+        110,
+        false,
+        Codes::Biased(4),
+        |wb: &[u8], t: &mut Decoded| {
+            let (hmask, qs) = (&wb[..32], &wb[32..96]);
+            for j in 0..2 {
+                for s in 0..4 {
+                    for i in 0..32 {
+                        let low = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
+                        let high = (((hmask[i] >> (4 * j + s)) & 1) ^ 1) as i8;
+                        t.q[128 * j + 32 * s + i] = low - 4 * high;
+                    }
                 }
             }
+            t.sc = q3k_scales(&wb[96..108]);
+            t.d = f16_at(wb, 108);
         }
-        t.sc = q3k_scales(&wb[96..108]);
-        t.d = f16_at(wb, 108);
-    });
+    );
 }
 
 /// (m0+m2) + (m1+m3) of the 4-lane min accumulator.
@@ -565,7 +570,7 @@ impl RowDot for Q4K {
     }
     simd_dot!(q4_k);
     simd_dot4!(q4_k_x4);
-    tiled_dot!(144, true, |wb: &[u8], t: &mut Decoded| {
+    tiled_dot!(144, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
         let (sc, mn) = scale_min_k4(&wb[4..16]);
         (t.sc, t.mn) = (per16(&sc), per16(&mn));
         k4_nibbles(&wb[16..144], &mut t.q);
@@ -603,7 +608,7 @@ impl RowDot for Q5K {
         hsum8(&acc) + summs
     }
     simd_dot!(q5_k);
-    tiled_dot!(176, true, |wb: &[u8], t: &mut Decoded| {
+    tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
         let (sc, mn) = scale_min_k4(&wb[4..16]);
         (t.sc, t.mn) = (per16(&sc), per16(&mn));
         k4_nibbles(&wb[48..176], &mut t.q);
@@ -651,23 +656,28 @@ impl RowDot for Q6K {
     }
     simd_dot!(q6_k);
     simd_dot4!(q6_k_x4);
-    tiled_dot!(210, false, |wb: &[u8], t: &mut Decoded| {
-        let (ql, qh) = (&wb[..128], &wb[128..192]);
-        // the 6-bit codes minus their bias 32 (ggml removes it through the bsums: same s1)
-        for j in 0..2 {
-            for i in 0..32 {
-                let h = qh[32 * j + i];
-                let (l0, l1) = (ql[64 * j + i], ql[64 * j + 32 + i]);
-                let q = &mut t.q[128 * j..128 * j + 128];
-                q[i] = ((l0 & 15) | ((h & 3) << 4)) as i8 - 32;
-                q[32 + i] = ((l1 & 15) | (((h >> 2) & 3) << 4)) as i8 - 32;
-                q[64 + i] = ((l0 >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
-                q[96 + i] = ((l1 >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
+    tiled_dot!(
+        210,
+        false,
+        Codes::Biased(32),
+        |wb: &[u8], t: &mut Decoded| {
+            let (ql, qh) = (&wb[..128], &wb[128..192]);
+            // the 6-bit codes minus their bias 32 (ggml removes it through the bsums: same s1)
+            for j in 0..2 {
+                for i in 0..32 {
+                    let h = qh[32 * j + i];
+                    let (l0, l1) = (ql[64 * j + i], ql[64 * j + 32 + i]);
+                    let q = &mut t.q[128 * j..128 * j + 128];
+                    q[i] = ((l0 & 15) | ((h & 3) << 4)) as i8 - 32;
+                    q[32 + i] = ((l1 & 15) | (((h >> 2) & 3) << 4)) as i8 - 32;
+                    q[64 + i] = ((l0 >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
+                    q[96 + i] = ((l1 >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
+                }
             }
+            t.sc = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
+            t.d = f16_at(wb, 208);
         }
-        t.sc = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
-        t.d = f16_at(wb, 208);
-    });
+    );
 }
 
 pub struct IQ4XS;
@@ -698,7 +708,7 @@ impl RowDot for IQ4XS {
         hsum8(&acc)
     }
     simd_dot!(iq4_xs);
-    tiled_dot!(136, false, |wb: &[u8], t: &mut Decoded| {
+    tiled_dot!(136, false, Codes::Signed, |wb: &[u8], t: &mut Decoded| {
         let sh = u16::from_le_bytes([wb[2], wb[3]]) as i32;
         let sc8: [i32; 8] = std::array::from_fn(|ib| {
             let low = ((wb[4 + ib / 2] >> (4 * (ib % 2))) & 15) as i32;

@@ -79,38 +79,58 @@ fn codes_dot(dec: &Decoded, y: &[u8]) -> i32 {
         .sum()
 }
 
-/// A weight super-block in AVX2 registers: |q| and q (for `vpsignb`) per 32 codes, the scales
-/// per 16 codes as i16 pairs, the 16 mins as i16.
+/// How the AVX2 build feeds a format's codes to `vpmaddubsw` (unsigned × signed bytes).
+#[derive(Clone, Copy)]
+pub enum Codes {
+    /// Codes plus this bias are unsigned and small enough that a byte pair never saturates
+    /// (Q2_K, Q4_K, Q5_K: 0; Q3_K: 4; Q6_K: 32); the bias comes back out through the bsums.
+    Biased(i8),
+    /// Signed codes too large for that (IQ4_XS): |q| against y signed like q.
+    Signed,
+}
+
+/// A weight super-block in AVX2 registers: the first `vpmaddubsw` operand per 32 codes (and
+/// the codes, for `vpsignb`), the scales per 16 codes as i16 pairs, and the 16 i16 weights of
+/// the bsums: the mins (formats with mins) or bias · scale (biased codes).
 #[cfg(target_arch = "x86_64")]
 struct SlabRegs {
-    absq: [std::arch::x86_64::__m256i; 8],
+    ubytes: [std::arch::x86_64::__m256i; 8],
     sgnq: [std::arch::x86_64::__m256i; 8],
     scales: [std::arch::x86_64::__m256i; 8],
-    mins: std::arch::x86_64::__m256i,
+    per_bsum: std::arch::x86_64::__m256i,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn slab_regs(dec: &Decoded) -> SlabRegs {
+fn slab_regs(dec: &Decoded, codes: Codes, has_min: bool) -> SlabRegs {
     use std::arch::x86_64::*;
     let zero = _mm256_setzero_si256();
     let mut r = SlabRegs {
-        absq: [zero; 8],
+        ubytes: [zero; 8],
         sgnq: [zero; 8],
         scales: [zero; 8],
-        mins: zero,
+        per_bsum: zero,
     };
     for c in 0..8 {
         // SAFETY: 32 bytes at 32·c lie inside the 256 codes.
         let q = unsafe { _mm256_loadu_si256(dec.q.as_ptr().add(32 * c) as *const __m256i) };
-        r.absq[c] = _mm256_abs_epi8(q);
-        r.sgnq[c] = q; // `vpsignb` by q: y·sign(q), and 0 where q is 0 (|q| is 0 there too)
+        match codes {
+            Codes::Biased(bias) => r.ubytes[c] = _mm256_add_epi8(q, _mm256_set1_epi8(bias)),
+            Codes::Signed => {
+                r.ubytes[c] = _mm256_abs_epi8(q);
+                r.sgnq[c] = q; // y·sign(q), and 0 where q is 0 (|q| is 0 there too)
+            }
+        }
         let (lo, hi) = (dec.sc[2 * c] as i16, dec.sc[2 * c + 1] as i16);
         r.scales[c] = _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
     }
-    let mn: [i16; 16] = std::array::from_fn(|i| dec.mn[i] as i16);
+    let weights: [i16; 16] = std::array::from_fn(|i| match codes {
+        _ if has_min => dec.mn[i] as i16,
+        Codes::Biased(bias) => (bias as i32 * dec.sc[i]) as i16, // |bias·scale| <= 32·127
+        Codes::Signed => 0,
+    });
     // SAFETY: 16 i16 are 32 bytes.
-    r.mins = unsafe { _mm256_loadu_si256(mn.as_ptr() as *const __m256i) };
+    r.per_bsum = unsafe { _mm256_loadu_si256(weights.as_ptr() as *const __m256i) };
     r
 }
 
@@ -124,23 +144,36 @@ fn hsum_i32(v: std::arch::x86_64::__m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// (s1, s2) of one q8_K block with AVX2: |q| · (y signed like q) per byte pair (at most
-/// 2·127·127: no saturation), the per-16 scales by `vpmaddwd`; the mins against the bsums.
+/// (s1, s2) of one q8_K block with AVX2: `vpmaddubsw` per byte pair (never saturating, see
+/// [`Codes`]), the per-16 scales by `vpmaddwd`; the bsums against the mins or the bias.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn ints_avx2(r: &SlabRegs, y: &[u8]) -> (i32, i32) {
+fn ints_avx2(r: &SlabRegs, codes: Codes, has_min: bool, y: &[u8]) -> (i32, i32) {
     use std::arch::x86_64::*;
     assert!(y.len() >= Q8K_BYTES);
     let mut acc = _mm256_setzero_si256();
     for c in 0..8 {
         // SAFETY: bytes 4 + 32·c .. 36 + 32·c lie inside the block (checked above).
         let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(4 + 32 * c) as *const __m256i) };
-        let p = _mm256_maddubs_epi16(r.absq[c], _mm256_sign_epi8(yv, r.sgnq[c]));
+        let yv = match codes {
+            Codes::Biased(_) => yv,
+            Codes::Signed => _mm256_sign_epi8(yv, r.sgnq[c]),
+        };
+        let p = _mm256_maddubs_epi16(r.ubytes[c], yv);
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, r.scales[c]));
     }
     // SAFETY: the 16 bsums are bytes 260..292 (checked above).
     let bs = unsafe { _mm256_loadu_si256(y.as_ptr().add(260) as *const __m256i) };
-    (hsum_i32(acc), hsum_i32(_mm256_madd_epi16(bs, r.mins)))
+    if has_min {
+        (hsum_i32(acc), hsum_i32(_mm256_madd_epi16(bs, r.per_bsum)))
+    } else if let Codes::Biased(1..) = codes {
+        (
+            hsum_i32(_mm256_sub_epi32(acc, _mm256_madd_epi16(bs, r.per_bsum))),
+            0,
+        )
+    } else {
+        (hsum_i32(acc), 0)
+    }
 }
 
 /// One slab's step of the tiled accumulation.
@@ -182,10 +215,12 @@ pub fn rows_portable(
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn rows_avx2(
     w: &[u8],
     block_bytes: usize,
     has_min: bool,
+    codes: Codes,
     xs: &[&[u8]],
     k: usize,
     out: &mut [f32],
@@ -195,10 +230,10 @@ pub unsafe fn rows_avx2(
     let mut dec = Decoded::default();
     for b in 0..k / 256 {
         decode(&w[b * block_bytes..(b + 1) * block_bytes], &mut dec);
-        let regs = slab_regs(&dec);
+        let regs = slab_regs(&dec, codes, has_min);
         for (x, o) in xs.iter().zip(out.iter_mut()) {
             let y = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
-            let (s1, s2) = ints_avx2(&regs, y);
+            let (s1, s2) = ints_avx2(&regs, codes, has_min, y);
             *o = step(*o, q8k_d(y), &dec, s1, s2, has_min);
         }
     }
