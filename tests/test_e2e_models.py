@@ -50,18 +50,6 @@ SERVER_MEM = 2 << 30
 PROBE_TIMEOUT = 180.0
 
 ZOO_NAMES = list(ZOO)
-# Open gap (issue 10, see tests/test_numerics.py KNOWN_GAPS): Q5_K rows of a prompt of N >= 8 go
-# through ggml's tiled K-quant matmul, whose accumulation order rpcnet does not reproduce yet.
-_ZOO_GAPS = {"llama256-Q5_K_M"}
-ZOO_PARAMS = [
-    pytest.param(
-        name,
-        marks=pytest.mark.xfail(strict=True, reason="issue 10: tiled K-quant matmul order"),
-    )
-    if name in _ZOO_GAPS
-    else name
-    for name in ZOO_NAMES
-]
 V7_NAMES = ["llama-gqa-f32", "qwen3-f16", "qwen3moe-f32", "bert-f32", "llama256-Q4_K_M"]
 
 
@@ -356,7 +344,7 @@ def e2e(zoo_dir, servers, server_logs, summary, tmp_path_factory) -> E2E:
 # ----------------------------------------------------------------------------- cases
 
 
-@pytest.mark.parametrize("model", ZOO_PARAMS)
+@pytest.mark.parametrize("model", ZOO_NAMES)
 def test_zoo_v8(e2e: E2E, model: str) -> None:
     """Every model, every position in one batch: v8 client, rpcnet --proto 8."""
     e2e.check(f"zoo-v8/{model}", Case(model))

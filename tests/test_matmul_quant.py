@@ -182,10 +182,9 @@ def test_portable_and_simd_builds_agree_bitwise(name, real_weights):
 
 # ---- the reference rpc-server ----------------------------------------------------------------
 
-# ggml's MUL_MAT at N >= 8 runs its tiled kernel for the K-quants and IQ4_XS: other sums,
-# float noise rather than bits there. (llamafile's tinyBLAS, which takes N >= 2 for the q8_0
-# family, f32, f16 and bf16, is reproduced: the kernel's `llamafile` flag.)
-TILED_TYPES = {10, 11, 12, 13, 14, 23}
+# ggml's MUL_MAT at N >= 8 runs its tiled kernel for the K-quants and IQ4_XS, at N >= 2
+# llamafile's tinyBLAS for IQ4_NL, f32, f16 and bf16: the kernel reproduces both (its
+# `llamafile` flag), so every N is bit-exact.
 
 
 def _graph(type_id, wq, k, ns, rng):
@@ -219,15 +218,10 @@ def test_against_reference_server(name, path, real_weights, reference_v8, rpcnet
                 assert np.all(np.abs(served_f32 - want) <= 2e-6 * scale), f"{name} N={n} GEMM"
             else:
                 assert np.array_equal(served_f32, got), "server != kernel"
-            exact = n < 8 or type_id not in TILED_TYPES
-            if exact:
-                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
-                    f"{name} K={k} N={n} ({path}): not bit-exact, max |d| "
-                    f"{np.max(np.abs(got - want)):.3g}"
-                )
-            else:
-                _, scale = oracle(type_id, wq, k, xv)
-                assert np.all(np.abs(got - want) <= 1e-6 * scale), f"{name} K={k} N={n}"
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
+                f"{name} K={k} N={n} ({path}): not bit-exact, max |d| "
+                f"{np.max(np.abs(got - want)):.3g}"
+            )
 
 
 # ---- registration -----------------------------------------------------------------------------

@@ -68,24 +68,6 @@ CASES = [("llama-gqa", w, a) for w in WEIGHT_TYPES for a in ATTENTION] + [
     (family, w, a) for family, pairs in _DIAGONAL.items() for w, a in pairs
 ]
 
-# Open gap (issue 10): for K-quant and IQ4_XS weights, a prompt of N >= 8 rows goes through the
-# reference's (b11739) tiled K-quant matmul, whose accumulation order rpcnet's kernels do not
-# reproduce yet; one flipped activation rounding then reaches ~1e-2 in the logits. Strict: a case
-# that starts to pass fails here until it is removed from this list.
-KNOWN_GAPS = {
-    ("llama-gqa", "Q4_K_M", "fa0"),
-    ("llama-gqa", "Q5_K_M", "fa1-kvq8"),
-    ("llama-gqa", "Q6_K", "fa0"),
-    ("llama-gqa", "IQ4_XS", "fa0"),
-    ("llama-mha", "Q5_K_M", "fa0"),
-    ("qwen3", "Q4_K_M", "fa1-kvq8"),
-    ("phi3", "Q5_K_M", "fa1-kvq8"),
-}
-GAP = pytest.mark.xfail(
-    strict=True, reason="issue 10: tiled K-quant matmul order of the reference not reproduced"
-)
-PARAMS = [pytest.param(*c, marks=GAP) if c in KNOWN_GAPS else c for c in CASES]
-
 
 # ----------------------------------------------------------------------------- fixtures
 
@@ -213,7 +195,7 @@ def test_logits_are_spread(runner: Runner, family: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("family", "wtype", "attention"), PARAMS, ids=[f"{f}-{w}-{a}" for f, w, a in CASES]
+    ("family", "wtype", "attention"), CASES, ids=[f"{f}-{w}-{a}" for f, w, a in CASES]
 )
 def test_logits_match_reference(
     runner: Runner, table: list[dict], family: str, wtype: str, attention: str

@@ -9,6 +9,7 @@
 
 use super::act::ActFormat;
 use super::fp16_to_f32;
+use super::kquant_tiles::{self, Codes, Decoded};
 
 /// A weight type's row dot product against activations in its `vec_dot_type`.
 pub trait RowDot {
@@ -30,9 +31,10 @@ pub trait RowDot {
         Self::dot(w, x, k)
     }
 
-    /// The order of llamafile's tinyBLAS (ggml's MUL_MAT for f32/f16/bf16 weights when N >= 2
-    /// and M % 4 == 0): one 8-lane FMA accumulator over K (a zero-padded last step), then
-    /// `hsum`. Other types: [`Self::dot`].
+    /// The order of ggml's multi-row MUL_MAT path for this type: llamafile's tinyBLAS (f32,
+    /// f16, bf16 when N >= 2 and M % 4 == 0; IQ4_NL): one 8-lane FMA accumulator over K (a
+    /// zero-padded last step), then `hsum`; ggml's tiled kernel for the K-quants and IQ4_XS
+    /// (N >= 8, [`super::kquant_tiles`]). Other types: [`Self::dot`].
     #[inline(always)]
     fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
         Self::dot(w, x, k)
@@ -45,6 +47,27 @@ pub trait RowDot {
     #[inline(always)]
     unsafe fn dot_gemm_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
         Self::dot_gemm(w, x, k)
+    }
+
+    /// `out[r] =` [`Self::dot_gemm`] of `w` and `xs[r]`; types with a multi-row kernel decode
+    /// each weight block once for all rows.
+    #[inline(always)]
+    fn dot_gemm_rows(w: &[u8], xs: &[&[u8]], k: usize, out: &mut [f32]) {
+        for (x, o) in xs.iter().zip(out.iter_mut()) {
+            *o = Self::dot_gemm(w, x, k);
+        }
+    }
+
+    /// [`Self::dot_gemm_rows`] with AVX2 intrinsics where a type has them (same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline(always)]
+    unsafe fn dot_gemm_rows_simd(w: &[u8], xs: &[&[u8]], k: usize, out: &mut [f32]) {
+        for (x, o) in xs.iter().zip(out.iter_mut()) {
+            // SAFETY: forwarded from the caller.
+            *o = unsafe { Self::dot_gemm_simd(w, x, k) };
+        }
     }
 
     /// [`Self::dot_simd`] for four activation rows at once (each result the same bits).
@@ -78,6 +101,29 @@ macro_rules! simd_dot {
         unsafe fn dot_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
             // SAFETY: the caller guarantees AVX2, FMA and F16C.
             unsafe { super::dot_avx2::$f(w, x, k) }
+        }
+    };
+}
+
+/// Overrides `dot_gemm` and `dot_gemm_rows` with the tiled K-quant order
+/// ([`super::kquant_tiles`]); `$decode` fills one super-block's [`Decoded`].
+macro_rules! tiled_dot {
+    ($bytes:expr, $has_min:expr, $codes:expr, $decode:expr) => {
+        #[inline(always)]
+        fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
+            let mut out = [0.0f32];
+            Self::dot_gemm_rows(w, &[x], k, &mut out);
+            out[0]
+        }
+        #[inline(always)]
+        fn dot_gemm_rows(w: &[u8], xs: &[&[u8]], k: usize, out: &mut [f32]) {
+            kquant_tiles::rows_portable(w, $bytes, $has_min, xs, k, out, $decode)
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn dot_gemm_rows_simd(w: &[u8], xs: &[&[u8]], k: usize, out: &mut [f32]) {
+            // SAFETY: the caller guarantees AVX2, FMA and F16C.
+            unsafe { kquant_tiles::rows_avx2(w, $bytes, $has_min, $codes, xs, k, out, $decode) }
         }
     };
 }
@@ -409,6 +455,19 @@ impl RowDot for Q2K {
         hsum8(&acc)
     }
     simd_dot!(q2_k);
+    tiled_dot!(84, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
+        let (scales, qs) = (&wb[..16], &wb[16..80]);
+        t.sc = std::array::from_fn(|i| (scales[i] & 15) as i32);
+        t.mn = std::array::from_fn(|i| (scales[i] >> 4) as i32);
+        for j in 0..2 {
+            for s in 0..4 {
+                for i in 0..32 {
+                    t.q[128 * j + 32 * s + i] = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
+                }
+            }
+        }
+        (t.d, t.dmin) = (f16_at(wb, 80), f16_at(wb, 82));
+    });
 }
 
 /// The 16 six-bit scales of a Q3_K block, minus 32.
@@ -457,6 +516,25 @@ impl RowDot for Q3K {
         hsum8(&acc)
     }
     simd_dot!(q3_k);
+    tiled_dot!(
+        110,
+        false,
+        Codes::Biased(4),
+        |wb: &[u8], t: &mut Decoded| {
+            let (hmask, qs) = (&wb[..32], &wb[32..96]);
+            for j in 0..2 {
+                for s in 0..4 {
+                    for i in 0..32 {
+                        let low = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
+                        let high = (((hmask[i] >> (4 * j + s)) & 1) ^ 1) as i8;
+                        t.q[128 * j + 32 * s + i] = low - 4 * high;
+                    }
+                }
+            }
+            t.sc = q3k_scales(&wb[96..108]);
+            t.d = f16_at(wb, 108);
+        }
+    );
 }
 
 /// (m0+m2) + (m1+m3) of the 4-lane min accumulator.
@@ -492,6 +570,12 @@ impl RowDot for Q4K {
     }
     simd_dot!(q4_k);
     simd_dot4!(q4_k_x4);
+    tiled_dot!(144, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
+        let (sc, mn) = scale_min_k4(&wb[4..16]);
+        (t.sc, t.mn) = (per16(&sc), per16(&mn));
+        k4_nibbles(&wb[16..144], &mut t.q);
+        (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+    });
 }
 
 pub struct Q5K;
@@ -524,6 +608,17 @@ impl RowDot for Q5K {
         hsum8(&acc) + summs
     }
     simd_dot!(q5_k);
+    tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
+        let (sc, mn) = scale_min_k4(&wb[4..16]);
+        (t.sc, t.mn) = (per16(&sc), per16(&mn));
+        k4_nibbles(&wb[48..176], &mut t.q);
+        for c in 0..8 {
+            for i in 0..32 {
+                t.q[32 * c + i] += (((wb[16 + i] >> c) & 1) << 4) as i8;
+            }
+        }
+        (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+    });
 }
 
 pub struct Q6K;
@@ -561,6 +656,28 @@ impl RowDot for Q6K {
     }
     simd_dot!(q6_k);
     simd_dot4!(q6_k_x4);
+    tiled_dot!(
+        210,
+        false,
+        Codes::Biased(32),
+        |wb: &[u8], t: &mut Decoded| {
+            let (ql, qh) = (&wb[..128], &wb[128..192]);
+            // the 6-bit codes minus their bias 32 (ggml removes it through the bsums: same s1)
+            for j in 0..2 {
+                for i in 0..32 {
+                    let h = qh[32 * j + i];
+                    let (l0, l1) = (ql[64 * j + i], ql[64 * j + 32 + i]);
+                    let q = &mut t.q[128 * j..128 * j + 128];
+                    q[i] = ((l0 & 15) | ((h & 3) << 4)) as i8 - 32;
+                    q[32 + i] = ((l1 & 15) | (((h >> 2) & 3) << 4)) as i8 - 32;
+                    q[64 + i] = ((l0 >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
+                    q[96 + i] = ((l1 >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
+                }
+            }
+            t.sc = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
+            t.d = f16_at(wb, 208);
+        }
+    );
 }
 
 pub struct IQ4XS;
@@ -591,6 +708,22 @@ impl RowDot for IQ4XS {
         hsum8(&acc)
     }
     simd_dot!(iq4_xs);
+    tiled_dot!(136, false, Codes::Signed, |wb: &[u8], t: &mut Decoded| {
+        let sh = u16::from_le_bytes([wb[2], wb[3]]) as i32;
+        let sc8: [i32; 8] = std::array::from_fn(|ib| {
+            let low = ((wb[4 + ib / 2] >> (4 * (ib % 2))) & 15) as i32;
+            (low | (((sh >> (2 * ib)) & 3) << 4)) - 32
+        });
+        t.sc = per16(&sc8);
+        for ib in 0..8 {
+            let qs = &wb[8 + 16 * ib..24 + 16 * ib];
+            for i in 0..16 {
+                t.q[32 * ib + i] = KVALUES_IQ4NL[(qs[i] & 15) as usize];
+                t.q[32 * ib + 16 + i] = KVALUES_IQ4NL[(qs[i] >> 4) as usize];
+            }
+        }
+        t.d = f16_at(wb, 0);
+    });
 }
 
 /// Four 8-lane FMA accumulators over 32-element steps (`GGML_F16_STEP` / `GGML_F32_STEP`).

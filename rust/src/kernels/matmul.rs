@@ -21,6 +21,9 @@ use super::{gemm_float, gemm_q8};
 pub const TILE_ROWS: usize = 16;
 /// Activation rows per block (with a weight tile, a working set of L2 size).
 const ACT_BLOCK: usize = 16;
+/// Activation rows the multi-row kernels take per weight row (each weight block decoded once
+/// for all of them; 64 q8_K rows of K = 4096 are 300 KB, L2-resident).
+const GEMM_ACT_BLOCK: usize = 64;
 /// Below this many weight bytes per thread, extra threads cost more than they save.
 const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
 
@@ -188,18 +191,32 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
     let dot1 = |i: usize, r: usize| -> f32 {
         let at = (first + i) * stride;
         let wr = &w[at..at + wrow_bytes];
-        if gemm && SIMD {
-            // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
-            unsafe { D::dot_gemm_simd(wr, act.row(r), k) }
-        } else if gemm {
-            D::dot_gemm(wr, act.row(r), k)
-        } else if SIMD {
+        if SIMD {
             // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
             unsafe { D::dot_simd(wr, act.row(r), k) }
         } else {
             D::dot(wr, act.row(r), k)
         }
     };
+    if gemm {
+        // the multi-row kernels decode each weight block once for a block of activation rows
+        for r0 in (0..n).step_by(GEMM_ACT_BLOCK) {
+            let r1 = n.min(r0 + GEMM_ACT_BLOCK);
+            let xs: Vec<&[u8]> = (r0..r1).map(|r| act.row(r)).collect();
+            for i in 0..rows_total {
+                let at = (first + i) * stride;
+                let wr = &w[at..at + wrow_bytes];
+                let dst = &mut out[i * n + r0..i * n + r1];
+                if SIMD {
+                    // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+                    unsafe { D::dot_gemm_rows_simd(wr, &xs, k, dst) }
+                } else {
+                    D::dot_gemm_rows(wr, &xs, k, dst)
+                }
+            }
+        }
+        return;
+    }
     // Blocks of activation rows × tiles of weight rows, both cache-sized, so each weight tile is
     // reused by a block of activation rows and each block by every tile (read once for decode).
     for r0 in (0..n).step_by(ACT_BLOCK) {
@@ -207,7 +224,7 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
         for i0 in (0..rows_total).step_by(TILE_ROWS) {
             let i1 = rows_total.min(i0 + TILE_ROWS);
             let mut r = r0;
-            if SIMD && !gemm {
+            if SIMD {
                 // four activation rows per pass: each weight block decoded once for all four
                 while r + 4 <= r1 {
                     let xs = [act.row(r), act.row(r + 1), act.row(r + 2), act.row(r + 3)];
@@ -355,13 +372,14 @@ pub(crate) fn run_rows(
 pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> (RowsFn, bool) {
     // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
     // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
-    let gemm = llamafile
-        && n >= 2
-        && match type_id {
-            0 | 1 | 30 => m.is_multiple_of(4),
-            20 => true,
-            _ => false,
-        };
+    let gemm = match type_id {
+        0 | 1 | 30 => llamafile && n >= 2 && m.is_multiple_of(4),
+        20 => llamafile && n >= 2,
+        // ggml's tiled K-quant kernel (super::kquant_tiles) from 8 activation rows on, in
+        // MUL_MAT (rows of one batch) and MUL_MAT_ID (rows routed to one expert) alike
+        10..=14 | 23 => n >= super::kquant_tiles::TILED_MIN_ROWS,
+        _ => false,
+    };
     if gemm && gemm_float::serves(type_id) {
         return (gemm_float::rows_fn(type_id), true);
     }
@@ -378,7 +396,9 @@ pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> (Ro
 /// Weight rows (ggml type `type_id`, `m` rows `row_stride` bytes apart, `k` values each) times
 /// converted activations `act`; `out` is `act.rows × m` row-major. `llamafile`: follow ggml's
 /// MUL_MAT dispatch, which sends N >= 2 to llamafile's tinyBLAS (another summation order for
-/// f32/f16/bf16 when M % 4 == 0, and for IQ4_NL); false for MUL_MAT_ID (always vec_dot).
+/// f32/f16/bf16 when M % 4 == 0, and for IQ4_NL); false for MUL_MAT_ID (vec_dot). K-quant and
+/// IQ4_XS weights take ggml's tiled order from 8 rows on either way (`act.rows` must then be
+/// the rows of ONE ggml batch or expert: ggml decides per src1 batch / per expert).
 pub fn matmul_converted(
     type_id: u32,
     w: &[u8],
@@ -503,6 +523,33 @@ mod tests {
             for_type!(t, D => {
                 rows_portable::<D>(&w, row, 0, k, &act, &mut a, false);
                 rows_fn::<D>()(&w, row, 0, k, &act, &mut b, false);
+            }, unreachable!());
+            assert_eq!(a, b, "type {t}");
+            assert!(a.iter().all(|v| v.is_finite()), "type {t}");
+        }
+    }
+
+    #[test]
+    fn tiled_kquant_rows_agree_across_builds_and_row_counts() {
+        for t in [10u32, 11, 12, 13, 14, 23] {
+            let (m, k, n) = (21, 768, 70);
+            let w = weights(t, m, k, 3 + t as u64);
+            let x = noise(9, n * k);
+            let info = type_info(t).unwrap();
+            let row = k / info.block * info.block_bytes;
+            let act = Converted::new(info.act, &x, k);
+            let mut a = vec![0.0f32; n * m];
+            let mut b = vec![0.0f32; n * m];
+            for_type!(t, D => {
+                rows_portable::<D>(&w, row, 0, k, &act, &mut a, true);
+                rows_fn::<D>()(&w, row, 0, k, &act, &mut b, true);
+                // one row at a time (`dot_gemm`) gives the same bits as the row blocks
+                for i in [0, m - 1] {
+                    for r in [0, 63, 64, n - 1] {
+                        let single = D::dot_gemm(&w[i * row..(i + 1) * row], act.row(r), k);
+                        assert_eq!(single.to_bits(), a[i * n + r].to_bits(), "type {t}");
+                    }
+                }
             }, unreachable!());
             assert_eq!(a, b, "type {t}");
             assert!(a.iter().all(|v| v.is_finite()), "type {t}");

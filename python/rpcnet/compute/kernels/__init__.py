@@ -16,6 +16,7 @@ KERNEL_MODULES = (
     "glu",
     "glu_native",
     "matmul",
+    "matmul_hadamard",
     "matmul_native",
     "moe",
     "moe_native",

@@ -23,6 +23,10 @@ from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view, storage
 from rpcnet.ggml_types import GgmlType
 
+# Rows per src1 batch from which every multi-row kernel ggml may pick (llamafile's tinyBLAS from
+# 2, the tiled K-quant kernel from 8) is on: batches at least this tall can share one call.
+MULTI_ROW_THRESHOLD = 8
+
 
 def weight_layout(a: Tensor) -> tuple[int, int] | None:
     """(row bytes, K multiple) when `a`'s rows are whole blocks the kernel reads, else None."""
@@ -96,7 +100,13 @@ def mul_mat_native(node: Tensor) -> Step:
     type_id, stride, threads = a_t.type, a_t.nb[1], device_threads(node)
     x = plain_view(b_t)  # (ne3, ne2, ne1, K)
     out = plain_view(node)  # (ne3, ne2, ne1, M)
-    single = a_t.ne[2] == 1 and a_t.ne[3] == 1
+    # one call for all batches when that changes nothing: ggml picks its multi-row kernels
+    # (tinyBLAS from 2 rows, the K-quant tiles from 8) per src1 batch, on ne11 rows
+    single = (
+        a_t.ne[2] == 1
+        and a_t.ne[3] == 1
+        and (b_t.ne[1] >= MULTI_ROW_THRESHOLD or b_t.ne[2] * b_t.ne[3] == 1)
+    )
     # ggml sends f32 weights to llamafile's sgemm only when src1 is contiguous (f16/bf16 go
     # after conversion, always); the kernel applies the rest of the rule (N >= 2, M % 4 == 0)
     llamafile = a_t.type != GgmlType.F32 or f32_contiguous(b_t)

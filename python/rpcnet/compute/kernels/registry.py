@@ -24,6 +24,7 @@ Predicate = Callable[[Tensor], bool]
 GENERIC = 0  # xp (NumPy/CuPy) kernels that handle every supported layout of their op
 NATIVE = 10  # native fast paths for a narrow case, tried before the generic kernel
 PREFILL = 20  # compute-bound shapes where a GEMM beats the native row kernels
+HINT = 30  # op_params that make ggml run another algorithm (e.g. MUL_MAT's Hadamard hint)
 
 
 @dataclass(frozen=True)
