@@ -17,8 +17,14 @@ unsafe fn load32(p: *const u8) -> __m256i {
 
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    let h = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    let h = u16::from_le_bytes([*p, *p.add(1)]) as u32;
+    // A `vmovd` that zeroes the register: left to itself, LLVM inserts the half into whatever
+    // register is at hand (often the loop's accumulator), chaining every block's scale to the
+    // previous block's FMA and serializing the loop.
+    let v: __m128i;
+    std::arch::asm!("vmovd {v}, {h:e}", v = out(xmm_reg) v, h = in(reg) h,
+        options(pure, nomem, nostack, preserves_flags));
+    _mm_cvtss_f32(_mm_cvtph_ps(v))
 }
 
 #[inline(always)]

@@ -338,10 +338,9 @@ fn run_rows(
         f(w, stride, 0, k, act, &mut tmp, gemm);
     } else {
         let per = m.div_ceil(threads).next_multiple_of(TILE_ROWS);
-        std::thread::scope(|s| {
-            for (i, chunk) in tmp.chunks_mut(per * n).enumerate() {
-                s.spawn(move || f(w, stride, i * per, k, act, chunk, gemm));
-            }
+        let chunks: Vec<&mut [f32]> = tmp.chunks_mut(per * n).collect();
+        super::pool::for_each(threads, chunks, |i, chunk| {
+            f(w, stride, i * per, k, act, chunk, gemm)
         });
     }
     tmp
