@@ -75,6 +75,7 @@ __all__ = [
     "copy_step",
     "binary_step",
     "soft_max_step",
+    "mul_mat_step",
     "rdma_scan",
     "rdma_env",
     "rdma_resolve",
@@ -386,6 +387,16 @@ def soft_max_step(
     max_bias: float,
     threads: int = 1,
 ) -> NativeStep: ...
+def mul_mat_step(
+    type_id: int,
+    w: _TensorArg,
+    x: _TensorArg,
+    out: _TensorArg,
+    threads: int = 1,
+    llamafile: bool = False,
+) -> NativeStep:
+    """MUL_MAT of block weights (`w` ne[0] counted in blocks) and f32 activations into f32 `out`,
+    any row strides, src0 broadcast over batches like ggml; `llamafile` as for matmul_quant."""
 
 # --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
 

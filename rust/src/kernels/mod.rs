@@ -3,6 +3,7 @@
 //! * [`act`] — activations converted to a weight type's vec_dot type (x86 ggml rules)
 //! * [`dot`] — one weight row · one activation row per weight type (ggml's AVX2 order)
 //! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
+//! * [`matmul_step`] — a whole MUL_MAT node (strided operands, broadcast batches)
 //! * [`pool`] — the persistent worker threads every kernel call runs on
 //! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
 //!   roundings
@@ -14,6 +15,7 @@ pub mod dot_avx2;
 pub mod f16vec;
 pub mod flash_attn;
 pub mod matmul;
+pub mod matmul_step;
 pub mod pool;
 pub mod rowops;
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import scratch
-from rpcnet.compute.kernels.native_args import device_threads
+from rpcnet.compute.kernels.native_args import device_threads, tensor_arg
 from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -100,6 +100,14 @@ def mul_mat_native(node: Tensor) -> Step:
     # ggml sends f32 weights to llamafile's sgemm only when src1 is contiguous (f16/bf16 go
     # after conversion, always); the kernel applies the rest of the rule (N >= 2, M % 4 == 0)
     llamafile = a_t.type != GgmlType.F32 or f32_contiguous(b_t)
+    if b_t.nb[0] == 4 and node.nb[0] == 4:
+        # the whole node in one native step: no Python per call, and batched with its
+        # neighbours into one detached run by the plan runner
+        blocks = k // (_native.matmul_quant_block(type_id) or (1, 0, 0))[0]
+        w_arg = tensor_arg(a_t, ne0=blocks)
+        return _native.mul_mat_step(
+            type_id, w_arg, tensor_arg(b_t), tensor_arg(node), threads, llamafile
+        )
     batches = list(_batches(a_t, b_t))
     weights = {off: weight_rows(a_t, off, row) for _, _, off in batches}
 
