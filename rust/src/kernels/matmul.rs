@@ -20,6 +20,9 @@ use super::KernelError;
 pub const TILE_ROWS: usize = 16;
 /// Activation rows per block (with a weight tile, a working set of L2 size).
 const ACT_BLOCK: usize = 16;
+/// Work chunks per thread in a multi-threaded call (each row's result is the same whichever
+/// chunk and thread computes it).
+const CHUNKS_PER_THREAD: usize = 4;
 /// Below this many weight bytes per thread, extra threads cost more than they save.
 const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
 
@@ -337,7 +340,11 @@ fn run_rows(
     if threads == 1 {
         f(w, stride, 0, k, act, &mut tmp, gemm);
     } else {
-        let per = m.div_ceil(threads).next_multiple_of(TILE_ROWS);
+        // a few chunks per thread, claimed in turn: a thread the OS preempts (a shared host)
+        // leaves its remaining chunks to the others instead of stalling the call
+        let per = m
+            .div_ceil(threads * CHUNKS_PER_THREAD)
+            .next_multiple_of(TILE_ROWS);
         let chunks: Vec<&mut [f32]> = tmp.chunks_mut(per * n).collect();
         super::pool::for_each(threads, chunks, |i, chunk| {
             f(w, stride, i * per, k, act, chunk, gemm)
