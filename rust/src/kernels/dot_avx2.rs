@@ -29,7 +29,7 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 
 /// Bytes ahead of the current weight block that decode loops prefetch: more cache-line misses
 /// in flight than the hardware prefetcher keeps for one stream (a hint only, never faults).
-const PREFETCH_AHEAD: usize = 512;
+const PREFETCH_AHEAD: usize = 3072;
 
 #[inline(always)]
 unsafe fn prefetch_ahead(p: *const u8) {
