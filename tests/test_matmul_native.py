@@ -178,3 +178,48 @@ def test_differential_against_reference(gguf, reference_v8, rpcnet_v8, m, k, pad
     for (_, ne), r, o in zip(outs, ref, ours, strict=True):
         want, got = as_f32(r, ne), as_f32(o, ne)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_mul_mat_step_broadcasts_strided_batches(gguf, threads):
+    """`mul_mat_step` on a K-cache-like view (2 weight matrices interleaved row by row, each
+    serving 3 activation batches) into a padded output: every batch equals `matmul_quant` on
+    that batch's rows, bit for bit, and the exact product of the quantized operands."""
+    rng = np.random.default_rng(threads)
+    m, k, n, heads_w, heads_x = 40, 64, 2, 2, 6
+    packed, deq = q8_weights(gguf, rng, m * heads_w, k)
+    row = k // 32 * ROW
+    # rows of matrix h at byte h * row + i * (heads_w * row): the cache layout of K per head
+    cache = packed.reshape(m, heads_w, row).copy()
+    w_deq = deq.reshape(m, heads_w, k)
+    x = rng.standard_normal((heads_x, n, k), dtype=np.float32)
+    out = np.full((heads_x, n, m + 3), np.nan, np.float32)  # rows padded: strided output
+    w_arg = (
+        cache.reshape(-1),
+        0,
+        (k // 32, m, heads_w, 1),
+        (ROW, heads_w * row, row, cache.nbytes),
+    )
+    x_arg = (x.view(np.uint8).reshape(-1), 0, (k, n, heads_x, 1), (4, 4 * k, 4 * k * n, x.nbytes))
+    o_arg = (
+        out.view(np.uint8).reshape(-1),
+        0,
+        (m, n, heads_x, 1),
+        (4, 4 * (m + 3), 4 * (m + 3) * n, out.nbytes),
+    )
+    _native.mul_mat_step(Q8_0, w_arg, x_arg, o_arg, threads, True)()
+    per_head = heads_x // heads_w
+    for h in range(heads_x):
+        hw = h // per_head
+        one = np.empty((n, m), np.float32)
+        matmul_q8_0(np.ascontiguousarray(cache[:, hw]), row, x[h], one, 1)
+        np.testing.assert_array_equal(out[h, :, :m], one)
+        want, scale = reference(gguf, w_deq[:, hw], x[h])
+        assert np.all(np.abs(out[h, :, :m] - want) <= 1e-5 * scale + 1e-6)
+    assert np.isnan(out[:, :, m:]).all()  # the padding is never written
+    with pytest.raises(ValueError):  # output shape not [M, N, batches]
+        bad = (o_arg[0], 0, (m, n, heads_x - 1, 1), o_arg[3])
+        _native.mul_mat_step(Q8_0, w_arg, x_arg, bad, threads, True)
+    with pytest.raises(ValueError):  # batches that do not broadcast the weights
+        bad_w = (w_arg[0], 0, (k // 32, m, 4, 1), (ROW, heads_w * row, row // 2, cache.nbytes))
+        _native.mul_mat_step(Q8_0, bad_w, x_arg, o_arg, threads, True)

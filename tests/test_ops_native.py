@@ -17,6 +17,8 @@ import ctypes.util
 import numpy as np
 import pytest
 from rpcnet import _native
+from rpcnet.compute.kernels.registry import select
+from rpcnet.compute.tensor import Tensor
 from support.opgraph import OpGraph, as_f32, pack_params
 
 F32, F16 = 0, 1
@@ -577,6 +579,48 @@ def test_set_get_rows_and_copy_match_reference(reference_v8, rpcnet_v8, isa, dst
     for node, shape in ((got, (ne0, 4, 2)), (back, (4, ne0, 2))):
         r, o = both(reference_v8, rpcnet_v8, g, node)
         np.testing.assert_array_equal(as_f32(o, shape), as_f32(r, shape))
+
+
+@pytest.mark.parametrize("dst_type", [F32, F16])
+def test_cont_of_permuted_heads_into_rows_matches_reference(reference_v8, rpcnet_v8, isa, dst_type):
+    """The attention merge: CONT of a (dim, token, head) result permuted to (dim, head, token)
+    into packed rows of dim * heads (ggml_cont_2d), a shape other than the source's."""
+    rng = np.random.default_rng(11 + dst_type)
+    d, tokens, heads = 24, 3, 5
+    src = rng.standard_normal((heads, tokens, d)).astype(f32)
+    g = OpGraph()
+    x = g.input(F32, (d, tokens, heads, 1), src)
+    perm = g.view(x, (d, heads, tokens, 1), (4, 4 * d * tokens, 4 * d, 4 * d * tokens * heads))
+    out = g.op(CONT, dst_type, (d * heads, tokens, 1, 1), (perm,))
+    r, o = both(reference_v8, rpcnet_v8, g, out)
+    dtype = f16 if dst_type == F16 else f32
+    want = src.transpose(1, 0, 2).reshape(tokens, d * heads).astype(dtype)
+    for raw in (r, o):
+        np.testing.assert_array_equal(np.frombuffer(raw, dtype).reshape(tokens, d * heads), want)
+    # and it is the native copy that ran (a padded destination is left to NumPy)
+    elem = 2 if dst_type == F16 else 4
+    src_t = _tensor(F32, (d, heads, tokens, 1), (4, 4 * d * tokens, 4 * d, 4 * src.nbytes))
+    for pad, name in ((0, "cont_native"), (8, "_build")):
+        row = elem * d * heads + pad
+        nb = (elem, row, row * tokens, row * tokens)
+        node = _tensor(dst_type, (d * heads, tokens, 1, 1), nb, CONT, (src_t,))
+        assert select(node).name == name
+
+
+def _tensor(type_id, ne, nb, op=0, src=()):
+    return Tensor(
+        id=0,
+        type=type_id,
+        ne=tuple(ne),
+        nb=tuple(nb),
+        op=op,
+        op_params=b"",
+        flags=0,
+        name="",
+        src=tuple(src),
+        buffer=object(),  # distinct buffers: no overlap
+        offset=0,
+    )
 
 
 SOFT_MAX = 46

@@ -59,7 +59,6 @@ __all__ = [
     "decode_graph",
     "fnv1a64",
     "matmul_quant",
-    "matmul_quant_batched",
     "matmul_quant_supports",
     "matmul_quant_block",
     "set_portable_kernels",
@@ -76,6 +75,7 @@ __all__ = [
     "copy_step",
     "binary_step",
     "soft_max_step",
+    "mul_mat_step",
     "rdma_scan",
     "rdma_env",
     "rdma_resolve",
@@ -305,23 +305,6 @@ def matmul_quant(
     for MUL_MAT_ID. ValueError on an unsupported type or inconsistent shapes or sizes.
     """
 
-def matmul_quant_batched(
-    type_id: int,
-    w: _ArrayBuffer,
-    offsets: list[int],
-    row_stride: int,
-    x: _ArrayBuffer,
-    out: _ArrayBuffer,
-    threads: int = 1,
-    llamafile: bool = False,
-) -> None:
-    """``matmul_quant`` for B batches in one call: out[b, n, m] = sum_k w_b[m, k] * x[b, n, k].
-
-    Batch ``b``'s weight rows start at byte ``offsets[b]`` of ``w`` (broadcast batches share an
-    offset). ``x``: C-contiguous float32 (B, N, K); ``out``: writable C-contiguous float32
-    (B, N, M). Same results as one ``matmul_quant`` call per batch, bit for bit.
-    """
-
 def matmul_quant_supports(type_id: int) -> bool:
     """Whether ``matmul_quant`` handles ggml type ``type_id``."""
 
@@ -404,6 +387,16 @@ def soft_max_step(
     max_bias: float,
     threads: int = 1,
 ) -> NativeStep: ...
+def mul_mat_step(
+    type_id: int,
+    w: _TensorArg,
+    x: _TensorArg,
+    out: _TensorArg,
+    threads: int = 1,
+    llamafile: bool = False,
+) -> NativeStep:
+    """MUL_MAT of block weights (`w` ne[0] counted in blocks) and f32 activations into f32 `out`,
+    any row strides, src0 broadcast over batches like ggml; `llamafile` as for matmul_quant."""
 
 # --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
 

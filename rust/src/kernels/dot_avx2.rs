@@ -17,8 +17,23 @@ unsafe fn load32(p: *const u8) -> __m256i {
 
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    let h = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    let h = u16::from_le_bytes([*p, *p.add(1)]) as u32;
+    // A `vmovd` that zeroes the register: left to itself, LLVM inserts the half into whatever
+    // register is at hand (often the loop's accumulator), chaining every block's scale to the
+    // previous block's FMA and serializing the loop.
+    let v: __m128i;
+    std::arch::asm!("vmovd {v}, {h:e}", v = out(xmm_reg) v, h = in(reg) h,
+        options(pure, nomem, nostack, preserves_flags));
+    _mm_cvtss_f32(_mm_cvtph_ps(v))
+}
+
+/// Bytes ahead of the current weight block that decode loops prefetch: more cache-line misses
+/// in flight than the hardware prefetcher keeps for one stream (a hint only, never faults).
+const PREFETCH_AHEAD: usize = 3072;
+
+#[inline(always)]
+unsafe fn prefetch_ahead(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD) as *const i8);
 }
 
 /// `hsum_float_8` of one register (via [`hsum8`]).
@@ -57,6 +72,7 @@ pub unsafe fn q8_0(w: &[u8], x: &[u8], k: usize) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let (wb, yb) = (wp.add(34 * i), xp.add(34 * i));
+        prefetch_ahead(wb);
         let d = _mm256_set1_ps(f16_at(wb) * f16_at(yb));
         let q = dot_i8(load32(wb.add(2)), load32(yb.add(2)));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
@@ -103,21 +119,30 @@ pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     let nb = k / 256;
     assert!(w.len() >= nb * 144 && x.len() >= nb * 292);
     let m4 = _mm256_set1_epi8(0xF);
+    // i16 lane j of scale_at[j] picks scale j of a `scales` vector (get_scale_shuffle_k4)
+    let scale_at: [__m256i; 8] =
+        std::array::from_fn(|j| _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16));
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = [0.0f32; 4];
+    let mut acc_m = _mm_setzero_ps();
     for i in 0..nb {
         let wb = w.as_ptr().add(144 * i);
         let yb = x.as_ptr().add(292 * i);
+        for line in 0..3 {
+            prefetch_ahead(wb.add(64 * line));
+        }
         let yd = q8k_d(yb);
         let d = yd * f16_at(wb);
         let dmin = -yd * f16_at(wb.add(2));
-        let (sc, mn) = scale_min_k4(&w[144 * i + 4..144 * i + 16]);
-        for (t, m) in acc_m.iter_mut().enumerate() {
-            let s0 = bsum(yb, 4 * t) + bsum(yb, 4 * t + 1);
-            let s1 = bsum(yb, 4 * t + 2) + bsum(yb, 4 * t + 3);
-            let prod = mn[2 * t] * s0 + mn[2 * t + 1] * s1;
-            *m = dmin.mul_add(prod as f32, *m);
-        }
+        let (sc, mn) = k4_scales_mins(wb.add(4));
+        // mins · (pairs of bsums), as ggml: i16 pair sums, then i32 lanes of 2 products
+        let q8sums = load32(yb.add(260));
+        let q8s = _mm_hadd_epi16(
+            _mm256_castsi256_si128(q8sums),
+            _mm256_extracti128_si256(q8sums, 1),
+        );
+        let prod = _mm_madd_epi16(mn, q8s);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let scales = _mm256_set_m128i(sc, sc);
         let (qs, q8) = (wb.add(16), yb.add(4));
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
@@ -126,13 +151,37 @@ pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
             let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
             let pl = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
             let ph = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
-            let pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j] as i16), pl);
-            let ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), ph);
+            let pl = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_at[2 * j]), pl);
+            let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_at[2 * j + 1]), ph);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+    let mut m = [0.0f32; 4];
+    _mm_storeu_ps(m.as_mut_ptr(), acc_m);
+    hsum(acc) + ((m[0] + m[2]) + (m[1] + m[3]))
+}
+
+/// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block (12 bytes at `p`) as i16 lanes,
+/// unpacked with whole-word masks like ggml's x86 code ([`scale_min_k4`] per value).
+#[inline(always)]
+unsafe fn k4_scales_mins(p: *const u8) -> (__m128i, __m128i) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u = |o: usize| std::ptr::read_unaligned(p.add(o) as *const u32);
+    let (u0, u1, u2) = (u(0), u(4), u(8));
+    let sc0 = u0 & KMASK1;
+    let sc1 = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let mn0 = u1 & KMASK1;
+    let mn1 = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let both = _mm256_cvtepu8_epi16(_mm_set_epi32(
+        mn1 as i32, mn0 as i32, sc1 as i32, sc0 as i32,
+    ));
+    (
+        _mm256_castsi256_si128(both),
+        _mm256_extracti128_si256(both, 1),
+    )
 }
 
 /// i16 scales: lanes 0-3 (bytes 0-15) `a`, lanes 4-7 `b`.
@@ -151,14 +200,24 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(w.len() >= nb * 210 && x.len() >= nb * 292);
     let m15 = _mm256_set1_epi8(15);
     let m3 = _mm256_set1_epi8(3);
+    // bytes 0-7 of pair_at[p] pick scale 2p, bytes 8-15 scale 2p + 1 ([`split_scale`])
+    let pair_at: [__m128i; 8] = std::array::from_fn(|p| {
+        _mm_set_epi64x(
+            (0x0101_0101_0101_0101u64 * (2 * p as u64 + 1)) as i64,
+            (0x0101_0101_0101_0101u64 * (2 * p as u64)) as i64,
+        )
+    });
     let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let wb = w.as_ptr().add(210 * i);
         let yb = x.as_ptr().add(292 * i);
+        for line in 0..4 {
+            prefetch_ahead(wb.add(64 * line));
+        }
         let d = q8k_d(yb) * f16_at(wb.add(208));
-        let sc: [i8; 16] = std::array::from_fn(|j| *wb.add(192 + j) as i8);
+        let sc = _mm_loadu_si128(wb.add(192) as *const __m128i);
         let q8sums = load32(yb.add(260));
-        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192) as *const __m128i));
+        let scales16 = _mm256_cvtepi8_epi16(sc);
         let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales16), 5);
         let (ql, qh, q8) = (wb, wb.add(128), yb.add(4));
         let mut sumi = _mm256_setzero_si256();
@@ -178,7 +237,7 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
             ];
             for (c, qc) in q.iter().enumerate() {
                 let p = _mm256_maddubs_epi16(*qc, load32(q8.add(128 * j + 32 * c)));
-                let s = split_scale(sc[8 * j + 2 * c], sc[8 * j + 2 * c + 1]);
+                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair_at[4 * j + c]));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p));
             }
         }
@@ -200,6 +259,7 @@ pub unsafe fn f16(w: &[u8], x: &[u8], k: usize) -> f32 {
     let mut s = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
+        prefetch_ahead(wp.add(2 * i));
         for (j, sj) in s.iter_mut().enumerate() {
             let at = 2 * (i + 8 * j);
             let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(at) as *const __m128i));

@@ -379,13 +379,10 @@ impl FlashAttn {
             return;
         }
         let per = nr.div_ceil(threads);
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let r0 = t * per;
-                let r1 = ((t + 1) * per).min(nr);
-                if r0 < r1 {
-                    s.spawn(move || work(r0, r1));
-                }
+        super::pool::run(threads, threads, &|t| {
+            let (r0, r1) = (t * per, ((t + 1) * per).min(nr));
+            if r0 < r1 {
+                work(r0, r1);
             }
         });
     }
@@ -433,14 +430,9 @@ impl FlashAttn {
                 for (t, mine) in by_chunk.into_iter().enumerate() {
                     per_worker[t % workers].push((t, mine));
                 }
-                std::thread::scope(|s| {
-                    for jobs in per_worker {
-                        let fill = &fill;
-                        s.spawn(move || {
-                            for (t, mut mine) in jobs {
-                                fill(t, &mut mine);
-                            }
-                        });
+                super::pool::for_each(workers, per_worker, |_, jobs| {
+                    for (t, mut mine) in jobs {
+                        fill(t, &mut mine);
                     }
                 });
             }

@@ -24,6 +24,9 @@ const ACT_BLOCK: usize = 16;
 /// Activation rows the multi-row kernels take per weight row (each weight block decoded once
 /// for all of them; 64 q8_K rows of K = 4096 are 300 KB, L2-resident).
 const GEMM_ACT_BLOCK: usize = 64;
+/// Work chunks per thread in a multi-threaded call (each row's result is the same whichever
+/// chunk and thread computes it).
+const CHUNKS_PER_THREAD: usize = 4;
 /// Below this many weight bytes per thread, extra threads cost more than they save.
 const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
 
@@ -355,11 +358,14 @@ pub(crate) fn run_rows(
     if threads == 1 {
         f(w, stride, 0, k, act, &mut tmp, gemm);
     } else {
-        let per = m.div_ceil(threads).next_multiple_of(TILE_ROWS);
-        std::thread::scope(|s| {
-            for (i, chunk) in tmp.chunks_mut(per * n).enumerate() {
-                s.spawn(move || f(w, stride, i * per, k, act, chunk, gemm));
-            }
+        // a few chunks per thread, claimed in turn: a thread the OS preempts (a shared host)
+        // leaves its remaining chunks to the others instead of stalling the call
+        let per = m
+            .div_ceil(threads * CHUNKS_PER_THREAD)
+            .next_multiple_of(TILE_ROWS);
+        let chunks: Vec<&mut [f32]> = tmp.chunks_mut(per * n).collect();
+        super::pool::for_each(threads, chunks, |i, chunk| {
+            f(w, stride, i * per, k, act, chunk, gemm)
         });
     }
     tmp

@@ -3,10 +3,11 @@
 //! * [`act`] — activations converted to a weight type's vec_dot type (x86 ggml rules)
 //! * [`dot`] — one weight row · one activation row per weight type (ggml's AVX2 order)
 //! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
-//! * [`matmul_batched`] — many broadcast batches (attention heads) in one call
+//! * [`matmul_step`] — a whole MUL_MAT node (strided operands, broadcast batches)
 //! * [`gemm_q8`] — its many-row path for q8_0/q4_0/q5_0 weights (decoded tiles)
 //! * [`gemm_float`] — its many-row path for float weights, in llamafile tinyBLAS's order
 //! * [`expf8`] — ggml's vector expf on eight lanes (soft max, SwiGLU)
+//! * [`pool`] — the persistent worker threads every kernel call runs on
 //! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
 //!   roundings
 
@@ -21,7 +22,8 @@ pub mod gemm_float;
 pub mod gemm_q8;
 pub mod kquant_tiles;
 pub mod matmul;
-pub mod matmul_batched;
+pub mod matmul_step;
+pub mod pool;
 pub mod rowops;
 #[cfg(test)]
 mod test_util;

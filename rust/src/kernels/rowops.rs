@@ -411,14 +411,10 @@ impl RowOp {
             return unsafe { self.rows(0, rows) };
         }
         let per = rows.div_ceil(threads);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| (t * per, ((t + 1) * per).min(rows)))
-                .filter(|(r0, r1)| r0 < r1)
-                // SAFETY: disjoint output rows per thread.
-                .map(|(r0, r1)| s.spawn(move || unsafe { self.rows(r0, r1) }))
-                .collect();
-            handles.into_iter().all(|h| h.join().unwrap_or(false))
+        super::pool::all(threads, threads, |t| {
+            let (r0, r1) = (t * per, ((t + 1) * per).min(rows));
+            // SAFETY: disjoint output rows per task.
+            r0 >= r1 || unsafe { self.rows(r0, r1) }
         })
     }
 

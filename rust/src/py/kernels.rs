@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::buffer::ByteView;
-use crate::kernels::{matmul, matmul_batched};
+use crate::kernels::matmul;
 
 fn matrix_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize)> {
     if !buf.is_c_contiguous() {
@@ -61,63 +61,6 @@ pub fn matmul_quant(
     py.detach(|| {
         matmul::matmul_quant(
             type_id, wb, row_stride, m, k, &xs, &mut res, threads, llamafile,
-        )
-    })
-    .map_err(|e| PyValueError::new_err(e.reason))?;
-    out.copy_from_slice(py, &res)
-}
-
-fn batch_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize, usize)> {
-    if !buf.is_c_contiguous() {
-        return Err(PyValueError::new_err(format!(
-            "{what} must be C-contiguous"
-        )));
-    }
-    match *buf.shape() {
-        [b, rows, cols] => Ok((b, rows, cols)),
-        ref shape => Err(PyValueError::new_err(format!(
-            "{what} must be 3-D, got shape {shape:?}"
-        ))),
-    }
-}
-
-/// [`matmul_quant`] for many batches in one call: `out[b, n, m] = Σ_k w_b[m, k] · x[b, n, k]`,
-/// batch `b`'s weight rows starting at byte `offsets[b]` of `w`.
-#[pyfunction]
-#[pyo3(signature = (type_id, w, offsets, row_stride, x, out, threads = 1, llamafile = false))]
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_quant_batched(
-    py: Python<'_>,
-    type_id: u32,
-    w: &Bound<'_, PyAny>,
-    offsets: Vec<usize>,
-    row_stride: usize,
-    x: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-    threads: usize,
-    llamafile: bool,
-) -> PyResult<()> {
-    let w = ByteView::new(w)?;
-    let x = PyBuffer::<f32>::get(x)?;
-    let out = PyBuffer::<f32>::get(out)?;
-    let (b, n, k) = batch_shape(&x, "x")?;
-    let (b_out, n_out, m) = batch_shape(&out, "out")?;
-    if out.readonly() {
-        return Err(PyValueError::new_err("out must be writable"));
-    }
-    if (b_out, n_out) != (b, n) || offsets.len() != b {
-        return Err(PyValueError::new_err(format!(
-            "out is {b_out} × {n_out}, x is {b} × {n}, {} offsets",
-            offsets.len()
-        )));
-    }
-    let xs = x.to_vec(py)?;
-    let mut res = vec![0.0f32; b * n * m];
-    // SAFETY: as in `matmul_quant`.
-    let wb = unsafe { w.raw_slice() };
-    py.detach(|| {
-        matmul_batched::matmul_batched(
-            type_id, wb, &offsets, row_stride, m, k, &xs, &mut res, threads, llamafile,
         )
     })
     .map_err(|e| PyValueError::new_err(e.reason))?;

@@ -60,7 +60,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
     m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::matmul_quant_batched, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_supports, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_block, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::set_portable_kernels, m)?)?;
@@ -77,6 +76,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(native_ops::copy_step, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::binary_step, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::soft_max_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::mul_mat_step, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;

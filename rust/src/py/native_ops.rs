@@ -8,6 +8,8 @@ use pyo3::prelude::*;
 
 use crate::kernels::f16vec;
 use crate::kernels::flash_attn::{FlashAttn, Operand};
+use crate::kernels::matmul;
+use crate::kernels::matmul_step::MulMat;
 use crate::kernels::rowops::{BinOp, Elem, Rope, RowOp};
 
 /// A tensor as Python passes it: (uint8 buffer, byte offset of element 0, ne, nb).
@@ -15,6 +17,7 @@ type TensorArg<'py> = (Bound<'py, PyAny>, usize, [usize; 4], [usize; 4]);
 
 enum Kernel {
     FlashAttn(Box<FlashAttn>),
+    MulMat(Box<MulMat>),
     Row(Box<RowOp>),
 }
 
@@ -40,6 +43,10 @@ impl NativeStep {
             match &self.kernel {
                 Kernel::FlashAttn(fa) => {
                     fa.run(self.threads);
+                    true
+                }
+                Kernel::MulMat(mm) => {
+                    mm.run(self.threads);
                     true
                 }
                 Kernel::Row(op) => op.run(self.threads),
@@ -502,4 +509,41 @@ pub fn soft_max_step(
         max_bias,
     };
     Ok(row_step(op, threads, ops))
+}
+
+/// MUL_MAT of weights of ggml type `type_id` (`w.ne[0]` in blocks, rows of whole blocks)
+/// with f32 activations into f32 `out`, any row strides, src0 broadcast over batches like
+/// ggml; `llamafile` as for `matmul_quant`.
+#[pyfunction]
+#[pyo3(signature = (type_id, w, x, out, threads = 1, llamafile = false))]
+pub fn mul_mat_step(
+    type_id: u32,
+    w: TensorArg<'_>,
+    x: TensorArg<'_>,
+    out: TensorArg<'_>,
+    threads: usize,
+    llamafile: bool,
+) -> PyResult<NativeStep> {
+    let info = matmul::type_info(type_id).ok_or_else(|| {
+        PyValueError::new_err(format!("mul_mat: weight type {type_id} is not supported"))
+    })?;
+    let mut ops = Operands::new();
+    let w = ops.take(&w, info.block_bytes, false, "w")?;
+    let x = ops.take(&x, 4, false, "x")?;
+    let o = ops.take(&out, 4, true, "out")?;
+    let mm = MulMat {
+        type_id,
+        w,
+        x,
+        out: o.ptr as *mut u8,
+        out_nb: o.nb,
+        llamafile,
+    };
+    mm.check(o.ne)
+        .map_err(|e| PyValueError::new_err(format!("mul_mat: {}", e.reason)))?;
+    Ok(NativeStep {
+        kernel: Kernel::MulMat(Box::new(mm)),
+        threads: threads.max(1),
+        _keep: ops.keep,
+    })
 }

@@ -16,7 +16,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import scratch
-from rpcnet.compute.kernels.native_args import device_threads
+from rpcnet.compute.kernels.native_args import device_threads, tensor_arg
 from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -110,10 +110,16 @@ def mul_mat_native(node: Tensor) -> Step:
     # ggml sends f32 weights to llamafile's sgemm only when src1 is contiguous (f16/bf16 go
     # after conversion, always); the kernel applies the rest of the rule (N >= 2, M % 4 == 0)
     llamafile = a_t.type != GgmlType.F32 or f32_contiguous(b_t)
+    if b_t.nb[0] == 4 and node.nb[0] == 4:
+        # the whole node in one native step: no Python per call, and batched with its
+        # neighbours into one detached run by the plan runner
+        blocks = k // (_native.matmul_quant_block(type_id) or (1, 0, 0))[0]
+        w_arg = tensor_arg(a_t, ne0=blocks)
+        return _native.mul_mat_step(
+            type_id, w_arg, tensor_arg(b_t), tensor_arg(node), threads, llamafile
+        )
     batches = list(_batches(a_t, b_t))
-    first_weights = weight_rows(a_t, batches[0][2], row)
-    whole = np.frombuffer(storage(a_t), dtype=np.uint8)
-    offsets = [off for _, _, off in batches]
+    weights = {off: weight_rows(a_t, off, row) for _, _, off in batches}
 
     def mul(w: np.ndarray, xs: np.ndarray, dst: np.ndarray) -> None:
         n = xs.shape[0]
@@ -129,16 +135,11 @@ def mul_mat_native(node: Tensor) -> Step:
             # every activation row meets the same weights: one call, activations converted once
             xs = np.ascontiguousarray(x).reshape(-1, k)
             dst = out.reshape(-1, m) if out.flags.c_contiguous else out
-            mul(first_weights, xs, dst)
+            mul(weights[batches[0][2]], xs, dst)
             return
-        # every batch (attention head) in one native call: one conversion and one thread
-        # dispatch instead of one per head
-        xs = np.ascontiguousarray(x).reshape(len(batches), -1, k)
-        dst = out.reshape(len(batches), -1, m) if out.flags.c_contiguous else None
-        res = dst if dst is not None else np.empty((len(batches), xs.shape[1], m), np.float32)
-        _native.matmul_quant_batched(type_id, whole, offsets, stride, xs, res, threads, llamafile)
-        if dst is None:
-            out[...] = res.reshape(out.shape)
+        # strided rows (rare): one call per batch
+        for i13, i12, off in batches:
+            mul(weights[off], np.ascontiguousarray(x[i13, i12]), out[i13, i12])
 
     return run
 

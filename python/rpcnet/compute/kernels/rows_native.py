@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rpcnet import _native
 from rpcnet.compute.kernels.native_args import (
+    TensorArg,
     device_threads,
     native_kernel,
     rows_contiguous,
@@ -17,6 +18,7 @@ from rpcnet.compute.kernels.native_args import (
 from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
+from rpcnet.compute.views import storage
 from rpcnet.ggml_types import GgmlType
 
 ELEM = {GgmlType.F32: 4, GgmlType.F16: 2}
@@ -81,11 +83,33 @@ def _copy_supported(node: Tensor) -> bool:
     a = node.src[0] if node.src else None
     if a is None or not (_float_rows(a) and _float_rows(node)):
         return False
-    if tuple(a.ne) != tuple(node.ne):
+    if tuple(a.ne) != tuple(node.ne) and not _reshaped_contiguous(node, a):
         return False
     # overlapping source and destination (other than exactly in place) need the NumPy copy
     same = node.buffer is a.buffer
     return not same or _disjoint(node, a)
+
+
+def _contiguous_nb(ne: tuple[int, ...], elem: int) -> tuple[int, ...]:
+    nb = [elem]
+    for n in ne[:-1]:
+        nb.append(nb[-1] * n)
+    return tuple(nb)
+
+
+def _reshaped_contiguous(node: Tensor, a: Tensor) -> bool:
+    """A contiguous destination of another shape (CONT_2D of a permuted view): its elements in
+    order are the source's in logical row-major order, so it is the source's shape, packed."""
+    return node.nelements == a.nelements and tuple(node.nb) == _contiguous_nb(
+        tuple(node.ne), ELEM[node.type]
+    )
+
+
+def _dest_arg(node: Tensor, a: Tensor) -> TensorArg:
+    if tuple(a.ne) == tuple(node.ne):
+        return tensor_arg(node)
+    ne = tuple(a.ne)
+    return (storage(node), node.offset, ne, _contiguous_nb(ne, ELEM[node.type]))
 
 
 def _disjoint(a: Tensor, b: Tensor) -> bool:
@@ -96,7 +120,7 @@ def _copy(node: Tensor) -> Step:
     a = node.src[0]
     assert a is not None
     return _native.copy_step(
-        tensor_arg(a), a.type, tensor_arg(node), node.type, device_threads(node)
+        tensor_arg(a), a.type, _dest_arg(node, a), node.type, device_threads(node)
     )
 
 
@@ -105,7 +129,7 @@ def cpy_native(node: Tensor) -> Step:
     return _copy(node)
 
 
-@native_kernel(Op.CONT, "f32/f16 -> f32/f16, same shape (native)", _copy_supported)
+@native_kernel(Op.CONT, "f32/f16 -> f32/f16, same shape or packed (native)", _copy_supported)
 def cont_native(node: Tensor) -> Step:
     return _copy(node)
 

@@ -1,0 +1,150 @@
+//! One whole MUL_MAT node over strided ggml tensors, for the native plan runner: activation
+//! rows gathered, [`matmul::matmul_quant`] per weight matrix, results scattered to the output.
+//! Batch dims follow ggml's broadcast of src0 (weight matrix `i12 / (ne12 / ne02)`); a single
+//! weight matrix meets every activation row in one call (activations converted once).
+
+use super::flash_attn::Operand;
+use super::matmul;
+use super::pool;
+use super::KernelError;
+
+/// `w` in blocks (`ne[0]` = blocks per row, `nb[0]` = block bytes), `x` and `out` f32 with
+/// contiguous rows; out[i1][i0] of batch (i2, i3) = Σ w[i0] · x[i1].
+#[derive(Clone, Copy, Debug)]
+pub struct MulMat {
+    pub type_id: u32,
+    pub w: Operand,
+    pub x: Operand,
+    pub out: *mut u8,
+    pub out_nb: [usize; 4],
+    pub llamafile: bool,
+}
+
+// SAFETY: inputs are only read; each batch writes its own output rows.
+unsafe impl Send for MulMat {}
+unsafe impl Sync for MulMat {}
+
+/// Rows per src1 batch from which every multi-row kernel ggml may choose is chosen anyway.
+const MERGE_MIN_ROWS: usize = super::kquant_tiles::TILED_MIN_ROWS;
+
+/// Below this many weight bytes per matrix, batches run one per thread instead of splitting
+/// each matrix's rows.
+const SMALL_MATRIX: usize = 1 << 20;
+
+impl MulMat {
+    /// Checks the shapes (the caller checked every extent against its buffer).
+    pub fn check(&self, out_ne: [usize; 4]) -> Result<(), KernelError> {
+        let info = matmul::type_info(self.type_id).ok_or_else(|| {
+            KernelError::new(format!("weight type {} is not supported", self.type_id))
+        })?;
+        let (w, x) = (&self.w, &self.x);
+        if w.nb[0] != info.block_bytes || x.nb[0] != 4 || self.out_nb[0] != 4 {
+            return Err(KernelError::new("rows must be contiguous blocks / floats"));
+        }
+        if w.ne[0] * info.block != x.ne[0] {
+            return Err(KernelError::new("weights and activations differ in K"));
+        }
+        if x.ne[2] % w.ne[2] != 0 || x.ne[3] % w.ne[3] != 0 {
+            return Err(KernelError::new(
+                "activation batches do not broadcast the weights",
+            ));
+        }
+        if out_ne != [w.ne[1], x.ne[1], x.ne[2], x.ne[3]] {
+            return Err(KernelError::new(format!(
+                "out shape {out_ne:?} is not [{}, {}, {}, {}]",
+                w.ne[1], x.ne[1], x.ne[2], x.ne[3]
+            )));
+        }
+        Ok(())
+    }
+
+    fn k(&self) -> usize {
+        self.x.ne[0]
+    }
+
+    /// Weight matrix of batch (i2, i3) as bytes.
+    ///
+    /// # Safety
+    /// Per [`Self::run`].
+    unsafe fn weights(&self, i2: usize, i3: usize) -> &[u8] {
+        let w = &self.w;
+        let at =
+            (i2 / (self.x.ne[2] / w.ne[2])) * w.nb[2] + (i3 / (self.x.ne[3] / w.ne[3])) * w.nb[3];
+        let len = (w.ne[1] - 1) * w.nb[1] + w.ne[0] * w.nb[0];
+        unsafe { std::slice::from_raw_parts(w.ptr.add(at), len) }
+    }
+
+    /// Activation rows (i1 in `rows`, batch (i2, i3)) appended to `xs`.
+    unsafe fn gather(&self, i2: usize, i3: usize, xs: &mut Vec<f32>) {
+        let (x, k) = (&self.x, self.k());
+        for i1 in 0..x.ne[1] {
+            let p = unsafe { x.ptr.add(i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) };
+            xs.extend_from_slice(unsafe { std::slice::from_raw_parts(p as *const f32, k) });
+        }
+    }
+
+    /// Result rows of batch (i2, i3) from `res` (`ne1` rows of M).
+    unsafe fn scatter(&self, i2: usize, i3: usize, res: &[f32]) {
+        let (m, nb) = (self.w.ne[1], self.out_nb);
+        for (i1, row) in res.chunks_exact(m).enumerate() {
+            let p = unsafe { self.out.add(i1 * nb[1] + i2 * nb[2] + i3 * nb[3]) };
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), p as *mut f32, m) };
+        }
+    }
+
+    fn matmul(&self, w: &[u8], xs: &[f32], res: &mut [f32], threads: usize) {
+        let r = matmul::matmul_quant(
+            self.type_id,
+            w,
+            self.w.nb[1],
+            self.w.ne[1],
+            self.k(),
+            xs,
+            res,
+            threads,
+            self.llamafile,
+        );
+        debug_assert!(r.is_ok(), "{r:?}");
+    }
+
+    /// # Safety
+    /// Every operand must be valid for its shape and strides during the call, the output must
+    /// not overlap the inputs, and [`Self::check`] must have passed.
+    pub unsafe fn run(&self, threads: usize) {
+        let (x, m) = (&self.x, self.w.ne[1]);
+        let (n1, n2, n3) = (x.ne[1], x.ne[2], x.ne[3]);
+        // one call for every batch only where that changes no kernel choice: ggml picks its
+        // multi-row kernels (tinyBLAS from 2 rows, the K-quant tiles from 8) per src1 batch
+        let merge = n1 >= MERGE_MIN_ROWS || n2 * n3 == 1;
+        if self.w.ne[2] == 1 && self.w.ne[3] == 1 && merge {
+            let mut xs = Vec::with_capacity(n1 * n2 * n3 * self.k());
+            for i3 in 0..n3 {
+                for i2 in 0..n2 {
+                    unsafe { self.gather(i2, i3, &mut xs) };
+                }
+            }
+            let mut res = vec![0.0f32; n1 * n2 * n3 * m];
+            self.matmul(unsafe { self.weights(0, 0) }, &xs, &mut res, threads);
+            for (b, part) in res.chunks_exact(n1 * m).enumerate() {
+                unsafe { self.scatter(b % n2, b / n2, part) };
+            }
+            return;
+        }
+        let batch = |b: usize, threads: usize| {
+            let (i2, i3) = (b % n2, b / n2);
+            let mut xs = Vec::with_capacity(n1 * self.k());
+            unsafe { self.gather(i2, i3, &mut xs) };
+            let mut res = vec![0.0f32; n1 * m];
+            self.matmul(unsafe { self.weights(i2, i3) }, &xs, &mut res, threads);
+            unsafe { self.scatter(i2, i3, &res) };
+        };
+        let w_bytes = m * self.w.ne[0] * self.w.nb[0];
+        if w_bytes < SMALL_MATRIX {
+            // attention-sized matrices: whole batches per thread (each one's result is the same
+            // whichever thread computes it)
+            pool::run(threads, n2 * n3, &|b| batch(b, 1));
+        } else {
+            (0..n2 * n3).for_each(|b| batch(b, threads));
+        }
+    }
+}
