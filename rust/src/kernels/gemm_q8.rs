@@ -2,7 +2,7 @@
 //! (q8_0, q4_0, q5_0), for several activation rows: ggml's AVX2 vec_dot for these types is
 //! `acc = fma(d_w·d_x, Σ lanes of w·x, acc)` per block and `hsum` at the end, so a tile of
 //! outputs can share the work around that core. Each tile of weight rows is decoded once into
-//! signed bytes and f32 scales, the activation scales are widened once per call, and a 3 × 2
+//! signed bytes and f32 scales, the activation scales are widened once per call, and a 4 × 2
 //! register tile of outputs runs over the blocks. Every output keeps ggml's lanes, FMA order
 //! and final sum, so the bits equal [`super::dot`]'s (the tests compare them).
 //!
@@ -11,7 +11,7 @@
 use super::matmul::{Converted, RowsFn};
 
 /// Weight rows and activation rows per register tile.
-const MR: usize = 3;
+const MR: usize = 4;
 const NR: usize = 2;
 /// Activation bytes walked per decoded weight tile (about half of L2).
 const XBLOCK_BYTES: usize = 256 * 1024;
@@ -122,8 +122,8 @@ mod avx2 {
             .map(|b| Block(std::array::from_fn(|j| b[2 + j] as i8)))
             .collect();
         let mut wq = vec![Block([0; 32]); MR * nb];
-        let mut dw = vec![0.0f32; MR * nb];
-        // activation blocks of even size, so none is a small remainder
+        let mut dw = vec![0.0f32; MR * nb]; // [block][row]: one load gives a block's MR scales
+                                            // activation blocks of even size, so none is a small remainder
         let parts = (n * act.row_bytes).div_ceil(XBLOCK_BYTES).max(1);
         let xblock = n.div_ceil(parts).next_multiple_of(NR);
         for r0 in (0..n).step_by(xblock) {
@@ -135,7 +135,7 @@ mod avx2 {
                     let at = (first + (t0 + i).min(t1 - 1)) * stride;
                     let row = &w[at..at + nb * bb];
                     for (b, blk) in row.chunks_exact(bb).enumerate() {
-                        dw[i * nb + b] = decode_simd(type_id, blk.as_ptr(), &mut wq[i * nb + b]);
+                        dw[b * MR + i] = decode_simd(type_id, blk.as_ptr(), &mut wq[i * nb + b]);
                     }
                 }
                 for r in (r0..r1).step_by(NR) {
@@ -170,16 +170,25 @@ mod avx2 {
         for b in 0..nb {
             let ys: [__m256i; NR] =
                 std::array::from_fn(|j| _mm256_load_si256(xp[j].add(b) as *const __m256i));
-            let bys: [__m256; NR] = std::array::from_fn(|j| _mm256_set1_ps(*dyr[j].add(b)));
+            // d_w·d_x for the 4 weight rows at once per activation row (the same products as
+            // the scalar ones), spread to 8 lanes by shuffles: off the FMA/multiply ports
+            let dw4 = _mm_loadu_ps(dw.as_ptr().add(b * MR));
+            let ds: [__m256; NR] = std::array::from_fn(|j| {
+                let d4 = _mm_mul_ps(dw4, _mm_set1_ps(*dyr[j].add(b)));
+                _mm256_insertf128_ps(_mm256_castps128_ps256(d4), d4, 1)
+            });
             for (i, acc_i) in acc.iter_mut().enumerate() {
                 let qx = _mm256_load_si256(wq.as_ptr().add(i * nb + b) as *const __m256i);
                 let ax = _mm256_sign_epi8(qx, qx);
-                let bw = _mm256_set1_ps(*dw.get_unchecked(i * nb + b));
-                for ((a, y), by) in acc_i.iter_mut().zip(&ys).zip(&bys) {
+                for ((a, y), d8) in acc_i.iter_mut().zip(&ys).zip(&ds) {
                     let sy = _mm256_sign_epi8(*y, qx);
                     let q = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-                    // d_w·d_x in every lane: the same rounding as the scalar product
-                    let d = _mm256_mul_ps(bw, *by);
+                    let d = match i {
+                        0 => _mm256_shuffle_ps(*d8, *d8, 0x00),
+                        1 => _mm256_shuffle_ps(*d8, *d8, 0x55),
+                        2 => _mm256_shuffle_ps(*d8, *d8, 0xAA),
+                        _ => _mm256_shuffle_ps(*d8, *d8, 0xFF),
+                    };
                     *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), *a);
                 }
             }
