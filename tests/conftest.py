@@ -145,3 +145,14 @@ def rpcnet_v8():
     srv = ServerThread(mem=4 << 30).start()
     yield srv.port
     srv.stop()
+
+
+@pytest.fixture(scope="module", params=["simd", "portable"])
+def path(request):
+    """The native kernels' build under test: the AVX2 one, then the portable one (same bits)."""
+    from rpcnet import _native
+
+    simd = _native.set_portable_kernels(request.param == "portable")
+    assert simd == (request.param == "simd"), "this host has no AVX2+FMA+F16C SIMD path"
+    yield request.param
+    _native.set_portable_kernels(False)

@@ -41,14 +41,6 @@ def k_values(type_id: int) -> tuple[int, int]:
     return 96, 1024
 
 
-@pytest.fixture(scope="module", params=["simd", "portable"])
-def path(request):
-    simd = _native.set_portable_kernels(request.param == "portable")
-    assert simd == (request.param == "simd"), "this host has no AVX2+FMA+F16C SIMD path"
-    yield request.param
-    _native.set_portable_kernels(False)
-
-
 @pytest.fixture(scope="module")
 def real_weights(tmp_path_factory) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
     """{(type, K): (float32 source (M, K), bytes from llama.cpp's quantizer (M, row bytes))}."""

@@ -27,14 +27,6 @@ ROWS = (1, 7, 8, 9, 16, 33)  # around the reference's threshold (8) and its 16-r
 SHAPES = ((37, 256), (21, 768))  # odd M (not a multiple of 4, 8 or 16), one and three slabs
 
 
-@pytest.fixture(scope="module", params=["simd", "portable"])
-def path(request):
-    simd = _native.set_portable_kernels(request.param == "portable")
-    assert simd == (request.param == "simd"), "this host has no AVX2+FMA+F16C SIMD path"
-    yield request.param
-    _native.set_portable_kernels(False)
-
-
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> dict[tuple[int, int, int], np.ndarray]:
     """{(type, M, K): rows from llama.cpp's quantizer}; rows of different magnitudes."""

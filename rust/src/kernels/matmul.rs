@@ -464,19 +464,8 @@ pub fn matmul_quant(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::test_util::noise;
     use crate::kernels::{f32_to_fp16, fp16_to_f32};
-
-    fn noise(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     /// Random bytes for a weight type whose f16 scales are small finite numbers.
     fn weights(type_id: u32, m: usize, k: usize, seed: u64) -> Vec<u8> {
