@@ -36,6 +36,9 @@ from rpcnet.ggml_types import GgmlType
 f32 = np.float32
 Q_TILE = 64  # ggml's GGML_FA_TILE_Q
 _SCORE_LIMIT = 1 << 24
+# score floats per block of the tiled (exact softmax) path: 4 MiB, so its passes over the
+# scores run from cache instead of DRAM (1.5x faster on a 512 x 1536 x 16-head prompt)
+_TILED_SCORE_LIMIT = 1 << 20
 _SPLIT_KV_MIN = 512  # ggml's split-KV decode path: one query row and at least this many kv
 
 
@@ -115,6 +118,8 @@ def flash_attn_ext(node: Tensor) -> Step:
     # query rows per block, bounding the score matrix at ~16M floats (the lane-exact dot
     # products at ~4M float64 of 32 lanes each)
     limit = _SCORE_LIMIT // 128 if exact_dot or q8_dot else _SCORE_LIMIT
+    if tiled:
+        limit = _TILED_SCORE_LIMIT
     step = max(1, limit // max(1, n3 * n_head * n_kv))
 
     def run() -> None:
