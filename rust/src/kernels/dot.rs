@@ -441,31 +441,18 @@ impl RowDot for Q2K {
             });
             fma_lanes(&mut acc, dmin, &prod);
             let sc: [i32; 16] = std::array::from_fn(|i| (scales[i] & 15) as i32);
-            let qs = &wb[16..80];
             let mut q = [0i8; 256];
-            for j in 0..2 {
-                for s in 0..4 {
-                    for i in 0..32 {
-                        q[128 * j + 32 * s + i] = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
-                    }
-                }
-            }
+            q2k_codes(wb, &mut q);
             fma_lanes(&mut acc, d, &superblock_lanes(&q, &sc, q8));
         }
         hsum8(&acc)
     }
     simd_dot!(q2_k);
     tiled_dot!(84, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        let (scales, qs) = (&wb[..16], &wb[16..80]);
+        let scales = &wb[..16];
         t.sc = std::array::from_fn(|i| (scales[i] & 15) as i32);
         t.mn = std::array::from_fn(|i| (scales[i] >> 4) as i32);
-        for j in 0..2 {
-            for s in 0..4 {
-                for i in 0..32 {
-                    t.q[128 * j + 32 * s + i] = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
-                }
-            }
-        }
+        q2k_codes(wb, &mut t.q);
         (t.d, t.dmin) = (f16_at(wb, 80), f16_at(wb, 82));
     });
 }
@@ -596,13 +583,7 @@ impl RowDot for Q5K {
             let s32 = bsums32(&bs);
             let mins: i32 = (0..8).map(|j| mn[j] * s32[j]).sum();
             summs = dmin.mul_add(mins as f32, summs);
-            let qh = &wb[16..48];
-            k4_nibbles(&wb[48..176], &mut q);
-            for c in 0..8 {
-                for i in 0..32 {
-                    q[32 * c + i] += (((qh[i] >> c) & 1) << 4) as i8;
-                }
-            }
+            q5k_codes(wb, &mut q);
             fma_lanes(&mut acc, d, &superblock_lanes(&q, &per16(&sc), q8));
         }
         hsum8(&acc) + summs
@@ -611,12 +592,7 @@ impl RowDot for Q5K {
     tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
         let (sc, mn) = scale_min_k4(&wb[4..16]);
         (t.sc, t.mn) = (per16(&sc), per16(&mn));
-        k4_nibbles(&wb[48..176], &mut t.q);
-        for c in 0..8 {
-            for i in 0..32 {
-                t.q[32 * c + i] += (((wb[16 + i] >> c) & 1) << 4) as i8;
-            }
-        }
+        q5k_codes(wb, &mut t.q);
         (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
     });
 }
@@ -633,19 +609,8 @@ impl RowDot for Q6K {
         for (wb, yb) in w.chunks_exact(210).zip(x.chunks_exact(292)).take(k / 256) {
             let (yd, q8, bs) = q8k(yb);
             let d = yd * f16_at(wb, 208);
-            let ql = &wb[..128];
-            let qh = &wb[128..192];
             let sc: [i32; 16] = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
-            for j in 0..2 {
-                for i in 0..32 {
-                    let h = qh[32 * j + i];
-                    let (l0, l1) = (ql[64 * j + i], ql[64 * j + 32 + i]);
-                    q[128 * j + i] = ((l0 & 15) | ((h & 3) << 4)) as i8;
-                    q[128 * j + 32 + i] = ((l1 & 15) | (((h >> 2) & 3) << 4)) as i8;
-                    q[128 * j + 64 + i] = ((l0 >> 4) | (((h >> 4) & 3) << 4)) as i8;
-                    q[128 * j + 96 + i] = ((l1 >> 4) | (((h >> 6) & 3) << 4)) as i8;
-                }
-            }
+            q6k_codes(wb, &mut q);
             let mut lanes = superblock_lanes(&q, &sc, q8);
             for (l, v) in lanes.iter_mut().enumerate() {
                 *v -= 32 * (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]);
@@ -661,19 +626,9 @@ impl RowDot for Q6K {
         false,
         Codes::Biased(32),
         |wb: &[u8], t: &mut Decoded| {
-            let (ql, qh) = (&wb[..128], &wb[128..192]);
             // the 6-bit codes minus their bias 32 (ggml removes it through the bsums: same s1)
-            for j in 0..2 {
-                for i in 0..32 {
-                    let h = qh[32 * j + i];
-                    let (l0, l1) = (ql[64 * j + i], ql[64 * j + 32 + i]);
-                    let q = &mut t.q[128 * j..128 * j + 128];
-                    q[i] = ((l0 & 15) | ((h & 3) << 4)) as i8 - 32;
-                    q[32 + i] = ((l1 & 15) | (((h >> 2) & 3) << 4)) as i8 - 32;
-                    q[64 + i] = ((l0 >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
-                    q[96 + i] = ((l1 >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
-                }
-            }
+            q6k_codes(wb, &mut t.q);
+            t.q.iter_mut().for_each(|v| *v -= 32);
             t.sc = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
             t.d = f16_at(wb, 208);
         }
@@ -724,6 +679,46 @@ impl RowDot for IQ4XS {
         }
         t.d = f16_at(wb, 0);
     });
+}
+
+/// Q2_K's 2-bit codes (0..3) of one super-block, in element order.
+#[inline(always)]
+fn q2k_codes(wb: &[u8], q: &mut [i8; 256]) {
+    let qs = &wb[16..80];
+    for j in 0..2 {
+        for s in 0..4 {
+            for i in 0..32 {
+                q[128 * j + 32 * s + i] = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
+            }
+        }
+    }
+}
+
+/// Q5_K's 5-bit codes (0..31) of one super-block: the 4-bit nibbles plus the high bits.
+#[inline(always)]
+fn q5k_codes(wb: &[u8], q: &mut [i8; 256]) {
+    k4_nibbles(&wb[48..176], q);
+    for c in 0..8 {
+        for i in 0..32 {
+            q[32 * c + i] += (((wb[16 + i] >> c) & 1) << 4) as i8;
+        }
+    }
+}
+
+/// Q6_K's 6-bit codes (0..63, bias not removed) of one super-block, in element order.
+#[inline(always)]
+fn q6k_codes(wb: &[u8], q: &mut [i8; 256]) {
+    let (ql, qh) = (&wb[..128], &wb[128..192]);
+    for j in 0..2 {
+        for i in 0..32 {
+            let h = qh[32 * j + i];
+            let (l0, l1) = (ql[64 * j + i], ql[64 * j + 32 + i]);
+            q[128 * j + i] = ((l0 & 15) | ((h & 3) << 4)) as i8;
+            q[128 * j + 32 + i] = ((l1 & 15) | (((h >> 2) & 3) << 4)) as i8;
+            q[128 * j + 64 + i] = ((l0 >> 4) | (((h >> 4) & 3) << 4)) as i8;
+            q[128 * j + 96 + i] = ((l1 >> 4) | (((h >> 6) & 3) << 4)) as i8;
+        }
+    }
 }
 
 /// Four 8-lane FMA accumulators over 32-element steps (`GGML_F16_STEP` / `GGML_F32_STEP`).
