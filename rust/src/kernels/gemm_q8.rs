@@ -12,8 +12,10 @@ use super::matmul::{Converted, RowsFn};
 
 /// Weight rows and activation rows per register tile.
 const MR: usize = 4;
+/// Weight rows decoded together: two tiles share one table of scale products.
+const PANEL: usize = 8;
 const NR: usize = 2;
-/// Activation bytes walked per decoded weight tile (about half of L2).
+/// Activation bytes (with their products) walked per decoded weight panel (about half of L2).
 const XBLOCK_BYTES: usize = 256 * 1024;
 
 /// 32 signed values, aligned for whole-register loads.
@@ -76,23 +78,54 @@ fn rows_entry<const TYPE_ID: u32>(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{block_bytes, f16, Block, Converted, MR, NR, XBLOCK_BYTES};
+    use super::{block_bytes, f16, Block, Converted, MR, NR, PANEL, XBLOCK_BYTES};
     use crate::kernels::dot_avx2::{bytes_from_bits, hsum, nibbles32};
 
-    /// One weight block as the 32 signed values of ggml's vec_dot (`qx`), and its scale.
+    /// What q4_0 and q5_0 values are stored as: `v + OFFSET` fits an unsigned byte, so
+    /// `maddubs` takes the weight directly and `OFFSET·Σy` (per lane, exact) is taken off after;
+    /// q8_0 (`OFFSET` 0) keeps ggml's sign trick. Both give the same integer lanes.
+    fn offset(type_id: u32) -> i8 {
+        match type_id {
+            2 => 8,
+            6 => 16,
+            _ => 0,
+        }
+    }
+
+    /// One weight block: the unsigned operand of `maddubs` (|v| for q8_0, `v + offset`
+    /// otherwise) into `a`, the signed values into `s` (q8_0 only), and its scale.
     #[inline(always)]
-    unsafe fn decode_simd(type_id: u32, b: *const u8, q: &mut Block) -> f32 {
-        let qx = match type_id {
-            8 => _mm256_loadu_si256(b.add(2) as *const __m256i),
-            2 => _mm256_sub_epi8(nibbles32(b.add(2)), _mm256_set1_epi8(8)),
+    unsafe fn decode_simd(type_id: u32, b: *const u8, a: &mut Block, s: &mut Block) -> f32 {
+        let ua = match type_id {
+            8 => {
+                let qx = _mm256_loadu_si256(b.add(2) as *const __m256i);
+                _mm256_store_si256(s.0.as_mut_ptr() as *mut __m256i, qx);
+                _mm256_sign_epi8(qx, qx)
+            }
+            2 => nibbles32(b.add(2)),
             _ => {
-                let hi = _mm256_andnot_si256(bytes_from_bits(b.add(2)), _mm256_set1_epi8(-16));
+                let hi = _mm256_and_si256(bytes_from_bits(b.add(2)), _mm256_set1_epi8(16));
                 _mm256_or_si256(nibbles32(b.add(6)), hi)
             }
         };
-        _mm256_store_si256(q.0.as_mut_ptr() as *mut __m256i, qx);
+        _mm256_store_si256(a.0.as_mut_ptr() as *mut __m256i, ua);
         let h = u16::from_le_bytes([*b, *b.add(1)]);
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    /// Lane sums `offset · Σ y` of each activation block (lane m: bytes 4m..4m+3).
+    unsafe fn offset_sums(xq: &[Block], off: i8) -> Vec<Block> {
+        let o = _mm256_set1_epi8(off);
+        let ones = _mm256_set1_epi16(1);
+        xq.iter()
+            .map(|y| {
+                let yv = _mm256_load_si256(y.0.as_ptr() as *const __m256i);
+                let mut s = Block([0; 32]);
+                let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(o, yv), ones);
+                _mm256_store_si256(s.0.as_mut_ptr() as *mut __m256i, lanes);
+                s
+            })
+            .collect()
     }
 
     /// Weight rows `first..first + out.len() / n` against every activation row.
@@ -121,30 +154,63 @@ mod avx2 {
             .chunks_exact(34)
             .map(|b| Block(std::array::from_fn(|j| b[2 + j] as i8)))
             .collect();
-        let mut wq = vec![Block([0; 32]); MR * nb];
-        let mut dw = vec![0.0f32; MR * nb]; // [block][row]: one load gives a block's MR scales
-                                            // activation blocks of even size, so none is a small remainder
-        let parts = (n * act.row_bytes).div_ceil(XBLOCK_BYTES).max(1);
+        let off = offset(type_id);
+        let ysum = if off != 0 {
+            offset_sums(&xq, off)
+        } else {
+            Vec::new()
+        };
+        let mut wa = vec![Block([0; 32]); PANEL * nb]; // [block][row]
+        let mut ws = vec![Block([0; 32]); PANEL * nb]; // signed values: q8_0 only
+        let mut dw = vec![0.0f32; PANEL * nb]; // [block][row]
+                                               // activation blocks of even size, so none is a small remainder
+                                               // what one activation row brings into cache: values, products (and offset sums)
+        let row_cache = nb * (32 + 4 * PANEL + if off != 0 { 32 } else { 0 });
+        let parts = (n * row_cache).div_ceil(XBLOCK_BYTES).max(1);
         let xblock = n.div_ceil(parts).next_multiple_of(NR);
+        // d_w·d_x of the panel's rows for every activation block: [row - r0][block][PANEL],
+        // the same products as ggml's scalar ones, so the tile loop only broadcasts them
+        let mut prod = vec![0.0f32; xblock * nb * PANEL];
         for r0 in (0..n).step_by(xblock) {
             let r1 = n.min(r0 + xblock);
-            for t0 in (0..rows_total).step_by(MR) {
-                let t1 = rows_total.min(t0 + MR);
-                for i in 0..MR {
+            for t0 in (0..rows_total).step_by(PANEL) {
+                let t1 = rows_total.min(t0 + PANEL);
+                for i in 0..PANEL {
                     // rows past the end repeat the last one; their results are dropped
                     let at = (first + (t0 + i).min(t1 - 1)) * stride;
                     let row = &w[at..at + nb * bb];
                     for (b, blk) in row.chunks_exact(bb).enumerate() {
-                        dw[b * MR + i] = decode_simd(type_id, blk.as_ptr(), &mut wq[i * nb + b]);
+                        let (a, s) = (&mut wa[b * PANEL + i], &mut ws[b * PANEL + i]);
+                        dw[b * PANEL + i] = decode_simd(type_id, blk.as_ptr(), a, s);
                     }
                 }
-                for r in (r0..r1).step_by(NR) {
-                    let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(r1 - 1));
-                    let res = tile(&wq, &dw, &xq, &dy, xr, nb);
-                    for (i, vals) in res.iter().enumerate() {
-                        if t0 + i < t1 {
-                            for (j, v) in vals.iter().enumerate().take(r1 - r) {
-                                out[(t0 + i) * n + r + j] = *v;
+                let (pp, dwp) = (prod.as_mut_ptr(), dw.as_ptr());
+                for (r, dyr) in dy.chunks_exact(nb).enumerate().take(r1).skip(r0) {
+                    let dst = pp.add((r - r0) * nb * PANEL);
+                    for (b, d) in dyr.iter().enumerate() {
+                        let v =
+                            _mm256_mul_ps(_mm256_loadu_ps(dwp.add(b * PANEL)), _mm256_set1_ps(*d));
+                        _mm256_storeu_ps(dst.add(b * PANEL), v);
+                    }
+                }
+                for sub in (t0..t1).step_by(MR) {
+                    let s0 = sub - t0;
+                    for r in (r0..r1).step_by(NR) {
+                        let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(r1 - 1));
+                        let xp = xr.map(|x| xq.as_ptr().add(x * nb));
+                        let pr = xr.map(|x| prod.as_ptr().add((x - r0) * nb * PANEL + s0));
+                        let (wa, ws) = (wa.as_ptr().add(s0), ws.as_ptr().add(s0));
+                        let res = if off == 0 {
+                            tile::<true>(wa, ws, xp, xp, pr, nb)
+                        } else {
+                            let sp = xr.map(|x| ysum.as_ptr().add(x * nb));
+                            tile::<false>(wa, ws, xp, sp, pr, nb)
+                        };
+                        for (i, vals) in res.iter().enumerate() {
+                            if sub + i < t1 {
+                                for (j, v) in vals.iter().enumerate().take(r1 - r) {
+                                    out[(sub + i) * n + r + j] = *v;
+                                }
                             }
                         }
                     }
@@ -153,43 +219,41 @@ mod avx2 {
         }
     }
 
-    /// MR decoded weight rows × NR activation rows.
+    /// MR decoded weight rows (`wa`/`ws`: [block][PANEL]) × NR activation rows (`xp`, their
+    /// offset lane sums `sp`, the products `pp`: [block][PANEL]). `SIGNED`: ggml's sign trick
+    /// on `ws`; else the unsigned weights times the activations less the offset sums.
     #[inline(always)]
-    unsafe fn tile(
-        wq: &[Block],
-        dw: &[f32],
-        xq: &[Block],
-        dy: &[f32],
-        xr: [usize; NR],
+    unsafe fn tile<const SIGNED: bool>(
+        wa: *const Block,
+        ws: *const Block,
+        xp: [*const Block; NR],
+        sp: [*const Block; NR],
+        pp: [*const f32; NR],
         nb: usize,
     ) -> [[f32; NR]; MR] {
+        // opaque, or LLVM rebuilds the row pointers from their indices inside the loop
+        let (wa, ws, xp, sp, pp) = std::hint::black_box((wa, ws, xp, sp, pp));
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); NR]; MR];
-        let xp = xr.map(|r| xq.as_ptr().add(r * nb));
-        let dyr = xr.map(|r| dy.as_ptr().add(r * nb));
         for b in 0..nb {
-            let ys: [__m256i; NR] =
-                std::array::from_fn(|j| _mm256_load_si256(xp[j].add(b) as *const __m256i));
-            // d_w·d_x for the 4 weight rows at once per activation row (the same products as
-            // the scalar ones), spread to 8 lanes by shuffles: off the FMA/multiply ports
-            let dw4 = _mm_loadu_ps(dw.as_ptr().add(b * MR));
-            let ds: [__m256; NR] = std::array::from_fn(|j| {
-                let d4 = _mm_mul_ps(dw4, _mm_set1_ps(*dyr[j].add(b)));
-                _mm256_insertf128_ps(_mm256_castps128_ps256(d4), d4, 1)
-            });
-            for (i, acc_i) in acc.iter_mut().enumerate() {
-                let qx = _mm256_load_si256(wq.as_ptr().add(i * nb + b) as *const __m256i);
-                let ax = _mm256_sign_epi8(qx, qx);
-                for ((a, y), d8) in acc_i.iter_mut().zip(&ys).zip(&ds) {
-                    let sy = _mm256_sign_epi8(*y, qx);
-                    let q = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-                    let d = match i {
-                        0 => _mm256_shuffle_ps(*d8, *d8, 0x00),
-                        1 => _mm256_shuffle_ps(*d8, *d8, 0x55),
-                        2 => _mm256_shuffle_ps(*d8, *d8, 0xAA),
-                        _ => _mm256_shuffle_ps(*d8, *d8, 0xFF),
+            // activation-major: one activation block and one weight row live at a time, so
+            // the accumulators stay in registers
+            for j in 0..NR {
+                let y = _mm256_load_si256(xp[j].add(b) as *const __m256i);
+                for (i, acc_i) in acc.iter_mut().enumerate() {
+                    // volatile: loaded again per activation row instead of kept in a register,
+                    // which would push the accumulators out of registers
+                    let ua = std::ptr::read_volatile(wa.add(b * PANEL + i) as *const __m256i);
+                    let q = if SIGNED {
+                        let qx = std::ptr::read_volatile(ws.add(b * PANEL + i) as *const __m256i);
+                        let sy = _mm256_sign_epi8(y, qx);
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sy), ones)
+                    } else {
+                        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, y), ones);
+                        _mm256_sub_epi32(lanes, _mm256_load_si256(sp[j].add(b) as *const __m256i))
                     };
-                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), *a);
+                    let d = _mm256_broadcast_ss(&*pp[j].add(b * PANEL + i));
+                    acc_i[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc_i[j]);
                 }
             }
         }

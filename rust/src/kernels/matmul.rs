@@ -433,12 +433,25 @@ pub fn matmul_converted(
     } else {
         run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm)
     };
-    for (mi, vals) in tmp.chunks_exact(n).enumerate() {
-        for (r, v) in vals.iter().enumerate() {
-            out[r * m + mi] = *v;
+    transpose_into(&tmp, m, n, out);
+    Ok(())
+}
+
+/// `out[r][mi] = tmp[mi][r]` in cache-sized squares (a plain loop writes one float per line).
+fn transpose_into(tmp: &[f32], m: usize, n: usize, out: &mut [f32]) {
+    const SIDE: usize = 32;
+    for m0 in (0..m).step_by(SIDE) {
+        let m1 = m.min(m0 + SIDE);
+        for r0 in (0..n).step_by(SIDE) {
+            let r1 = n.min(r0 + SIDE);
+            for mi in m0..m1 {
+                let src = &tmp[mi * n + r0..mi * n + r1];
+                for (r, v) in (r0..r1).zip(src) {
+                    out[r * m + mi] = *v;
+                }
+            }
         }
     }
-    Ok(())
 }
 
 /// [`matmul_converted`] from float32 activations `x` (`n × k` row-major), converted here.
