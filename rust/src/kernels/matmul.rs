@@ -338,8 +338,51 @@ pub(crate) fn check(
     Ok(row_bytes)
 }
 
+/// `out` (`[n][m]`) shared by the chunk tasks of [`run_rows`], each writing only the columns of
+/// its own weight rows.
+struct SharedOut {
+    ptr: *mut f32,
+    m: usize,
+    n: usize,
+}
+
+// SAFETY: the tasks write disjoint columns (see `scatter`), and `run_rows` holds the `&mut`
+// borrow of the output for as long as any task runs.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// `out[r][first + i] = rows[i][r]` in cache-sized squares (one float per line otherwise).
+    ///
+    /// # Safety
+    /// No other thread may write columns `first..first + rows.len() / n` meanwhile.
+    unsafe fn scatter(&self, rows: &[f32], first: usize) {
+        const SIDE: usize = 32;
+        let (m, n) = (self.m, self.n);
+        let count = rows.len() / n;
+        assert!(first + count <= m);
+        for i0 in (0..count).step_by(SIDE) {
+            for r0 in (0..n).step_by(SIDE) {
+                for i in i0..count.min(i0 + SIDE) {
+                    for r in r0..n.min(r0 + SIDE) {
+                        *self.ptr.add(r * m + first + i) = rows[i * n + r];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Scratch kept per thread between calls up to this many floats (a prompt chunk's results),
+/// so that a call does not fault fresh pages in; larger ones are freed after the call.
+const SCRATCH_KEEP: usize = 256 * 1024;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 #[allow(clippy::too_many_arguments)]
-/// Runs the rows over up to `threads` threads into `tmp` (`[m][n]`).
+/// Runs the rows over up to `threads` threads, each chunk of weight rows computed into the
+/// thread's scratch (`[rows][n]`) and scattered into `out` (`[n][m]`) by the same thread.
 pub(crate) fn run_rows(
     f: RowsFn,
     w: &[u8],
@@ -350,25 +393,41 @@ pub(crate) fn run_rows(
     act: &Converted,
     threads: usize,
     gemm: bool,
-) -> Vec<f32> {
+    out: &mut [f32],
+) {
     let n = act.rows;
-    let mut tmp = vec![0.0f32; m * n];
+    assert_eq!(out.len(), m * n);
     let by_size = (m * row_bytes * n.min(8) / MIN_BYTES_PER_THREAD).max(1);
     let threads = threads.clamp(1, by_size.min(m.div_ceil(TILE_ROWS)));
-    if threads == 1 {
-        f(w, stride, 0, k, act, &mut tmp, gemm);
+    // a few chunks per thread, claimed in turn: a thread the OS preempts (a shared host)
+    // leaves its remaining chunks to the others instead of stalling the call
+    let per = if threads == 1 {
+        m
     } else {
-        // a few chunks per thread, claimed in turn: a thread the OS preempts (a shared host)
-        // leaves its remaining chunks to the others instead of stalling the call
-        let per = m
-            .div_ceil(threads * CHUNKS_PER_THREAD)
-            .next_multiple_of(TILE_ROWS);
-        let chunks: Vec<&mut [f32]> = tmp.chunks_mut(per * n).collect();
-        super::pool::for_each(threads, chunks, |i, chunk| {
-            f(w, stride, i * per, k, act, chunk, gemm)
+        m.div_ceil(threads * CHUNKS_PER_THREAD)
+            .next_multiple_of(TILE_ROWS)
+    };
+    let shared = SharedOut {
+        ptr: out.as_mut_ptr(),
+        m,
+        n,
+    };
+    let task = |i: usize| {
+        let first = i * per;
+        let rows = per.min(m - first);
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            scratch.clear();
+            scratch.resize(rows * n, 0.0);
+            f(w, stride, first, k, act, &mut scratch, gemm);
+            // SAFETY: task i alone owns columns first..first + rows
+            unsafe { shared.scatter(&scratch, first) };
+            if scratch.capacity() > SCRATCH_KEEP {
+                *scratch = Vec::new();
+            }
         });
-    }
-    tmp
+    };
+    super::pool::run(threads, m.div_ceil(per), &task);
 }
 
 /// The per-thread rows function for `n` activation rows against `m` weight rows of a supported
@@ -427,31 +486,13 @@ pub fn matmul_converted(
     }
     let n = act.rows;
     let (f, gemm) = rows_for(type_id, m, n, llamafile);
-    let tmp = if gemm && gemm_float::serves(type_id) {
+    if gemm && gemm_float::serves(type_id) {
         let wide = gemm_float::widen_activations(act, info.act, k);
-        run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm)
+        run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out);
     } else {
-        run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm)
-    };
-    transpose_into(&tmp, m, n, out);
-    Ok(())
-}
-
-/// `out[r][mi] = tmp[mi][r]` in cache-sized squares (a plain loop writes one float per line).
-fn transpose_into(tmp: &[f32], m: usize, n: usize, out: &mut [f32]) {
-    const SIDE: usize = 32;
-    for m0 in (0..m).step_by(SIDE) {
-        let m1 = m.min(m0 + SIDE);
-        for r0 in (0..n).step_by(SIDE) {
-            let r1 = n.min(r0 + SIDE);
-            for mi in m0..m1 {
-                let src = &tmp[mi * n + r0..mi * n + r1];
-                for (r, v) in (r0..r1).zip(src) {
-                    out[r * m + mi] = *v;
-                }
-            }
-        }
+        run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm, out);
     }
+    Ok(())
 }
 
 /// [`matmul_converted`] from float32 activations `x` (`n × k` row-major), converted here.
