@@ -70,6 +70,27 @@ pub trait RowDot {
         }
     }
 
+    /// [`Self::dot_gemm_rows_simd`] for four weight rows: `out[i · out_stride + r]` for weight
+    /// row `ws[i]` and activation row `xs[r]`; types with a four-row kernel share each
+    /// activation block among the rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline(always)]
+    unsafe fn dot_gemm_rows4_simd(
+        ws: [&[u8]; 4],
+        xs: &[&[u8]],
+        k: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        for (i, w) in ws.iter().enumerate() {
+            let dst = &mut out[i * out_stride..i * out_stride + xs.len()];
+            // SAFETY: forwarded from the caller.
+            unsafe { Self::dot_gemm_rows_simd(w, xs, k, dst) };
+        }
+    }
+
     /// [`Self::dot_simd`] for four activation rows at once (each result the same bits).
     ///
     /// # Safety
@@ -124,6 +145,23 @@ macro_rules! tiled_dot {
         unsafe fn dot_gemm_rows_simd(w: &[u8], xs: &[&[u8]], k: usize, out: &mut [f32]) {
             // SAFETY: the caller guarantees AVX2, FMA and F16C.
             unsafe { kquant_tiles::rows_avx2(w, $bytes, $has_min, $codes, xs, k, out, $decode) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn dot_gemm_rows4_simd(
+            ws: [&[u8]; 4],
+            xs: &[&[u8]],
+            k: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            let shape = kquant_tiles::Shape {
+                block_bytes: $bytes,
+                has_min: $has_min,
+                codes: $codes,
+            };
+            // SAFETY: the caller guarantees AVX2, FMA and F16C.
+            unsafe { kquant_tiles::rows4_avx2(ws, shape, xs, k, out, out_stride, $decode) }
         }
     };
 }

@@ -238,3 +238,109 @@ pub unsafe fn rows_avx2(
         }
     }
 }
+
+/// A format as the four-row kernel needs it.
+#[derive(Clone, Copy)]
+pub struct Shape {
+    pub block_bytes: usize,
+    pub has_min: bool,
+    pub codes: Codes,
+}
+
+/// Four lanes of integer sums, one per vector (exact: any order gives the same integers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn hsum4_i32(v: [std::arch::x86_64::__m256i; 4]) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::*;
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
+/// (s1, s2) of one q8_K block against four weight super-blocks: [`ints_avx2`] with each
+/// activation vector loaded once for the four rows and the sums reduced together.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn ints4_avx2(
+    r: &[SlabRegs; 4],
+    codes: Codes,
+    has_min: bool,
+    y: &[u8],
+) -> (std::arch::x86_64::__m128i, std::arch::x86_64::__m128i) {
+    use std::arch::x86_64::*;
+    assert!(y.len() >= Q8K_BYTES);
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for c in 0..8 {
+        // SAFETY: bytes 4 + 32·c .. 36 + 32·c lie inside the block (checked above).
+        let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(4 + 32 * c) as *const __m256i) };
+        for (a, regs) in acc.iter_mut().zip(r) {
+            let yr = match codes {
+                Codes::Biased(_) => yv,
+                Codes::Signed => _mm256_sign_epi8(yv, regs.sgnq[c]),
+            };
+            let p = _mm256_maddubs_epi16(regs.ubytes[c], yr);
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, regs.scales[c]));
+        }
+    }
+    // SAFETY: the 16 bsums are bytes 260..292 (checked above).
+    let bs = unsafe { _mm256_loadu_si256(y.as_ptr().add(260) as *const __m256i) };
+    let per_bsum: [__m256i; 4] = std::array::from_fn(|i| _mm256_madd_epi16(bs, r[i].per_bsum));
+    if has_min {
+        (hsum4_i32(acc), hsum4_i32(per_bsum))
+    } else if let Codes::Biased(1..) = codes {
+        let s1: [__m256i; 4] = std::array::from_fn(|i| _mm256_sub_epi32(acc[i], per_bsum[i]));
+        (hsum4_i32(s1), _mm_setzero_si128())
+    } else {
+        (hsum4_i32(acc), _mm_setzero_si128())
+    }
+}
+
+/// [`rows_avx2`] for four weight rows at once: `out[i · out_stride + r]` = row `ws[i]` ·
+/// `xs[r]`. The float steps run on four lanes, one per weight row, with the same operations
+/// as [`step`] (same bits).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn rows4_avx2(
+    ws: [&[u8]; 4],
+    shape: Shape,
+    xs: &[&[u8]],
+    k: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    decode: impl Fn(&[u8], &mut Decoded),
+) {
+    use std::arch::x86_64::*;
+    let Shape {
+        block_bytes: bb,
+        has_min,
+        codes,
+    } = shape;
+    let mut acc = vec![_mm_setzero_ps(); xs.len()];
+    let mut dec: [Decoded; 4] = std::array::from_fn(|_| Decoded::default());
+    for b in 0..k / 256 {
+        for (d, w) in dec.iter_mut().zip(ws) {
+            decode(&w[b * bb..(b + 1) * bb], d);
+        }
+        let regs: [SlabRegs; 4] = std::array::from_fn(|i| slab_regs(&dec[i], codes, has_min));
+        let d4 = _mm_setr_ps(dec[0].d, dec[1].d, dec[2].d, dec[3].d);
+        let neg_dmin4 = _mm_setr_ps(-dec[0].dmin, -dec[1].dmin, -dec[2].dmin, -dec[3].dmin);
+        for (x, a) in xs.iter().zip(acc.iter_mut()) {
+            let y = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
+            let (s1, s2) = ints4_avx2(&regs, codes, has_min, y);
+            let mut res = _mm_mul_ps(d4, _mm_cvtepi32_ps(s1));
+            if has_min {
+                res = _mm_fmadd_ps(neg_dmin4, _mm_cvtepi32_ps(s2), res);
+            }
+            *a = _mm_fmadd_ps(_mm_set1_ps(q8k_d(y)), res, *a);
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        let mut v = [0.0f32; 4];
+        _mm_storeu_ps(v.as_mut_ptr(), *a);
+        for (i, val) in v.iter().enumerate() {
+            out[i * out_stride + r] = *val;
+        }
+    }
+}

@@ -206,7 +206,21 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
         for r0 in (0..n).step_by(GEMM_ACT_BLOCK) {
             let r1 = n.min(r0 + GEMM_ACT_BLOCK);
             let xs: Vec<&[u8]> = (r0..r1).map(|r| act.row(r)).collect();
-            for i in 0..rows_total {
+            let mut i = 0;
+            if SIMD {
+                // four weight rows per pass: each activation block is loaded once for four
+                while i + 4 <= rows_total {
+                    let ws: [&[u8]; 4] = std::array::from_fn(|j| {
+                        let at = (first + i + j) * stride;
+                        &w[at..at + wrow_bytes]
+                    });
+                    let dst = &mut out[i * n + r0..(i + 3) * n + r1];
+                    // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection.
+                    unsafe { D::dot_gemm_rows4_simd(ws, &xs, k, dst, n) };
+                    i += 4;
+                }
+            }
+            for i in i..rows_total {
                 let at = (first + i) * stride;
                 let wr = &w[at..at + wrow_bytes];
                 let dst = &mut out[i * n + r0..i * n + r1];
