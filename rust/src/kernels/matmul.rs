@@ -421,6 +421,8 @@ pub(crate) fn run_rows(
         m.div_ceil(threads * CHUNKS_PER_THREAD)
             .next_multiple_of(TILE_ROWS)
     };
+    // chunks whose results fit the kept scratch
+    let per = per.min((SCRATCH_KEEP / n.max(1)).next_multiple_of(TILE_ROWS));
     let shared = SharedOut {
         ptr: out.as_mut_ptr(),
         m,
