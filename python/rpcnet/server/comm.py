@@ -148,81 +148,62 @@ class PeerLink:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"rpcnet-link{device}")
 
     def submit(self, fn: Callable[[], None]) -> Future[None]:
+        """Run `fn` on the link's thread. A job with `attempt_inline(until)` (an allreduce, see
+        `Exchange`) is first tried on the calling thread when that is not an event loop (a
+        device worker, right after the graph that produced the tensor): the peer's half
+        usually arrives within that time, and the hand-off to this thread and back (two
+        wake-ups) is saved. A peer slower than `SPIN_SECONDS` gets the rest done here."""
+        attempt = getattr(fn, "attempt_inline", None)
+        if attempt is not None and not _on_event_loop():
+            done: Future[None] = Future()
+            try:
+                finished = attempt(time.monotonic() + SPIN_SECONDS)
+            except BaseException as exc:  # noqa: BLE001 - the job's outcome, for its waiter
+                done.set_exception(exc)
+                return done
+            if finished:
+                done.set_result(None)
+                return done
         return self._thread.submit(fn)
 
     def __repr__(self) -> str:
         return f"PeerLink(device {self.device}, rank {self.rank}, peer {self.peer})"
 
     def allreduce(self, region: Any, type_id: int, ne: int) -> None:
-        """Swap `region` (the tensor's bytes, a uint8 array) with the peer and add its values.
+        """Swap `region` (the tensor's bytes, a uint8 array) with the peer and add its values,
+        waiting for the peer up to the link's limit."""
+        Exchange(self, region, type_id, ne).advance(None)
 
-        Runs on the link's thread, right after the graph that produced the tensor: no hop to
-        the event loop and back per allreduce. The wait for the peer is bounded; closing the
-        link (from another thread) ends it at once.
-        """
-        if self.closed:
-            raise CommError("the peer link is closed")
-        wire = wire_size(type_id, ne, region.nbytes)
-        send = memoryview(encode(region, type_id, ne)).cast("B")
-        if self._scratch.nbytes < wire:
-            self._scratch = np.empty(wire, dtype=np.uint8)
-        received = self._scratch[:wire]
-        limit = self.hub.timeout * EXCHANGE_TIMEOUT_FACTOR
-        deadline = time.monotonic() + limit
-        try:
-            if self.rank == 0:  # rank 0 sends first, rank 1 receives first (spec §11.3)
-                self._send_all(send, deadline)
-                self._recv_exactly(received.data, deadline)
-            else:
-                self._recv_exactly(received.data, deadline)
-                self._send_all(send, deadline)
-        except TimeoutError as exc:
-            # A peer that stalls without closing must not hold this connection forever.
-            raise CommError(f"peer {self.peer} sent nothing for {limit:.0f} s") from exc
-        except OSError as exc:
-            if self.closed:
-                raise CommError("the peer link is closed") from exc
-            raise CommError(f"peer {self.peer}: {exc.strerror or exc}") from exc
-        for stats in (self.stats, self.hub.stats):
-            stats.allreduces += 1
-            stats.bytes_sent += wire
-            stats.bytes_received += wire
-        accumulate(region, received, type_id, ne)
+    def receive_buffer(self, nbytes: int) -> Any:
+        """Scratch for the peer's bytes, kept between exchanges."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, dtype=np.uint8)
+        return self._scratch[:nbytes]
 
-    def _wait(self, events: int, deadline: float) -> None:
-        # The peer's half usually comes within a graph piece's time. Poll for it, yielding the
-        # CPU, before sleeping in poll(2): on a loaded virtual machine that wake-up costs
-        # hundreds of µs, more than a piece's compute (the reference's comm threads spin too).
+    def poll_until(self, events: int, until: float) -> bool:
+        """Whether the socket is ready for `events` before `until`, polling (yielding the
+        CPU) instead of sleeping."""
         poller = select.poll()
         poller.register(self.sock, events)
-        until = time.monotonic() + SPIN_SECONDS
-        while time.monotonic() < until:
+        while True:
             if poller.poll(0):
-                return
+                return True
+            if time.monotonic() >= until:
+                return False
             os.sched_yield()
+
+    def wait(self, events: int, deadline: float) -> None:
+        """Until the socket is ready for `events`; TimeoutError at `deadline`."""
+        # The peer's half usually comes within a graph piece's time. Poll for it before
+        # sleeping in poll(2): on a loaded virtual machine that wake-up costs hundreds of µs,
+        # more than a piece's compute (the reference's comm threads spin too).
+        if self.poll_until(events, min(deadline, time.monotonic() + SPIN_SECONDS)):
+            return
         remaining = deadline - time.monotonic()
+        poller = select.poll()
+        poller.register(self.sock, events)
         if remaining <= 0 or not poller.poll(remaining * 1000):
             raise TimeoutError
-
-    def _send_all(self, view: memoryview, deadline: float) -> None:
-        while view.nbytes:
-            try:
-                n = self.sock.send(view)
-            except BlockingIOError:
-                self._wait(select.POLLOUT, deadline)
-                continue
-            view = view[n:]
-
-    def _recv_exactly(self, view: memoryview, deadline: float) -> None:
-        while view.nbytes:
-            try:
-                n = self.sock.recv_into(view)
-            except BlockingIOError:
-                self._wait(select.POLLIN, deadline)
-                continue
-            if n == 0:
-                raise CommError(f"peer {self.peer} closed the link")
-            view = view[n:]
 
     def close(self) -> None:
         if self.closed:
@@ -250,6 +231,72 @@ class PeerLink:
             s.bytes_sent,
             s.bytes_received,
         )
+
+
+class Exchange:
+    """One allreduce on a link (spec §11.3): our bytes out, the peer's in, then the add.
+
+    Rank 0 sends first, rank 1 receives first. `advance(until)` moves bytes and, where the
+    socket would block, polls only until `until` (False: not finished, resume later, possibly
+    on another thread); `advance(None)` finishes, waiting for the peer up to the link's limit.
+    """
+
+    def __init__(self, link: PeerLink, region: Any, type_id: int, ne: int) -> None:
+        if link.closed:
+            raise CommError("the peer link is closed")
+        self.link, self.region, self.type_id, self.ne = link, region, type_id, ne
+        self.wire = wire_size(type_id, ne, region.nbytes)
+        self.received = link.receive_buffer(self.wire)
+        out = (select.POLLOUT, memoryview(encode(region, type_id, ne)).cast("B"))
+        into = (select.POLLIN, memoryview(self.received.data).cast("B"))
+        self._steps = [out, into] if link.rank == 0 else [into, out]
+        self._limit = link.hub.timeout * EXCHANGE_TIMEOUT_FACTOR
+        self._deadline = time.monotonic() + self._limit
+
+    def advance(self, until: float | None) -> bool:
+        link = self.link
+        try:
+            while self._steps:
+                events, view = self._steps[0]
+                try:
+                    if events == select.POLLOUT:
+                        n = link.sock.send(view)
+                    else:
+                        n = link.sock.recv_into(view)
+                except BlockingIOError:
+                    if until is None:
+                        link.wait(events, self._deadline)
+                    elif not link.poll_until(events, until):
+                        return False
+                    continue
+                if n == 0:
+                    raise CommError(f"peer {link.peer} closed the link")
+                view = view[n:]
+                if view.nbytes:
+                    self._steps[0] = (events, view)
+                else:
+                    self._steps.pop(0)
+        except TimeoutError as exc:
+            # A peer that stalls without closing must not hold this connection forever.
+            raise CommError(f"peer {link.peer} sent nothing for {self._limit:.0f} s") from exc
+        except OSError as exc:
+            if link.closed:
+                raise CommError("the peer link is closed") from exc
+            raise CommError(f"peer {link.peer}: {exc.strerror or exc}") from exc
+        for stats in (link.stats, link.hub.stats):
+            stats.allreduces += 1
+            stats.bytes_sent += self.wire
+            stats.bytes_received += self.wire
+        accumulate(self.region, self.received, self.type_id, self.ne)
+        return True
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class CommHub:

@@ -22,10 +22,11 @@ from rpcnet.compute.errors import ComputeError
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HEADER_SIZE, WAITS_FOR_GRAPH, Cmd
 from rpcnet.server.cache import HashCache
-from rpcnet.server.comm import CommError, CommHub, PeerLink
+from rpcnet.server.comm import CommError, CommHub, Exchange, PeerLink
 from rpcnet.server.config import ServerConfig
 from rpcnet.server.session import (
     SIMPLE_HANDLERS,
+    Allreduce,
     CacheLookup,
     ProtocolViolation,
     Session,
@@ -36,6 +37,38 @@ from rpcnet.transport.base import ByteStream, ConnectionClosed
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
+
+
+class AllreduceWork:
+    """The exchange and add of one COMM_ALLREDUCE, for `PeerLink.submit`: called, it runs to
+    the end on the link's thread; `attempt_inline` may start it on the device worker first."""
+
+    def __init__(self, link: PeerLink, job: Allreduce) -> None:
+        self.link, self.job = link, job
+        self.exchange: Exchange | None = None
+
+    def attempt_inline(self, until: float) -> bool:
+        """Advance until `until`; True when the whole allreduce is done."""
+        try:
+            self.exchange = Exchange(self.link, self.job.region, self.job.type_id, self.job.ne)
+            finished = self.exchange.advance(until)
+        except CommError as exc:
+            self.job.done()
+            raise LinkFailed(self.job.device, str(exc)) from exc
+        if finished:
+            self.job.done()
+        return finished
+
+    def __call__(self) -> None:
+        job = self.job
+        try:
+            if self.exchange is None:
+                self.exchange = Exchange(self.link, job.region, job.type_id, job.ne)
+            self.exchange.advance(None)
+        except CommError as exc:
+            raise LinkFailed(job.device, str(exc)) from exc
+        finally:
+            job.done()
 
 
 class LinkFailed(Exception):
@@ -313,16 +346,7 @@ class Connection:
         if job is None:
             return
         link = self.links[job.device]
-
-        def exchange() -> None:
-            try:
-                link.allreduce(job.region, job.type_id, job.ne)
-            except CommError as exc:
-                raise LinkFailed(job.device, str(exc)) from exc
-            finally:
-                job.done()
-
-        future = self.session.launch(link, exchange)
+        future = self.session.launch(link, AllreduceWork(link, job))
         future.add_done_callback(self._exchange_done)
 
     def _exchange_done(self, future: Future[None]) -> None:
