@@ -256,42 +256,52 @@ fn hsum4_i32(v: [std::arch::x86_64::__m256i; 4]) -> std::arch::x86_64::__m128i {
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
 }
 
-/// (s1, s2) of one q8_K block against four weight super-blocks: [`ints_avx2`] with each
-/// activation vector loaded once for the four rows and the sums reduced together.
+/// (s1, s2) of `X` q8_K blocks (one per activation row) against four weight super-blocks:
+/// [`ints_avx2`] with each activation vector loaded once for the four rows, each weight
+/// vector once for the `X` activation rows, and the sums reduced together.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn ints4_avx2(
+fn ints4_avx2<const X: usize>(
     r: &[SlabRegs; 4],
     codes: Codes,
     has_min: bool,
-    y: &[u8],
-) -> (std::arch::x86_64::__m128i, std::arch::x86_64::__m128i) {
+    ys: [&[u8]; X],
+) -> [(std::arch::x86_64::__m128i, std::arch::x86_64::__m128i); X] {
     use std::arch::x86_64::*;
-    assert!(y.len() >= Q8K_BYTES);
-    let mut acc = [_mm256_setzero_si256(); 4];
+    for y in ys {
+        assert!(y.len() >= Q8K_BYTES);
+    }
+    let mut acc = [[_mm256_setzero_si256(); 4]; X];
     for c in 0..8 {
-        // SAFETY: bytes 4 + 32·c .. 36 + 32·c lie inside the block (checked above).
-        let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(4 + 32 * c) as *const __m256i) };
-        for (a, regs) in acc.iter_mut().zip(r) {
-            let yr = match codes {
-                Codes::Biased(_) => yv,
-                Codes::Signed => _mm256_sign_epi8(yv, regs.sgnq[c]),
-            };
-            let p = _mm256_maddubs_epi16(regs.ubytes[c], yr);
-            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, regs.scales[c]));
+        // SAFETY: bytes 4 + 32·c .. 36 + 32·c lie inside each block (checked above).
+        let yv: [__m256i; X] = std::array::from_fn(|x| unsafe {
+            _mm256_loadu_si256(ys[x].as_ptr().add(4 + 32 * c) as *const __m256i)
+        });
+        for (i, regs) in r.iter().enumerate() {
+            for (a, y) in acc.iter_mut().zip(yv) {
+                let yr = match codes {
+                    Codes::Biased(_) => y,
+                    Codes::Signed => _mm256_sign_epi8(y, regs.sgnq[c]),
+                };
+                let p = _mm256_maddubs_epi16(regs.ubytes[c], yr);
+                a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(p, regs.scales[c]));
+            }
         }
     }
-    // SAFETY: the 16 bsums are bytes 260..292 (checked above).
-    let bs = unsafe { _mm256_loadu_si256(y.as_ptr().add(260) as *const __m256i) };
-    let per_bsum: [__m256i; 4] = std::array::from_fn(|i| _mm256_madd_epi16(bs, r[i].per_bsum));
-    if has_min {
-        (hsum4_i32(acc), hsum4_i32(per_bsum))
-    } else if let Codes::Biased(1..) = codes {
-        let s1: [__m256i; 4] = std::array::from_fn(|i| _mm256_sub_epi32(acc[i], per_bsum[i]));
-        (hsum4_i32(s1), _mm_setzero_si128())
-    } else {
-        (hsum4_i32(acc), _mm_setzero_si128())
-    }
+    std::array::from_fn(|x| {
+        // SAFETY: the 16 bsums are bytes 260..292 (checked above).
+        let bs = unsafe { _mm256_loadu_si256(ys[x].as_ptr().add(260) as *const __m256i) };
+        let per_bsum: [__m256i; 4] = std::array::from_fn(|i| _mm256_madd_epi16(bs, r[i].per_bsum));
+        if has_min {
+            (hsum4_i32(acc[x]), hsum4_i32(per_bsum))
+        } else if let Codes::Biased(1..) = codes {
+            let s1: [__m256i; 4] =
+                std::array::from_fn(|i| _mm256_sub_epi32(acc[x][i], per_bsum[i]));
+            (hsum4_i32(s1), _mm_setzero_si128())
+        } else {
+            (hsum4_i32(acc[x]), _mm_setzero_si128())
+        }
+    })
 }
 
 /// [`rows_avx2`] for four weight rows at once: `out[i · out_stride + r]` = row `ws[i]` ·
@@ -326,14 +336,26 @@ pub unsafe fn rows4_avx2(
         let regs: [SlabRegs; 4] = std::array::from_fn(|i| slab_regs(&dec[i], codes, has_min));
         let d4 = _mm_setr_ps(dec[0].d, dec[1].d, dec[2].d, dec[3].d);
         let neg_dmin4 = _mm_setr_ps(-dec[0].dmin, -dec[1].dmin, -dec[2].dmin, -dec[3].dmin);
-        for (x, a) in xs.iter().zip(acc.iter_mut()) {
-            let y = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
-            let (s1, s2) = ints4_avx2(&regs, codes, has_min, y);
+        let span = b * Q8K_BYTES..(b + 1) * Q8K_BYTES;
+        let step4 = |a: &mut __m128, y: &[u8], (s1, s2): (__m128i, __m128i)| {
             let mut res = _mm_mul_ps(d4, _mm_cvtepi32_ps(s1));
             if has_min {
                 res = _mm_fmadd_ps(neg_dmin4, _mm_cvtepi32_ps(s2), res);
             }
             *a = _mm_fmadd_ps(_mm_set1_ps(q8k_d(y)), res, *a);
+        };
+        // two activation rows per pass share each weight vector load
+        let mut pairs = xs.chunks_exact(2).zip(acc.chunks_exact_mut(2));
+        for (x, a) in &mut pairs {
+            let ys = [&x[0][span.clone()], &x[1][span.clone()]];
+            let [r0, r1] = ints4_avx2::<2>(&regs, codes, has_min, ys);
+            step4(&mut a[0], ys[0], r0);
+            step4(&mut a[1], ys[1], r1);
+        }
+        if xs.len() % 2 == 1 {
+            let y = &xs[xs.len() - 1][span];
+            let [r0] = ints4_avx2::<1>(&regs, codes, has_min, [y]);
+            step4(acc.last_mut().expect("an odd row"), y, r0);
         }
     }
     for (r, a) in acc.iter().enumerate() {
