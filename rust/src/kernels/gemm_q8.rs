@@ -236,24 +236,27 @@ mod avx2 {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); NR]; MR];
         for b in 0..nb {
-            // activation-major: one activation block and one weight row live at a time, so
-            // the accumulators stay in registers
-            for j in 0..NR {
-                let y = _mm256_load_si256(xp[j].add(b) as *const __m256i);
-                for (i, acc_i) in acc.iter_mut().enumerate() {
-                    // volatile: loaded again per activation row instead of kept in a register,
-                    // which would push the accumulators out of registers
-                    let ua = std::ptr::read_volatile(wa.add(b * PANEL + i) as *const __m256i);
+            let ys: [__m256i; NR] =
+                std::array::from_fn(|j| _mm256_load_si256(xp[j].add(b) as *const __m256i));
+            for (i, acc_i) in acc.iter_mut().enumerate() {
+                // volatile: loaded here, once per weight row and block, not all hoisted ahead
+                // (which pushed the accumulators out of registers)
+                let ua = std::ptr::read_volatile(wa.add(b * PANEL + i) as *const __m256i);
+                let qx = if SIGNED {
+                    std::ptr::read_volatile(ws.add(b * PANEL + i) as *const __m256i)
+                } else {
+                    ua
+                };
+                for (j, a) in acc_i.iter_mut().enumerate() {
                     let q = if SIGNED {
-                        let qx = std::ptr::read_volatile(ws.add(b * PANEL + i) as *const __m256i);
-                        let sy = _mm256_sign_epi8(y, qx);
+                        let sy = _mm256_sign_epi8(ys[j], qx);
                         _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sy), ones)
                     } else {
-                        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, y), ones);
+                        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, ys[j]), ones);
                         _mm256_sub_epi32(lanes, _mm256_load_si256(sp[j].add(b) as *const __m256i))
                     };
                     let d = _mm256_broadcast_ss(&*pp[j].add(b * PANEL + i));
-                    acc_i[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc_i[j]);
+                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), *a);
                 }
             }
         }
