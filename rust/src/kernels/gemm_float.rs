@@ -262,14 +262,6 @@ mod avx2 {
 
     use super::{MR, NR};
 
-    /// [`hsum8`] in registers: (a0+a4, a1+a5, a2+a6, a3+a7), then (q0+q2) + (q1+q3).
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let t = _mm_add_ps(q, _mm_movehl_ps(q, q));
-        _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
-    }
-
     /// [`super::tile_portable`] with eight ymm accumulators.
     #[inline(always)]
     pub unsafe fn tile(p: *const f32, x: [*const f32; NR], kp: usize) -> [[f32; NR]; MR] {
@@ -285,13 +277,37 @@ mod avx2 {
             }
             l += 8;
         }
-        let mut res = [[0.0f32; NR]; MR];
-        for (i, row) in res.iter_mut().enumerate() {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = hsum(a[i * NR + j]);
-            }
+        // the MR·NR sums four at a time (a short K makes them a large share of the tile)
+        let mut sums = [0.0f32; MR * NR];
+        for (dst, v) in sums.chunks_exact_mut(4).zip(a.chunks_exact(4)) {
+            dst.copy_from_slice(&hsum4([v[0], v[1], v[2], v[3]]));
         }
-        res
+        std::array::from_fn(|i| std::array::from_fn(|j| sums[i * NR + j]))
+    }
+
+    /// [`super::hsum8`] of four registers at once, the same additions in the same order:
+    /// q = lo + hi (a0+a4, a1+a5, a2+a6, a3+a7), t = (q0 + q2, q1 + q3), t0 + t1.
+    #[inline(always)]
+    unsafe fn hsum4(v: [__m256; 4]) -> [f32; 4] {
+        // [q_a | q_b] and [q_c | q_d]: each 128-bit half is one register's lo + hi
+        let ab = _mm256_add_ps(
+            _mm256_permute2f128_ps(v[0], v[1], 0x20),
+            _mm256_permute2f128_ps(v[0], v[1], 0x31),
+        );
+        let cd = _mm256_add_ps(
+            _mm256_permute2f128_ps(v[2], v[3], 0x20),
+            _mm256_permute2f128_ps(v[2], v[3], 0x31),
+        );
+        // per 128-bit half: (q0 + q2, q1 + q3) of a and c, then of b and d
+        let t = _mm256_add_ps(
+            _mm256_shuffle_ps(ab, cd, 0b01_00_01_00),
+            _mm256_shuffle_ps(ab, cd, 0b11_10_11_10),
+        );
+        // t0 + t1 per register: lanes [a, c, a, c | b, d, b, d]
+        let h = _mm256_hadd_ps(t, t);
+        let mut out = [0.0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), h);
+        [out[0], out[4], out[1], out[5]]
     }
 
     /// f16 → f32 with F16C (exact).
