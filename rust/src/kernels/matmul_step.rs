@@ -93,6 +93,10 @@ impl MulMat {
     }
 
     fn matmul(&self, w: &[u8], xs: &[f32], res: &mut [f32], threads: usize) {
+        self.matmul_order(w, xs, res, threads, self.llamafile)
+    }
+
+    fn matmul_order(&self, w: &[u8], xs: &[f32], res: &mut [f32], threads: usize, lf: bool) {
         let r = matmul::matmul_quant(
             self.type_id,
             w,
@@ -102,7 +106,7 @@ impl MulMat {
             xs,
             res,
             threads,
-            self.llamafile,
+            lf,
         );
         debug_assert!(r.is_ok(), "{r:?}");
     }
@@ -127,6 +131,36 @@ impl MulMat {
             self.matmul(unsafe { self.weights(0, 0) }, &xs, &mut res, threads);
             for (b, part) in res.chunks_exact(n1 * m).enumerate() {
                 unsafe { self.scatter(b % n2, b / n2, part) };
+            }
+            return;
+        }
+        // single-row batches (decode) sharing a weight matrix (GQA: several query heads per
+        // KV head) in one call per matrix, so each matrix is read once instead of once per
+        // head; vec_dot order as ggml's per-batch N = 1 (no tinyBLAS, too few rows for tiles)
+        let (r2, r3) = (n2 / self.w.ne[2], n3 / self.w.ne[3]);
+        if n1 == 1 && r2 * r3 > 1 && r2 * r3 < MERGE_MIN_ROWS {
+            let group = |g: usize, threads: usize| {
+                let (g2, g3) = (g % self.w.ne[2], g / self.w.ne[2]);
+                let members: Vec<(usize, usize)> = (0..r3)
+                    .flat_map(|j3| (0..r2).map(move |j2| (g2 * r2 + j2, g3 * r3 + j3)))
+                    .collect();
+                let mut xs = Vec::with_capacity(members.len() * self.k());
+                for &(i2, i3) in &members {
+                    unsafe { self.gather(i2, i3, &mut xs) };
+                }
+                let mut res = vec![0.0f32; members.len() * m];
+                let w = unsafe { self.weights(g2 * r2, g3 * r3) };
+                self.matmul_order(w, &xs, &mut res, threads, false);
+                for (&(i2, i3), part) in members.iter().zip(res.chunks_exact(m)) {
+                    unsafe { self.scatter(i2, i3, part) };
+                }
+            };
+            let groups = self.w.ne[2] * self.w.ne[3];
+            let w_bytes = m * self.w.ne[0] * self.w.nb[0];
+            if w_bytes < SMALL_MATRIX {
+                pool::run(threads, groups, &|g| group(g, 1));
+            } else {
+                (0..groups).for_each(|g| group(g, threads));
             }
             return;
         }
