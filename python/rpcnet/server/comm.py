@@ -126,7 +126,8 @@ def accumulate(region: Any, received: Any, type_id: int, ne: int) -> None:
 EXCHANGE_TIMEOUT_FACTOR = 10
 
 
-# How long an exchange polls for the peer's bytes before it sleeps (PeerLink._wait).
+# How long an exchange polls for the peer's bytes before it sleeps (PeerLink.wait), and how
+# long the device worker tries an allreduce before handing it to the link's thread.
 SPIN_SECONDS = 0.002
 
 

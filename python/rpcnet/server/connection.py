@@ -40,35 +40,31 @@ log = logging.getLogger("rpcnet.server")
 
 
 class AllreduceWork:
-    """The exchange and add of one COMM_ALLREDUCE, for `PeerLink.submit`: called, it runs to
-    the end on the link's thread; `attempt_inline` may start it on the device worker first."""
+    """The exchange and add of one COMM_ALLREDUCE, for `PeerLink.submit`: `attempt_inline` may
+    start it on the device worker; called, it runs (or resumes) to the end on the link's thread."""
 
     def __init__(self, link: PeerLink, job: Allreduce) -> None:
         self.link, self.job = link, job
         self.exchange: Exchange | None = None
 
-    def attempt_inline(self, until: float) -> bool:
-        """Advance until `until`; True when the whole allreduce is done."""
-        try:
-            self.exchange = Exchange(self.link, self.job.region, self.job.type_id, self.job.ne)
-            finished = self.exchange.advance(until)
-        except CommError as exc:
-            self.job.done()
-            raise LinkFailed(self.job.device, str(exc)) from exc
-        if finished:
-            self.job.done()
-        return finished
-
-    def __call__(self) -> None:
+    def attempt_inline(self, until: float | None) -> bool:
+        """Advance until `until` (None: to the end); True when the whole allreduce is done."""
         job = self.job
         try:
             if self.exchange is None:
                 self.exchange = Exchange(self.link, job.region, job.type_id, job.ne)
-            self.exchange.advance(None)
-        except CommError as exc:
-            raise LinkFailed(job.device, str(exc)) from exc
-        finally:
+            finished = self.exchange.advance(until)
+        except BaseException as exc:
             job.done()
+            if isinstance(exc, CommError):
+                raise LinkFailed(job.device, str(exc)) from exc
+            raise
+        if finished:
+            job.done()
+        return finished
+
+    def __call__(self) -> None:
+        self.attempt_inline(None)
 
 
 class LinkFailed(Exception):

@@ -1,10 +1,12 @@
 //! Weights whose blocks are 32 signed bytes and one f16 scale against q8_0 activations
 //! (q8_0, q4_0, q5_0), for several activation rows: ggml's AVX2 vec_dot for these types is
 //! `acc = fma(d_w·d_x, Σ lanes of w·x, acc)` per block and `hsum` at the end, so a tile of
-//! outputs can share the work around that core. Each tile of weight rows is decoded once into
-//! signed bytes and f32 scales, the activation scales are widened once per call, and a 4 × 2
-//! register tile of outputs runs over the blocks. Every output keeps ggml's lanes, FMA order
-//! and final sum, so the bits equal [`super::dot`]'s (the tests compare them).
+//! outputs can share the work around that core. Each panel of 8 weight rows is decoded once
+//! into `maddubs` operands (|q| and q for q8_0's sign trick; q4_0/q5_0 as unsigned `q + 8` /
+//! `q + 16`, the offset taken off exactly through per-lane activation sums), the products
+//! d_w·d_x of the panel are tabled per activation block, and 4 × 2 register tiles run over the
+//! blocks. Every output keeps ggml's integer lanes, FMA order and final sum, so the bits equal
+//! [`super::dot`]'s (the tests compare them).
 //!
 //! AVX2 only: the portable build keeps the row-dot path, which gives the same bits.
 
@@ -163,8 +165,8 @@ mod avx2 {
         let mut wa = vec![Block([0; 32]); PANEL * nb]; // [block][row]
         let mut ws = vec![Block([0; 32]); PANEL * nb]; // signed values: q8_0 only
         let mut dw = vec![0.0f32; PANEL * nb]; // [block][row]
-                                               // activation blocks of even size, so none is a small remainder
-                                               // what one activation row brings into cache: values, products (and offset sums)
+                                               // activation blocks of even size, so none is a small remainder, sized by what one
+                                               // activation row brings into cache: values, products (and offset sums)
         let row_cache = nb * (32 + 4 * PANEL + if off != 0 { 32 } else { 0 });
         let parts = (n * row_cache).div_ceil(XBLOCK_BYTES).max(1);
         let xblock = n.div_ceil(parts).next_multiple_of(NR);

@@ -155,13 +155,7 @@ impl MulMat {
                     unsafe { self.scatter(i2, i3, part) };
                 }
             };
-            let groups = self.w.ne[2] * self.w.ne[3];
-            let w_bytes = m * self.w.ne[0] * self.w.nb[0];
-            if w_bytes < SMALL_MATRIX {
-                pool::run(threads, groups, &|g| group(g, 1));
-            } else {
-                (0..groups).for_each(|g| group(g, threads));
-            }
+            self.spread(self.w.ne[2] * self.w.ne[3], threads, group);
             return;
         }
         let batch = |b: usize, threads: usize| {
@@ -172,13 +166,18 @@ impl MulMat {
             self.matmul(unsafe { self.weights(i2, i3) }, &xs, &mut res, threads);
             unsafe { self.scatter(i2, i3, &res) };
         };
-        let w_bytes = m * self.w.ne[0] * self.w.nb[0];
+        self.spread(n2 * n3, threads, batch);
+    }
+
+    /// `part(p, threads)` for each of `parts` independent parts: attention-sized matrices take
+    /// whole parts per thread (each one's result is the same whichever thread computes it),
+    /// larger ones one part after another, each split over the threads.
+    fn spread(&self, parts: usize, threads: usize, part: impl Fn(usize, usize) + Sync) {
+        let w_bytes = self.w.ne[1] * self.w.ne[0] * self.w.nb[0];
         if w_bytes < SMALL_MATRIX {
-            // attention-sized matrices: whole batches per thread (each one's result is the same
-            // whichever thread computes it)
-            pool::run(threads, n2 * n3, &|b| batch(b, 1));
+            pool::run(threads, parts, &|p| part(p, 1));
         } else {
-            (0..n2 * n3).for_each(|b| batch(b, threads));
+            (0..parts).for_each(|p| part(p, threads));
         }
     }
 }
