@@ -110,5 +110,8 @@ async def test_large_staged_payload_over_quota_closes(server_factory):
         await c.set_tensor_2d(t, 0, 1024, 1024, rows)
         assert not await closed(c)
         # 2 MiB buffer + 2.5 MiB staged > 4 MiB (rows overlap in place: stride 0 is allowed)
-        await c.set_tensor_2d(t, 0, 1024, 0, bytes(5 * MiB // 2))
+        try:  # the server may close (and reset) before the whole payload is sent
+            await c.set_tensor_2d(t, 0, 1024, 0, bytes(5 * MiB // 2))
+        except (ServerClosed, ConnectionError, OSError):
+            pass
         assert await closed(c)
