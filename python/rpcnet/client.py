@@ -100,13 +100,20 @@ class RpcClient:
 
     async def call(self, cmd: int, payload: bytes = b"", expected: int | None = None) -> bytes:
         self.send(cmd, payload)
-        await self.writer.drain()
+        await self.flush()
         return await self.recv(expected)
 
     async def post(self, cmd: int, payload: bytes = b"") -> None:
         """A command without a response."""
         self.send(cmd, payload)
-        await self.writer.drain()
+        await self.flush()
+
+    async def flush(self) -> None:
+        # A server that closes on a bad request may reset the socket while we still send.
+        try:
+            await self.writer.drain()
+        except ConnectionError as exc:
+            raise ServerClosed("server closed the connection") from exc
 
     # ------------------------------------------------------------ commands
 
