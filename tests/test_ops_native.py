@@ -201,13 +201,14 @@ def fa_case(
     mask_heads=1,
     sinks=False,
     kv_pad=7,
+    kv_dtype=f16,
 ):
     """q, k/v (strided head views of a [n3, kv_size, n_head_kv * d] cache), mask, sinks."""
     q = rng.standard_normal((n3, n_head, n_q, dk)).astype(f32)
     kv_size = n_kv + kv_pad
 
     def cache(d):
-        c = rng.standard_normal((n3, kv_size, n_head_kv, d)).astype(f16)
+        c = rng.standard_normal((n3, kv_size, n_head_kv, d)).astype(f16).astype(kv_dtype)
         return c, c[:, :n_kv].transpose(0, 2, 1, 3)  # (n3, n_head_kv, n_kv, d) view
 
     kc, k = cache(dk)
@@ -236,8 +237,18 @@ def run_native_fa(q, kv_k, kv_v, m, s, scale, max_bias, softcap, threads):
     m_arg = arg(m, np.frombuffer(m, np.uint8)) if m is not None else None
     s_arg = arg(s, np.frombuffer(s, np.uint8)) if s is not None else None
     out_b = out.view(np.uint8).reshape(-1)
-    step = _native.flash_attn_ext_f16_step(
-        q_arg, k_arg, v_arg, m_arg, s_arg, arg(out, out_b), scale, max_bias, softcap, threads
+    step = _native.flash_attn_ext_step(
+        q_arg,
+        k_arg,
+        v_arg,
+        m_arg,
+        s_arg,
+        arg(out, out_b),
+        scale,
+        max_bias,
+        softcap,
+        threads,
+        kv_f32=kc.dtype == f32,
     )
     step()
     return out
@@ -286,7 +297,7 @@ def test_flash_attn_rejects_out_of_bounds():
     off, ne, nb = _rel(k, kc)
     out = np.zeros((1, 1, 4, 64), f32)
     with pytest.raises(ValueError, match="exceeds"):
-        _native.flash_attn_ext_f16_step(
+        _native.flash_attn_ext_step(
             arg(q, np.frombuffer(q, np.uint8)),
             (kb, off + len(kb) // 2, ne, nb),
             (np.frombuffer(v[0], np.uint8), *_rel(v[1], v[0])),
@@ -306,7 +317,7 @@ def reference_fa(port, q, k, v, m, s, scale, max_bias, softcap):
     qi = g.input(F32, (dk, n_q, n_head, n3), q)
     srcs = [qi]
     for cache, view in (k, v):
-        ci = g.input(F16, tuple(reversed(cache.shape)), cache)
+        ci = g.input(F32 if cache.dtype == f32 else F16, tuple(reversed(cache.shape)), cache)
         srcs.append(g.view(ci, tuple(reversed(view.shape)), tuple(reversed(view.strides))))
     if m is not None:
         srcs.append(g.input(F16, tuple(reversed(m.shape)), m))
@@ -334,6 +345,11 @@ def reference_fa(port, q, k, v, m, s, scale, max_bias, softcap):
         dict(n_q=1, n_kv=37, dk=40, dv=24, n_head=3, n_head_kv=1, n3=2),
         dict(n_q=1, n_kv=600, n_head=4, n_head_kv=2),  # split-KV path (2 threads each side)
         dict(n_q=7, n_kv=90, n_head=4, n_head_kv=4, mask_heads=2),
+        # >= 64 query rows: ggml's tiled f32 path (KV tail tile, GQA, sinks, odd head sizes)
+        dict(n_q=70, n_kv=150, n_head=8, n_head_kv=2, sinks=True),
+        dict(n_q=64, n_kv=64, dk=40, dv=24, n_head=3, n_head_kv=1, n3=2, mask_heads=3),
+        dict(n_q=130, n_kv=200, n_head=4, n_head_kv=4, mask=False, sinks=True),
+        dict(n_q=65, n_kv=70, n_head=4, n_head_kv=2, kv_dtype=f32),
     ],
 )
 def test_flash_attn_matches_reference_server(reference_v8, rpcnet_v8, isa, case):
@@ -343,6 +359,28 @@ def test_flash_attn_matches_reference_server(reference_v8, rpcnet_v8, isa, case)
         ref = reference_fa(reference_v8, q, k, v, m, s, scale, max_bias, softcap)
         ours = reference_fa(rpcnet_v8, q, k, v, m, s, scale, max_bias, softcap)
         np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("kv_dtype", [f16, f32])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_flash_attn_tiled_kernel_matches_reference_server(reference_v8, isa, threads, kv_dtype):
+    # the kernel itself (portable build too) on ggml's tiled path: its numbers do not depend on
+    # the thread count; an all-masked KV tile in the middle is skipped like ggml skips it
+    rng = np.random.default_rng(21)
+    case = dict(n_q=100, n_kv=230, n_head=6, n_head_kv=2, dk=48, dv=40, mask_heads=3)
+    q, k, v, m, s = fa_case(rng, **case, sinks=True, kv_dtype=kv_dtype)
+    m[..., 64:128] = -np.inf
+    for scale, max_bias, softcap in ((0.125, 0.0, 0.0), (0.5, 4.0, 30.0)):
+        ref = reference_fa(reference_v8, q, k, v, m, s, scale, max_bias, softcap)
+        ours = run_native_fa(q, k, v, m, s, scale, max_bias, softcap, threads)
+        np.testing.assert_array_equal(ours, ref)
+
+
+def test_flash_attn_f32_kv_needs_the_tiled_path():
+    rng = np.random.default_rng(22)
+    q, k, v, m, s = fa_case(rng, n_q=63, kv_dtype=f32)
+    with pytest.raises(ValueError, match="64 query rows"):
+        run_native_fa(q, k, v, m, s, 0.125, 0.0, 0.0, 1)
 
 
 def test_flash_attn_parallel_workers_match_oracle(isa):

@@ -66,7 +66,7 @@ __all__ = [
     "NativeStep",
     "run_steps",
     "native_ops_portable",
-    "flash_attn_ext_f16_step",
+    "flash_attn_ext_step",
     "rms_norm_step",
     "rope_step",
     "swiglu_step",
@@ -338,7 +338,7 @@ def run_steps(steps: list[NativeStep]) -> None:
 def native_ops_portable(on: bool) -> None:
     """Force (True) or release (False) the portable build of the native non-matmul ops."""
 
-def flash_attn_ext_f16_step(
+def flash_attn_ext_step(
     q: _TensorArg,
     k: _TensorArg,
     v: _TensorArg,
@@ -349,6 +349,7 @@ def flash_attn_ext_f16_step(
     max_bias: float,
     softcap: float,
     threads: int = 1,
+    kv_f32: bool = False,
 ) -> NativeStep: ...
 def rms_norm_step(x: _TensorArg, out: _TensorArg, eps: float, threads: int = 1) -> NativeStep: ...
 def rope_step(

@@ -52,6 +52,9 @@ fn simd_scale(y: &mut [u16], v: f32) {
 }
 use super::{fp16_to_f32, KernelError};
 
+mod tiled;
+use tiled::Q_TILE;
+
 /// tanhf correctly rounded, as the reference's C library (glibc >= 2.41, CORE-MATH) computes it.
 #[inline]
 pub fn tanhf(x: f32) -> f32 {
@@ -87,6 +90,8 @@ pub struct FlashAttn {
     pub scale: f32,
     pub max_bias: f32,
     pub softcap: f32,
+    /// K and V are f32 (the tiled path only); f16 otherwise.
+    pub kv_f32: bool,
 }
 
 // SAFETY: the pointers are only read (inputs) or written at disjoint rows (out) by the threads
@@ -147,6 +152,9 @@ impl FlashAttn {
             if n_head % m.ne[2] != 0 || n3 % m.ne[3] != 0 {
                 return bad("mask heads do not divide Q heads");
             }
+        }
+        if self.kv_f32 && n_q < Q_TILE {
+            return bad("f32 K/V are only supported from 64 query rows");
         }
         if self.out_row < self.dv() * 4 {
             return bad("output rows overlap");
@@ -358,6 +366,9 @@ impl FlashAttn {
     /// output must not overlap the inputs, and `check()` must have passed.
     pub unsafe fn run(&self, threads: usize) {
         let threads = threads.max(1);
+        if self.q.ne[1] >= Q_TILE {
+            return unsafe { self.run_tiled(threads) };
+        }
         if self.split_kv(threads) {
             return unsafe { self.run_split(threads) };
         }

@@ -337,7 +337,7 @@ unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
 /// ggml_vec_soft_max_f32 (AVX2 build): `y = exp(x - max)` with the vector expf on 8-lane
 /// chunks (each chunk summed in float32 in the SSE order, then added in double), expf on the tail.
 #[inline(always)]
-fn soft_max_row(x: &[f32], y: &mut [f32], max: f32) -> f64 {
+pub(crate) fn soft_max_row(x: &[f32], y: &mut [f32], max: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if super::f16vec::use_avx2() {
         // SAFETY: features detected.

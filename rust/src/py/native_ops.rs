@@ -353,11 +353,12 @@ impl Operands {
     }
 }
 
-/// FLASH_ATTN_EXT with f32 q, f16 k/v, optional f16 mask and f32 sinks into contiguous f32 out.
+/// FLASH_ATTN_EXT with f32 q, f16 k/v (f32 too from 64 query rows), optional f16 mask and
+/// f32 sinks into contiguous f32 out.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, mask, sinks, out, scale, max_bias, softcap, threads = 1))]
+#[pyo3(signature = (q, k, v, mask, sinks, out, scale, max_bias, softcap, threads = 1, kv_f32 = false))]
 #[allow(clippy::too_many_arguments)]
-pub fn flash_attn_ext_f16_step(
+pub fn flash_attn_ext_step(
     q: TensorArg<'_>,
     k: TensorArg<'_>,
     v: TensorArg<'_>,
@@ -368,11 +369,13 @@ pub fn flash_attn_ext_f16_step(
     max_bias: f32,
     softcap: f32,
     threads: usize,
+    kv_f32: bool,
 ) -> PyResult<NativeStep> {
     let mut ops = Operands::new();
+    let kv_size = if kv_f32 { 4 } else { 2 };
     let q = ops.take(&q, 4, false, "q")?;
-    let k = ops.take(&k, 2, false, "k")?;
-    let v = ops.take(&v, 2, false, "v")?;
+    let k = ops.take(&k, kv_size, false, "k")?;
+    let v = ops.take(&v, kv_size, false, "v")?;
     let mask = mask.map(|m| ops.take(&m, 2, false, "mask")).transpose()?;
     let sinks = match sinks {
         Some(s) => {
@@ -413,6 +416,7 @@ pub fn flash_attn_ext_f16_step(
         scale,
         max_bias,
         softcap,
+        kv_f32,
     };
     fa.check().map_err(|e| PyValueError::new_err(e.reason))?;
     Ok(NativeStep {

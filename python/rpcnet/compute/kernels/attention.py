@@ -73,8 +73,6 @@ def _supported(node: Tensor) -> bool:
             return False
         if mask.ne[2] <= 0 or mask.ne[3] <= 0 or n_head % mask.ne[2] or n3 % mask.ne[3]:
             return False
-    elif node.f32(1) > 0.0:
-        return False
     if sinks is not None and (sinks.type != GgmlType.F32 or sinks.nelements < n_head):
         return False
     return True  # any precision hint (op_params[3]): accumulation here is always f32

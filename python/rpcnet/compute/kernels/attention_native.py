@@ -1,11 +1,11 @@
 """FLASH_ATTN_EXT fast path: f16 K/V (the KV cache) read in place by the native kernel.
 
-`_native.flash_attn_ext_f16_step` computes one query row at a time like ggml's CPU backend
-(q rounded to f16, ggml's f16 dot product, online softmax with the f16 V accumulator, the
-split-KV decode path for >= 512 positions), so its output matches the reference server's bit for
-bit where the thread counts match. It reads only the `n_kv` positions the graph passes, so decode
-cost grows with the used context, not with the cache size. ggml takes a different (tiled, f32)
-path for >= 64 query rows; those nodes stay with the NumPy kernel, which follows that path.
+`_native.flash_attn_ext_step` follows ggml's CPU backend path for path: below 64 query rows
+one row at a time (q rounded to f16, ggml's f16 dot product, online softmax with the f16 V
+accumulator, the split-KV decode path for >= 512 positions); from 64 rows ggml's tiled f32 path
+(K and V f16 or f32). Its output matches the reference server's bit for bit where the thread
+counts match. It reads only the `n_kv` positions the graph passes, so the cost grows with the
+used context, not with the cache size.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rpcnet.compute.kernels.native_args import device_threads, native_kernel, te
 from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
-from rpcnet.ggml_types import GgmlType
+from rpcnet.ggml_types import GgmlType, traits_of
 
 
 def _supported(node: Tensor) -> bool:
@@ -24,16 +24,13 @@ def _supported(node: Tensor) -> bool:
     q, k, v, mask, sinks = src[:5]
     if q is None or k is None or v is None or node.type != GgmlType.F32 or q.type != GgmlType.F32:
         return False
-    if (
-        k.type != GgmlType.F16
-        or v.type != GgmlType.F16
-        or q.nb[0] != 4
-        or k.nb[0] != 2
-        or v.nb[0] != 2
-    ):
-        return False
     dk, n_q, n_head, n3 = q.ne
-    if n_q >= Q_TILE or k.ne[0] != dk or v.ne[1] != k.ne[1]:
+    kv_types = (GgmlType.F16, GgmlType.F32) if n_q >= Q_TILE else (GgmlType.F16,)
+    if k.type != v.type or k.type not in kv_types or q.nb[0] != 4:
+        return False
+    if k.nb[0] != traits_of(k.type).type_size or v.nb[0] != traits_of(v.type).type_size:
+        return False
+    if k.ne[0] != dk or v.ne[1] != k.ne[1]:
         return False
     if tuple(node.ne) != (v.ne[0], n_head, n_q, n3) or node.nb[0] != 4:
         return False
@@ -49,8 +46,6 @@ def _supported(node: Tensor) -> bool:
             return False
         if mask.ne[2] <= 0 or mask.ne[3] <= 0 or n_head % mask.ne[2] or n3 % mask.ne[3]:
             return False
-    elif node.f32(1) > 0.0:
-        return False
     if sinks is not None:
         if sinks.type != GgmlType.F32 or sinks.nb[0] != 4 or sinks.ne[0] < n_head:
             return False
@@ -60,13 +55,15 @@ def _supported(node: Tensor) -> bool:
 
 
 @native_kernel(
-    Op.FLASH_ATTN_EXT, "f32 q x f16 k, v (+f16 mask, sinks), < 64 rows (native)", _supported
+    Op.FLASH_ATTN_EXT,
+    "f32 q x f16 k, v (f32 too from 64 rows; +f16 mask, sinks) (native)",
+    _supported,
 )
 def flash_attn_ext_native(node: Tensor) -> Step:
     src = tuple(node.src) + (None,) * (5 - len(node.src))
     q, k, v, mask, sinks = src[:5]
     assert q is not None and k is not None and v is not None
-    return _native.flash_attn_ext_f16_step(
+    return _native.flash_attn_ext_step(
         tensor_arg(q),
         tensor_arg(k),
         tensor_arg(v),
@@ -77,4 +74,5 @@ def flash_attn_ext_native(node: Tensor) -> Step:
         node.f32(1),
         node.f32(2),
         device_threads(node),
+        kv_f32=k.type == GgmlType.F32,
     )
