@@ -51,6 +51,13 @@ impl ActFormat {
     /// Converts one row (`x.len()` a multiple of the block) into `out` (`row_bytes` long).
     pub fn convert_row(self, x: &[f32], out: &mut [u8]) {
         match self {
+            Self::Q8_0 | Self::Q8_1 if super::matmul::simd_active() => {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: simd_active() checked AVX2 and F16C on this CPU.
+                unsafe {
+                    quantize_q8_row_avx2(x, out, self == Self::Q8_1)
+                };
+            }
             Self::Q8_0 => {
                 for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
                     let (d, _, qs) = quantize_q8_x86(xb);
@@ -114,6 +121,66 @@ unsafe fn f16_row_f16c(x: &[f32], out: &mut [u8]) {
     }
     for (v, o) in chunks.remainder().iter().zip(out[at..].chunks_exact_mut(2)) {
         o.copy_from_slice(&f32_to_fp16(*v).to_le_bytes());
+    }
+}
+
+/// Blocks of 32 as arch/x86 `quantize_row_q8_0` / `_q8_1` compute them, with the same
+/// instructions (see [`quantize_q8_x86`], the scalar replay the tests compare against).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn quantize_q8_row_avx2(x: &[f32], out: &mut [u8], with_sum: bool) {
+    use std::arch::x86_64::*;
+    let block_bytes = if with_sum { 36 } else { 34 };
+    let head = block_bytes - 32;
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(block_bytes)) {
+        // SAFETY: 32 floats in, 32 code bytes out at `head`.
+        unsafe {
+            let p = xb.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let sign = _mm256_set1_ps(-0.0);
+            let mut max_abs = _mm256_andnot_ps(sign, v[0]);
+            for vi in &v[1..] {
+                max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, *vi));
+            }
+            let mut m4 = _mm_max_ps(
+                _mm256_extractf128_ps(max_abs, 1),
+                _mm256_castps256_ps128(max_abs),
+            );
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            let amax = _mm_cvtss_f32(m4);
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let q = v.map(|vi| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
+                    vi, id,
+                )))
+            });
+            ob[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());
+            if with_sum {
+                let s =
+                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, s);
+                let sum = lanes.iter().fold(0i32, |a, &b| a.wrapping_add(b));
+                ob[2..4].copy_from_slice(&f32_to_fp16(d * sum as f32).to_le_bytes());
+            }
+            let lo = _mm256_packs_epi32(q[0], q[1]);
+            let hi = _mm256_packs_epi32(q[2], q[3]);
+            let bytes = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(lo, hi),
+                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+            );
+            _mm256_storeu_si256(ob.as_mut_ptr().add(head) as *mut __m256i, bytes);
+        }
     }
 }
 
@@ -264,6 +331,49 @@ mod tests {
         assert_eq!(d, f32_to_fp16(1.0));
         assert_eq!(&qs[..4], &[127, 2, 4, 0]);
         assert_eq!(s, f32_to_fp16(133.0));
+    }
+
+    /// The AVX2 block quantizer gives the scalar replay's bytes: random rows of several
+    /// magnitudes, exact ties, an all-zero block, huge values and infinities.
+    #[test]
+    fn simd_q8_blocks_equal_the_replay() {
+        if !crate::kernels::matmul::simd_active() {
+            return;
+        }
+        let mut x = Vec::new();
+        for scale in [1e-3f32, 1.0, 37.0, 1e6] {
+            x.extend(
+                crate::kernels::test_util::noise(scale as u64 + 3, 32 * 9)
+                    .iter()
+                    .map(|v| v * scale),
+            );
+        }
+        let mut ties = [0.0f32; 32];
+        ties[0] = 127.0;
+        for (i, t) in ties.iter_mut().enumerate().skip(1) {
+            *t = i as f32 - 16.5;
+        }
+        x.extend(ties);
+        x.extend([0.0f32; 32]);
+        let mut big = [1.0f32; 32];
+        big[3] = 3e38;
+        big[4] = -3e38;
+        x.extend(big);
+        let mut inf = [2.0f32; 32];
+        inf[7] = f32::INFINITY;
+        x.extend(inf);
+        for (fmt, bytes) in [(ActFormat::Q8_0, 34), (ActFormat::Q8_1, 36)] {
+            let mut fast = vec![0u8; x.len() / 32 * bytes];
+            fmt.convert_row(&x, &mut fast);
+            for (xb, ob) in x.chunks_exact(32).zip(fast.chunks_exact(bytes)) {
+                let (d, s, qs) = quantize_q8_x86(xb);
+                assert_eq!(&ob[..2], &d.to_le_bytes(), "{xb:?}");
+                if bytes == 36 {
+                    assert_eq!(&ob[2..4], &s.to_le_bytes(), "{xb:?}");
+                }
+                assert_eq!(&ob[bytes - 32..], &qs.map(|q| q as u8), "{xb:?}");
+            }
+        }
     }
 
     #[test]

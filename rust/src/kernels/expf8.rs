@@ -154,3 +154,34 @@ mod tests {
         }
     }
 }
+
+/// The maximum of `x` (−inf when empty), or `None` when `x` holds a NaN.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub unsafe fn max_row_no_nan(x: &[f32]) -> Option<f32> {
+    let n = x.len();
+    let np = n & !7;
+    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut nan = _mm256_setzero_ps();
+    for i in (0..np).step_by(8) {
+        let v = _mm256_loadu_ps(x.as_ptr().add(i));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        m = _mm256_max_ps(m, v);
+    }
+    if _mm256_movemask_ps(nan) != 0 {
+        return None;
+    }
+    let mut lanes = [0.0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+    let mut max = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for &v in &x[np..] {
+        if v.is_nan() {
+            return None;
+        }
+        max = if max > v { max } else { v };
+    }
+    Some(max)
+}

@@ -149,6 +149,9 @@ pub fn type_info(type_id: u32) -> Option<TypeInfo> {
     }), None)
 }
 
+/// Activation values from which their conversion is split over threads.
+const PARALLEL_CONVERT_MIN: usize = 1 << 15;
+
 /// Activation rows converted to a vec_dot type, `row_bytes` apart.
 pub struct Converted {
     pub data: Vec<u8>,
@@ -164,6 +167,31 @@ impl Converted {
         for (xr, or) in x.chunks_exact(k).zip(data.chunks_exact_mut(row_bytes)) {
             fmt.convert_row(xr, or);
         }
+        Self {
+            data,
+            row_bytes,
+            rows,
+        }
+    }
+
+    /// [`Self::new`] with the rows split over up to `threads` threads (large batches only).
+    pub fn new_par(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Self {
+        let rows = x.len() / k.max(1);
+        if threads < 2 || rows < 2 || x.len() < PARALLEL_CONVERT_MIN {
+            return Self::new(fmt, x, k);
+        }
+        let row_bytes = fmt.row_bytes(k);
+        let mut data = vec![0u8; rows * row_bytes];
+        let per = rows.div_ceil(threads);
+        let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
+            .chunks(per * k)
+            .zip(data.chunks_mut(per * row_bytes))
+            .collect();
+        super::pool::for_each(threads, parts, |_, (xs, out)| {
+            for (xr, or) in xs.chunks_exact(k).zip(out.chunks_exact_mut(row_bytes)) {
+                fmt.convert_row(xr, or);
+            }
+        });
         Self {
             data,
             row_bytes,
@@ -374,12 +402,80 @@ impl SharedOut {
         let (m, n) = (self.m, self.n);
         let count = rows.len() / n;
         assert!(first + count <= m);
+        #[cfg(target_arch = "x86_64")]
+        if simd_active() && count >= 8 && n >= 8 {
+            // SAFETY: AVX2 detected; bounds as asserted above (the caller's contract).
+            return unsafe { self.scatter_avx(rows, first, count) };
+        }
         for i0 in (0..count).step_by(SIDE) {
             for r0 in (0..n).step_by(SIDE) {
                 for i in i0..count.min(i0 + SIDE) {
                     for r in r0..n.min(r0 + SIDE) {
                         *self.ptr.add(r * m + first + i) = rows[i * n + r];
                     }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl SharedOut {
+    /// [`Self::scatter`] in 8 × 8 squares transposed in registers (whole vectors stored along
+    /// each output row), the ragged edges one float at a time.
+    ///
+    /// # Safety
+    /// AVX present; as [`Self::scatter`].
+    #[target_feature(enable = "avx2")]
+    unsafe fn scatter_avx(&self, rows: &[f32], first: usize, count: usize) {
+        use std::arch::x86_64::*;
+        let (m, n) = (self.m, self.n);
+        let (c8, n8) = (count & !7, n & !7);
+        unsafe {
+            for i in (0..c8).step_by(8) {
+                for r in (0..n8).step_by(8) {
+                    let src = rows.as_ptr().add(i * n + r);
+                    let v: [__m256; 8] = std::array::from_fn(|a| _mm256_loadu_ps(src.add(a * n)));
+                    // 8 × 8 transpose: pairs, quads, then 128-bit halves
+                    let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+                    let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+                    let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+                    let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+                    let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+                    let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+                    let t6 = _mm256_unpacklo_ps(v[6], v[7]);
+                    let t7 = _mm256_unpackhi_ps(v[6], v[7]);
+                    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                    let u1 = _mm256_shuffle_ps::<0xee>(t0, t2);
+                    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                    let u3 = _mm256_shuffle_ps::<0xee>(t1, t3);
+                    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                    let u5 = _mm256_shuffle_ps::<0xee>(t4, t6);
+                    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                    let u7 = _mm256_shuffle_ps::<0xee>(t5, t7);
+                    let cols = [
+                        _mm256_permute2f128_ps::<0x20>(u0, u4),
+                        _mm256_permute2f128_ps::<0x20>(u1, u5),
+                        _mm256_permute2f128_ps::<0x20>(u2, u6),
+                        _mm256_permute2f128_ps::<0x20>(u3, u7),
+                        _mm256_permute2f128_ps::<0x31>(u0, u4),
+                        _mm256_permute2f128_ps::<0x31>(u1, u5),
+                        _mm256_permute2f128_ps::<0x31>(u2, u6),
+                        _mm256_permute2f128_ps::<0x31>(u3, u7),
+                    ];
+                    for (b, c) in cols.iter().enumerate() {
+                        _mm256_storeu_ps(self.ptr.add((r + b) * m + first + i), *c);
+                    }
+                }
+                for r in n8..n {
+                    for a in 0..8 {
+                        *self.ptr.add(r * m + first + i + a) = rows[(i + a) * n + r];
+                    }
+                }
+            }
+            for i in c8..count {
+                for r in 0..n {
+                    *self.ptr.add(r * m + first + i) = rows[i * n + r];
                 }
             }
         }
@@ -527,7 +623,7 @@ pub fn matmul_quant(
     let info = type_info(type_id)
         .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
     check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
-    let act = Converted::new(info.act, x, k);
+    let act = Converted::new_par(info.act, x, k, threads);
     matmul_converted(type_id, w, row_stride, m, k, &act, out, threads, llamafile)
 }
 

@@ -31,6 +31,11 @@ const MERGE_MIN_ROWS: usize = super::kquant_tiles::TILED_MIN_ROWS;
 /// each matrix's rows.
 const SMALL_MATRIX: usize = 1 << 20;
 
+/// Whether strides `nb` lay rows of `row_bytes` (and the batches of `ne[1]` rows) back to back.
+fn dense(nb: &[usize; 4], ne: [usize; 4], row_bytes: usize) -> bool {
+    nb[1] == row_bytes && nb[2] == ne[1] * row_bytes && nb[3] == ne[2] * ne[1] * row_bytes
+}
+
 impl MulMat {
     /// Checks the shapes (the caller checked every extent against its buffer).
     pub fn check(&self, out_ne: [usize; 4]) -> Result<(), KernelError> {
@@ -121,14 +126,30 @@ impl MulMat {
         // multi-row kernels (tinyBLAS from 2 rows, the K-quant tiles from 8) per src1 batch
         let merge = n1 >= MERGE_MIN_ROWS || n2 * n3 == 1;
         if self.w.ne[2] == 1 && self.w.ne[3] == 1 && merge {
-            let mut xs = Vec::with_capacity(n1 * n2 * n3 * self.k());
-            for i3 in 0..n3 {
-                for i2 in 0..n2 {
-                    unsafe { self.gather(i2, i3, &mut xs) };
+            let rows = n1 * n2 * n3;
+            // dense activations are read and a dense output written in place (no copies)
+            let gathered;
+            let xs: &[f32] = if dense(&x.nb, x.ne, self.k() * 4) {
+                unsafe { std::slice::from_raw_parts(x.ptr as *const f32, rows * self.k()) }
+            } else {
+                let mut v = Vec::with_capacity(rows * self.k());
+                for i3 in 0..n3 {
+                    for i2 in 0..n2 {
+                        unsafe { self.gather(i2, i3, &mut v) };
+                    }
                 }
+                gathered = v;
+                &gathered
+            };
+            let w = unsafe { self.weights(0, 0) };
+            if dense(&self.out_nb, x.ne, m * 4) {
+                // SAFETY: the output does not overlap the inputs (run's contract)
+                let res = unsafe { std::slice::from_raw_parts_mut(self.out as *mut f32, rows * m) };
+                self.matmul(w, xs, res, threads);
+                return;
             }
-            let mut res = vec![0.0f32; n1 * n2 * n3 * m];
-            self.matmul(unsafe { self.weights(0, 0) }, &xs, &mut res, threads);
+            let mut res = vec![0.0f32; rows * m];
+            self.matmul(w, xs, &mut res, threads);
             for (b, part) in res.chunks_exact(n1 * m).enumerate() {
                 unsafe { self.scatter(b % n2, b / n2, part) };
             }

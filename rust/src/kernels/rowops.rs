@@ -9,7 +9,7 @@
 
 use super::f16vec::{f16_row_to_f32, f32_row_to_f16, use_avx2};
 use super::flash_attn::Operand;
-use super::{fp16_to_f32, KernelError};
+use super::KernelError;
 
 /// Below this many elements an op runs on the calling thread (spawning costs more).
 const MIN_PARALLEL: usize = 1 << 16;
@@ -334,6 +334,21 @@ unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
     }
 }
 
+/// ggml's `ggml_vec_max_f32`: `max = max > v ? max : v` left to right from −inf.
+#[inline(always)]
+fn row_max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::f16vec::use_avx2() {
+        // SAFETY: features detected. Lane-wise maxima equal the left-to-right one unless a
+        // NaN is present (then the scalar order decides).
+        if let Some(m) = unsafe { super::expf8::max_row_no_nan(x) } {
+            return m;
+        }
+    }
+    x.iter()
+        .fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v })
+}
+
 /// ggml_vec_soft_max_f32 (AVX2 build): `y = exp(x - max)` with the vector expf on 8-lane
 /// chunks (each chunk summed in float32 in the SSE order, then added in double), expf on the tail.
 #[inline(always)]
@@ -561,6 +576,7 @@ impl RowOp {
             } => {
                 let n = x.ne[0];
                 let mut w = vec![0.0f32; n];
+                let mut mv = vec![0.0f32; if mask.is_some() { n } else { 0 }];
                 for r in r0..r1 {
                     let (i1, i2, i3) = row_index(&x.ne, r);
                     let slope = alibi_slope(i2, x.ne[2], *max_bias);
@@ -570,21 +586,13 @@ impl RowOp {
                     }
                     if let Some((m, elem)) = mask {
                         let mp = unsafe { row_ptr(m, i1, i2 % m.ne[2], i3 % m.ne[3]) };
-                        for (i, wi) in w.iter_mut().enumerate() {
-                            let mv = match elem {
-                                Elem::F16 => fp16_to_f32(unsafe {
-                                    (mp as *const u16).add(i).read_unaligned()
-                                }),
-                                Elem::F32 => unsafe { (mp as *const f32).add(i).read_unaligned() },
-                            };
+                        unsafe { load_row(mp, *elem, &mut mv) };
+                        for (wi, mi) in w.iter_mut().zip(&mv) {
                             // ggml's `wp[i] += slope*mask[i]`, contracted to an fma
-                            *wi = slope.mul_add(mv, *wi);
+                            *wi = slope.mul_add(*mi, *wi);
                         }
                     }
-                    let mut max = f32::NEG_INFINITY;
-                    for &v in &w {
-                        max = if max > v { max } else { v };
-                    }
+                    let mut max = row_max(&w);
                     let sink = sinks.map(|sk| unsafe { sk.add(i2).read_unaligned() });
                     if let Some(sk) = sink {
                         max = if max > sk { max } else { sk };
