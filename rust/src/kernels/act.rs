@@ -237,6 +237,81 @@ fn nearest_int(v: f32) -> i32 {
 
 /// One 256-value block as `quantize_row_q8_K_ref`: f32 `d`, 256 codes, 16 i16 sums.
 pub fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::matmul::simd_active() && x.len() == 256 {
+        // SAFETY: AVX2 detected; 256 values in. NaN blocks take the scalar loop (its order).
+        if unsafe { quantize_q8_k_avx2(x, out) } {
+            return;
+        }
+    }
+    quantize_q8_k_scalar(x, out);
+}
+
+/// [`quantize_q8_k`] with the max search and the codes on 8 lanes; false (nothing written)
+/// when the block holds a NaN.
+///
+/// # Safety
+/// The CPU must support AVX2; `x` holds 256 values, `out` 292 bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_q8_k_avx2(x: &[f32], out: &mut [u8]) -> bool {
+    use std::arch::x86_64::*;
+    let p = x.as_ptr();
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let mut amax8 = _mm256_setzero_ps();
+    let mut nan = _mm256_setzero_ps();
+    for i in (0..256).step_by(8) {
+        let v = unsafe { _mm256_loadu_ps(p.add(i)) };
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        amax8 = _mm256_max_ps(amax8, _mm256_and_ps(v, abs_mask));
+    }
+    if _mm256_movemask_ps(nan) != 0 {
+        return false;
+    }
+    let mut lanes = [0.0f32; 8];
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax8) };
+    let amax = lanes.iter().fold(0.0f32, |a, &b| a.max(b));
+    out.fill(0);
+    if amax == 0.0 {
+        return true;
+    }
+    // the scalar loop keeps the first value of largest magnitude
+    let max = *x.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
+    let iscale = -127.0 / max;
+    let sc = _mm256_set1_ps(iscale);
+    let magic = _mm256_set1_ps(12_582_912.0);
+    let low = _mm256_set1_epi32(0x007f_ffff);
+    let half = _mm256_set1_epi32(0x0040_0000);
+    let cap = _mm256_set1_epi32(127);
+    let byte = _mm256_set1_epi32(0xff);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for i in (0..256).step_by(32) {
+        // nearest_int(iscale · v).min(127), then its low byte (`as i8`)
+        let q: [__m256i; 4] = std::array::from_fn(|j| unsafe {
+            let v = _mm256_mul_ps(sc, _mm256_loadu_ps(p.add(i + 8 * j)));
+            let bits = _mm256_castps_si256(_mm256_add_ps(v, magic));
+            let n = _mm256_sub_epi32(_mm256_and_si256(bits, low), half);
+            _mm256_and_si256(_mm256_min_epi32(n, cap), byte)
+        });
+        let w = _mm256_packus_epi16(
+            _mm256_packus_epi32(q[0], q[1]),
+            _mm256_packus_epi32(q[2], q[3]),
+        );
+        let w = _mm256_permutevar8x32_epi32(w, order);
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(4 + i) as *mut __m256i, w) };
+    }
+    out[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    for j in 0..16 {
+        let s: i32 = out[4 + 16 * j..4 + 16 * (j + 1)]
+            .iter()
+            .map(|&q| q as i8 as i32)
+            .sum();
+        out[260 + 2 * j..262 + 2 * j].copy_from_slice(&(s as i16).to_le_bytes());
+    }
+    true
+}
+
+fn quantize_q8_k_scalar(x: &[f32], out: &mut [u8]) {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
     for &v in x {
@@ -373,6 +448,44 @@ mod tests {
                 }
                 assert_eq!(&ob[bytes - 32..], &qs.map(|q| q as u8), "{xb:?}");
             }
+        }
+    }
+
+    /// The AVX2 q8_K blocks equal the scalar ones: random blocks, ties of magnitude (first
+    /// one wins), exact rounding ties, all-zero and tiny blocks.
+    #[test]
+    fn simd_q8_k_blocks_equal_scalar() {
+        if !crate::kernels::matmul::simd_active() {
+            return;
+        }
+        let mut blocks: Vec<Vec<f32>> = Vec::new();
+        for (i, scale) in [1e-30f32, 1e-3, 1.0, 5e4, 1e30].iter().enumerate() {
+            blocks.push(
+                crate::kernels::test_util::noise(i as u64 + 11, 256)
+                    .iter()
+                    .map(|v| v * scale)
+                    .collect(),
+            );
+        }
+        let mut tie = vec![0.25f32; 256];
+        tie[9] = 2.0;
+        tie[40] = -2.0; // same magnitude later: the first (positive) one is the max
+        blocks.push(tie.clone());
+        tie[9] = -2.0;
+        tie[40] = 2.0;
+        blocks.push(tie);
+        blocks.push(
+            (0..256)
+                .map(|i| (i as f32 - 127.5) / 127.5 * 127.0)
+                .collect(),
+        );
+        blocks.push(vec![0.0; 256]);
+        blocks.push(vec![-0.0; 256]);
+        for b in &blocks {
+            let (mut fast, mut slow) = ([7u8; 292], [9u8; 292]);
+            quantize_q8_k(b, &mut fast);
+            quantize_q8_k_scalar(b, &mut slow);
+            assert_eq!(fast, slow, "{:?}", &b[..4]);
         }
     }
 

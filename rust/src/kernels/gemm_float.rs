@@ -33,21 +33,54 @@ pub fn widen_activations(act: &Converted, fmt: ActFormat, k: usize) -> Converted
     let mut data = vec![0u8; act.rows * kp * 4];
     for r in 0..act.rows {
         let src = &act.data[r * act.row_bytes..(r + 1) * act.row_bytes];
-        let dst = &mut data[r * kp * 4..(r * kp + k) * 4];
-        #[cfg(target_arch = "x86_64")]
-        if fmt == ActFormat::F16 && super::matmul::simd_active() {
-            // SAFETY: simd_active() checked F16C (and AVX2) on this CPU.
-            unsafe { widen_f16_f16c(src, dst) };
-            continue;
-        }
-        for (i, d) in dst.chunks_exact_mut(4).enumerate() {
-            d.copy_from_slice(&element(fmt, src, i).to_le_bytes());
-        }
+        widen_act_row(fmt, src, &mut data[r * kp * 4..(r * kp + k) * 4]);
     }
     Converted {
         data,
         row_bytes: kp * 4,
         rows: act.rows,
+    }
+}
+
+/// [`widen_activations`] of the conversion of float32 rows `x`, without the converted
+/// intermediate: each row converted and widened in turn, the rows split over up to `threads`.
+pub fn widen_rows(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Converted {
+    let kp = k.next_multiple_of(8);
+    let rows = x.len() / k.max(1);
+    let mut data = vec![0u8; rows * kp * 4];
+    let work = |xs: &[f32], out: &mut [u8]| {
+        let mut tmp = vec![0u8; fmt.row_bytes(k)];
+        for (xr, dst) in xs.chunks_exact(k).zip(out.chunks_exact_mut(kp * 4)) {
+            fmt.convert_row(xr, &mut tmp);
+            widen_act_row(fmt, &tmp, &mut dst[..k * 4]);
+        }
+    };
+    if threads < 2 || rows < 2 || x.len() < (1 << 15) {
+        work(&x[..rows * k], &mut data);
+    } else {
+        let per = rows.div_ceil(threads);
+        let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
+            .chunks(per * k)
+            .zip(data.chunks_mut(per * kp * 4))
+            .collect();
+        super::pool::for_each(threads, parts, |_, (xs, out)| work(xs, out));
+    }
+    Converted {
+        data,
+        row_bytes: kp * 4,
+        rows,
+    }
+}
+
+/// One converted row (`fmt` bytes) widened to float32 bytes `dst` (exact).
+fn widen_act_row(fmt: ActFormat, src: &[u8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if fmt == ActFormat::F16 && super::matmul::simd_active() {
+        // SAFETY: simd_active() checked F16C (and AVX2) on this CPU.
+        return unsafe { widen_f16_f16c(src, dst) };
+    }
+    for (i, d) in dst.chunks_exact_mut(4).enumerate() {
+        d.copy_from_slice(&element(fmt, src, i).to_le_bytes());
     }
 }
 

@@ -622,7 +622,15 @@ pub fn matmul_quant(
 ) -> Result<(), KernelError> {
     let info = type_info(type_id)
         .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
-    check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
+    let row_bytes = check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
+    let n = x.len() / k.max(1);
+    let (f, gemm) = rows_for(type_id, m, n, llamafile);
+    if gemm && gemm_float::serves(type_id) && m > 0 && n > 0 {
+        // straight to the widened rows tinyBLAS's order runs on
+        let wide = gemm_float::widen_rows(info.act, x, k, threads);
+        run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out);
+        return Ok(());
+    }
     let act = Converted::new_par(info.act, x, k, threads);
     matmul_converted(type_id, w, row_stride, m, k, &act, out, threads, llamafile)
 }
