@@ -88,6 +88,34 @@ impl MulMat {
         }
     }
 
+    /// The activation rows of batch (i2, i3) in place, when they lie back to back.
+    ///
+    /// # Safety
+    /// Per [`Self::run`].
+    unsafe fn dense_rows(&self, i2: usize, i3: usize) -> Option<&[f32]> {
+        let (x, k) = (&self.x, self.k());
+        if x.nb[1] != k * 4 {
+            return None;
+        }
+        let p = unsafe { x.ptr.add(i2 * x.nb[2] + i3 * x.nb[3]) } as *const f32;
+        Some(unsafe { std::slice::from_raw_parts(p, x.ne[1] * k) })
+    }
+
+    /// The output rows of batch (i2, i3) in place, when they lie back to back.
+    ///
+    /// # Safety
+    /// Per [`Self::run`]; only the task of batch (i2, i3) may hold it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn dense_out(&self, i2: usize, i3: usize) -> Option<&mut [f32]> {
+        let (m, nb) = (self.w.ne[1], self.out_nb);
+        // rows back to back, batches apart (disjoint between the tasks)
+        if nb[1] != m * 4 || nb[2] < self.x.ne[1] * nb[1] || nb[3] < self.x.ne[2] * nb[2] {
+            return None;
+        }
+        let p = unsafe { self.out.add(i2 * nb[2] + i3 * nb[3]) } as *mut f32;
+        Some(unsafe { std::slice::from_raw_parts_mut(p, self.x.ne[1] * m) })
+    }
+
     /// Result rows of batch (i2, i3) from `res` (`ne1` rows of M).
     unsafe fn scatter(&self, i2: usize, i3: usize, res: &[f32]) {
         let (m, nb) = (self.w.ne[1], self.out_nb);
@@ -181,10 +209,23 @@ impl MulMat {
         }
         let batch = |b: usize, threads: usize| {
             let (i2, i3) = (b % n2, b / n2);
-            let mut xs = Vec::with_capacity(n1 * self.k());
-            unsafe { self.gather(i2, i3, &mut xs) };
+            let gathered;
+            let xs = match unsafe { self.dense_rows(i2, i3) } {
+                Some(rows) => rows,
+                None => {
+                    let mut v = Vec::with_capacity(n1 * self.k());
+                    unsafe { self.gather(i2, i3, &mut v) };
+                    gathered = v;
+                    &gathered[..]
+                }
+            };
+            let w = unsafe { self.weights(i2, i3) };
+            if let Some(res) = unsafe { self.dense_out(i2, i3) } {
+                self.matmul(w, xs, res, threads);
+                return;
+            }
             let mut res = vec![0.0f32; n1 * m];
-            self.matmul(unsafe { self.weights(i2, i3) }, &xs, &mut res, threads);
+            self.matmul(w, xs, &mut res, threads);
             unsafe { self.scatter(i2, i3, &res) };
         };
         self.spread(n2 * n3, threads, batch);
