@@ -181,38 +181,45 @@ def test_differential_against_reference(gguf, reference_v8, rpcnet_v8, m, k, pad
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_mul_mat_step_broadcasts_strided_batches(gguf, threads):
+@pytest.mark.parametrize("padded_out", [True, False])
+def test_mul_mat_step_broadcasts_strided_batches(gguf, threads, padded_out):
     """`mul_mat_step` on a K-cache-like view (2 weight matrices interleaved row by row, each
-    serving 3 activation batches) into a padded output: every batch equals `matmul_quant` on
-    that batch's rows, bit for bit, and the exact product of the quantized operands."""
+    serving 3 activation batches) into a padded output (activation rows read in place), or
+    from padded activation rows into a dense output (results written in place): every batch
+    equals `matmul_quant` on that batch's rows, bit for bit, and the exact product of the
+    quantized operands."""
     rng = np.random.default_rng(threads)
     m, k, n, heads_w, heads_x = 40, 64, 2, 2, 6
+    out_pad, x_pad = (3, 0) if padded_out else (0, 5)
     packed, deq = q8_weights(gguf, rng, m * heads_w, k)
     row = k // 32 * ROW
     # rows of matrix h at byte h * row + i * (heads_w * row): the cache layout of K per head
     cache = packed.reshape(m, heads_w, row).copy()
     w_deq = deq.reshape(m, heads_w, k)
-    x = rng.standard_normal((heads_x, n, k), dtype=np.float32)
-    out = np.full((heads_x, n, m + 3), np.nan, np.float32)  # rows padded: strided output
+    xp = np.full((heads_x, n, k + x_pad), np.nan, np.float32)  # padding never read
+    xp[:, :, :k] = rng.standard_normal((heads_x, n, k), dtype=np.float32)
+    x = xp[:, :, :k]
+    out = np.full((heads_x, n, m + out_pad), np.nan, np.float32)  # padding never written
     w_arg = (
         cache.reshape(-1),
         0,
         (k // 32, m, heads_w, 1),
         (ROW, heads_w * row, row, cache.nbytes),
     )
-    x_arg = (x.view(np.uint8).reshape(-1), 0, (k, n, heads_x, 1), (4, 4 * k, 4 * k * n, x.nbytes))
+    xr = 4 * (k + x_pad)
+    x_arg = (xp.view(np.uint8).reshape(-1), 0, (k, n, heads_x, 1), (4, xr, xr * n, xp.nbytes))
     o_arg = (
         out.view(np.uint8).reshape(-1),
         0,
         (m, n, heads_x, 1),
-        (4, 4 * (m + 3), 4 * (m + 3) * n, out.nbytes),
+        (4, 4 * (m + out_pad), 4 * (m + out_pad) * n, out.nbytes),
     )
     _native.mul_mat_step(Q8_0, w_arg, x_arg, o_arg, threads, True)()
     per_head = heads_x // heads_w
     for h in range(heads_x):
         hw = h // per_head
         one = np.empty((n, m), np.float32)
-        matmul_q8_0(np.ascontiguousarray(cache[:, hw]), row, x[h], one, 1)
+        matmul_q8_0(np.ascontiguousarray(cache[:, hw]), row, np.ascontiguousarray(x[h]), one, 1)
         np.testing.assert_array_equal(out[h, :, :m], one)
         want, scale = reference(gguf, w_deq[:, hw], x[h])
         assert np.all(np.abs(out[h, :, :m] - want) <= 1e-5 * scale + 1e-6)
