@@ -375,6 +375,7 @@ def main(argv: list[str]) -> int:
         **dataclasses.asdict(machine),
         "bandwidth_gbs": machine.bandwidth_gbs,
         "fma_peak_gflops": machine.fma_peak_gflops(args.threads),
+        "effective_mhz": machine.effective_mhz(),
     }
     bench.log("machine", json.dumps(machine_doc))
     command = "python bench/bench_engine.py " + shlex.join(argv)

@@ -2,8 +2,10 @@
 
 Bandwidth: a NumPy copy of a 256 MiB array (bytes read + bytes written per second, best of a
 few), on one thread and on two threads copying halves at once (NumPy drops the GIL in copies).
-FMA peak: cores x clock x 32 flops/cycle (AVX2: 2 FMA units x 8 floats x 2), the clock from
-/proc/cpuinfo; plus a measured NumPy (BLAS) f32 matmul for what a library actually reaches.
+FMA peak: measured, one thread per core running independent AVX2 FMAs at once
+(`_native.fma_flops`: a virtual machine's /proc/cpuinfo clock is often not the one it runs at);
+cores x that clock x 32 flops/cycle where the probe is unavailable. Plus a measured NumPy (BLAS)
+f32 matmul for what a library actually reaches.
 """
 
 from __future__ import annotations
@@ -66,6 +68,25 @@ def cpu_flags() -> set[str]:
     return set(found.group(1).split()) if found else set()
 
 
+def fma_gflops_per_core(threads: int) -> float | None:
+    """Measured FMA throughput per core with `threads` threads running at once (GIL released)."""
+    from rpcnet import _native
+
+    found: list[float | None] = []
+
+    def run() -> None:
+        found.append(_native.fma_flops(200_000_000))
+
+    workers = [threading.Thread(target=run) for _ in range(max(threads, 1))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if not found or any(f is None for f in found):
+        return None
+    return min(f for f in found if f is not None) / 1e9
+
+
 def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = a.T.copy()
@@ -82,15 +103,25 @@ class Machine:
     copy_gbs_1t: float
     copy_gbs_nt: float
     sgemm_gflops: float
+    fma_gflops_core: float | None = None  # measured, per core
 
     @property
     def bandwidth_gbs(self) -> float:
         return max(self.copy_gbs_1t, self.copy_gbs_nt)
 
     def fma_peak_gflops(self, threads: int) -> float | None:
+        cores = min(threads, self.cores)
+        if self.fma_gflops_core is not None:
+            return cores * self.fma_gflops_core
         if self.mhz is None:
             return None
-        return min(threads, self.cores) * self.mhz * 1e6 * FLOPS_PER_CYCLE_AVX2 / 1e9
+        return cores * self.mhz * 1e6 * FLOPS_PER_CYCLE_AVX2 / 1e9
+
+    def effective_mhz(self) -> float | None:
+        """The clock the measured FMA rate implies (32 flops/cycle), else /proc's."""
+        if self.fma_gflops_core is not None:
+            return self.fma_gflops_core * 1e3 / FLOPS_PER_CYCLE_AVX2
+        return self.mhz
 
 
 def measure(threads: int) -> Machine:
@@ -103,6 +134,7 @@ def measure(threads: int) -> Machine:
         copy_gbs_1t=copy_bandwidth(1),
         copy_gbs_nt=copy_bandwidth(max(threads, 1)),
         sgemm_gflops=sgemm_gflops(),
+        fma_gflops_core=fma_gflops_per_core(threads),
     )
 
 

@@ -180,13 +180,16 @@ def profile_block(name: str, kind: str, prof: dict, top: int = 14) -> list[str]:
 
 def machine_lines(machine: dict, config: dict) -> list[str]:
     peak = machine.get("fma_peak_gflops")
+    mhz = machine.get("effective_mhz") or machine.get("mhz")
+    measured = machine.get("fma_gflops_core") is not None
+    how = "measured with independent AVX2 FMAs, i.e." if measured else ""
     peak_text = (
         "unknown clock"
-        if peak is None
+        if peak is None or mhz is None
         else (
-            f"{peak:.0f} GFLOP/s ({config['threads']} cores × {machine['mhz']:.0f} MHz × 32 "
+            f"{peak:.0f} GFLOP/s ({how} {config['threads']} cores × {mhz:.0f} MHz × 32 "
             "flops/cycle, AVX2 2 FMA × 8 × 2)"
-        )
+        ).replace("( ", "(")
     )
     return [
         f"Machine: {machine['cores']} cores; memory bandwidth (NumPy copy of 256 MiB, read + "

@@ -63,6 +63,7 @@ __all__ = [
     "matmul_quant_block",
     "set_portable_kernels",
     "kernels_simd",
+    "fma_flops",
     "NativeStep",
     "run_steps",
     "native_ops_portable",
@@ -319,6 +320,9 @@ def set_portable_kernels(on: bool) -> bool:
 
 def kernels_simd() -> bool:
     """Whether the matmul kernels take their SIMD (AVX2+FMA+F16C) build on this CPU."""
+
+def fma_flops(rounds: int = 50_000_000) -> float | None:
+    """Float32 FLOP/s one thread reaches with independent AVX2 FMAs (None without AVX2/FMA)."""
 
 # --- native non-matmul ops as prepared steps (checked against their buffers when built) -------
 

@@ -24,6 +24,7 @@ pub mod kquant_tiles;
 pub mod matmul;
 pub mod matmul_step;
 pub mod pool;
+pub mod probe;
 pub mod rowops;
 #[cfg(test)]
 mod test_util;

@@ -92,3 +92,11 @@ pub fn set_portable_kernels(on: bool) -> bool {
 pub fn kernels_simd() -> bool {
     matmul::simd_active()
 }
+
+/// Float32 FLOP/s one thread reaches with independent AVX2 FMAs over `rounds` rounds (the
+/// benchmarks' measured FMA peak per core); None without AVX2/FMA.
+#[pyfunction]
+#[pyo3(signature = (rounds = 50_000_000))]
+pub fn fma_flops(py: Python<'_>, rounds: usize) -> Option<f64> {
+    py.detach(|| crate::kernels::probe::fma_flops(rounds))
+}
