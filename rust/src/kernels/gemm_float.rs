@@ -3,10 +3,10 @@
 //! ggml hands MUL_MAT with float weights and N >= 2 to tinyBLAS, where every output keeps one
 //! 8-lane FMA accumulator over K (the last step zero-padded) and ends with `hsum`. Products of
 //! f16/bf16 values are exact in f32, so where the conversion to f32 happens does not change a
-//! bit: each tile of weight rows is widened once into an f32 panel (zero-padded to a multiple of
-//! 8), the activations once per call, and a 4 × 2 register tile of outputs runs over K with
-//! each loaded vector used twice or four times. The portable build does the same FMAs in the
-//! same order, one output at a time.
+//! bit: f32 and bf16 weight tiles are widened once into an f32 panel (zero-padded to a multiple
+//! of 8), their activations once per call; f16 weights and activations stay f16 (half the cache
+//! traffic) and a 3 × 3 tile converts them in registers, as tinyBLAS does. The portable build
+//! does the same FMAs in the same order, one output at a time.
 
 use super::act::ActFormat;
 use super::dot::hsum8;
@@ -30,15 +30,32 @@ pub fn serves(type_id: u32) -> bool {
 /// widened to f32 rows of `k` rounded up to 8, zero-padded: a [`Converted`] of format F32.
 pub fn widen_activations(act: &Converted, fmt: ActFormat, k: usize) -> Converted {
     let kp = k.next_multiple_of(8);
-    let mut data = vec![0u8; act.rows * kp * 4];
+    let width = act_width(fmt);
+    let mut data = vec![0u8; act.rows * kp * width];
     for r in 0..act.rows {
         let src = &act.data[r * act.row_bytes..(r + 1) * act.row_bytes];
-        widen_act_row(fmt, src, &mut data[r * kp * 4..(r * kp + k) * 4]);
+        let dst = &mut data[r * kp * width..(r * kp + k) * width];
+        if width == 2 {
+            dst.copy_from_slice(&src[..k * 2]);
+        } else {
+            widen_act_row(fmt, src, dst);
+        }
     }
     Converted {
         data,
-        row_bytes: kp * 4,
+        row_bytes: kp * width,
         rows: act.rows,
+    }
+}
+
+/// Bytes per activation value in the rows this kernel reads: f16 activations stay f16 (the
+/// tile converts them in registers, as tinyBLAS does: half the cache traffic of f32 rows);
+/// the others are widened to f32.
+fn act_width(fmt: ActFormat) -> usize {
+    if fmt == ActFormat::F16 {
+        2
+    } else {
+        4
     }
 }
 
@@ -46,13 +63,18 @@ pub fn widen_activations(act: &Converted, fmt: ActFormat, k: usize) -> Converted
 /// intermediate: each row converted and widened in turn, the rows split over up to `threads`.
 pub fn widen_rows(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Converted {
     let kp = k.next_multiple_of(8);
+    let width = act_width(fmt);
     let rows = x.len() / k.max(1);
-    let mut data = vec![0u8; rows * kp * 4];
+    let mut data = vec![0u8; rows * kp * width];
     let work = |xs: &[f32], out: &mut [u8]| {
         let mut tmp = vec![0u8; fmt.row_bytes(k)];
-        for (xr, dst) in xs.chunks_exact(k).zip(out.chunks_exact_mut(kp * 4)) {
-            fmt.convert_row(xr, &mut tmp);
-            widen_act_row(fmt, &tmp, &mut dst[..k * 4]);
+        for (xr, dst) in xs.chunks_exact(k).zip(out.chunks_exact_mut(kp * width)) {
+            if width == 2 {
+                fmt.convert_row(xr, &mut dst[..k * 2]);
+            } else {
+                fmt.convert_row(xr, &mut tmp);
+                widen_act_row(fmt, &tmp, &mut dst[..k * 4]);
+            }
         }
     };
     if threads < 2 || rows < 2 || x.len() < (1 << 15) {
@@ -61,47 +83,22 @@ pub fn widen_rows(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Conver
         let per = rows.div_ceil(threads);
         let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
             .chunks(per * k)
-            .zip(data.chunks_mut(per * kp * 4))
+            .zip(data.chunks_mut(per * kp * width))
             .collect();
         super::pool::for_each(threads, parts, |_, (xs, out)| work(xs, out));
     }
     Converted {
         data,
-        row_bytes: kp * 4,
+        row_bytes: kp * width,
         rows,
     }
 }
 
-/// One converted row (`fmt` bytes) widened to float32 bytes `dst` (exact).
+/// One converted row (bf16 or f32 bytes) widened to float32 bytes `dst` (exact); f16 rows
+/// are never widened (see `act_width`).
 fn widen_act_row(fmt: ActFormat, src: &[u8], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if fmt == ActFormat::F16 && super::matmul::simd_active() {
-        // SAFETY: simd_active() checked F16C (and AVX2) on this CPU.
-        return unsafe { widen_f16_f16c(src, dst) };
-    }
     for (i, d) in dst.chunks_exact_mut(4).enumerate() {
         d.copy_from_slice(&element(fmt, src, i).to_le_bytes());
-    }
-}
-
-/// f16 bytes → f32 bytes with F16C, 8 values at a time (exact, like [`fp16_to_f32`]).
-///
-/// # Safety
-/// The CPU must support F16C and AVX.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn widen_f16_f16c(src: &[u8], dst: &mut [u8]) {
-    use std::arch::x86_64::*;
-    let n = dst.len() / 4;
-    assert!(src.len() >= 2 * n);
-    let full = n & !7;
-    for i in (0..full).step_by(8) {
-        let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
-        _mm256_storeu_ps(dst.as_mut_ptr().add(4 * i) as *mut f32, _mm256_cvtph_ps(h));
-    }
-    for i in full..n {
-        let v = fp16_to_f32(u16::from_le_bytes([src[2 * i], src[2 * i + 1]]));
-        dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
     }
 }
 
@@ -188,16 +185,29 @@ fn rows<const SIMD: bool>(
     if n == 0 {
         return;
     }
-    let kp = act.row_bytes / 4;
-    assert!(kp >= k && kp.is_multiple_of(8) && act.data.len() >= n * kp * 4);
+    let kp = k.next_multiple_of(8);
+    // f16 activations arrive as f16 (see `act_width`), the others widened
+    let half = act.row_bytes == kp * 2;
+    assert!(half == (fmt == ActFormat::F16) || act.row_bytes == kp * 4);
+    assert!(kp >= 8 && act.data.len() >= n * act.row_bytes);
     let x: Vec<f32> = if SIMD {
         Vec::new() // read in place below
+    } else if half {
+        act.data
+            .chunks_exact(2)
+            .map(|b| fp16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
     } else {
         act.data
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect()
     };
+    #[cfg(target_arch = "x86_64")]
+    if SIMD && half {
+        // SAFETY: SIMD is only true inside `rows_avx2` (AVX2, FMA, F16C present).
+        return unsafe { rows_f16_simd(w, stride, first, k, kp, act, out) };
+    }
     let rows_total = out.len() / n;
     let panel_rows = (PANEL_BYTES / (kp * 4)).clamp(MR, 16) / MR * MR;
     let xblock = ((XBLOCK_BYTES / (kp * 4)).max(NR) / NR * NR).min(n.next_multiple_of(NR));
@@ -239,6 +249,67 @@ fn rows<const SIMD: bool>(
     }
 }
 
+/// Weight rows and activation rows per register tile of the f16 kernel (its conversions take
+/// registers the f32 tile's memory operands do not).
+const MR16: usize = 3;
+const NR16: usize = 3;
+
+/// [`rows`] for f16 weights and f16 activation rows (`kp` values each, zero-padded): the
+/// panel keeps the weights' f16 bits, the tile converts both operands in registers. The same
+/// FMAs in the same order as the widened path (f16 values are exact in f32).
+///
+/// # Safety
+/// AVX2, FMA and F16C present.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_f16_simd(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    kp: usize,
+    act: &Converted,
+    out: &mut [f32],
+) {
+    let n = act.rows;
+    let rows_total = out.len() / n;
+    let panel_rows = (PANEL_BYTES / (kp * 2)).clamp(MR16, 32) / MR16 * MR16;
+    let xblock = ((XBLOCK_BYTES / (kp * 2)).max(NR16) / NR16 * NR16).min(n.next_multiple_of(NR16));
+    let mut panel = vec![0u16; panel_rows * kp];
+    let x = act.data.as_ptr() as *const u16;
+    for t0 in (0..rows_total).step_by(panel_rows) {
+        let t1 = rows_total.min(t0 + panel_rows);
+        for (j, dst) in panel.chunks_exact_mut(kp).enumerate() {
+            dst.fill(0);
+            if t0 + j < t1 {
+                let at = (first + t0 + j) * stride;
+                for (d, b) in dst[..k].iter_mut().zip(w[at..at + 2 * k].chunks_exact(2)) {
+                    *d = u16::from_le_bytes([b[0], b[1]]);
+                }
+            }
+        }
+        for r0 in (0..n).step_by(xblock) {
+            let r1 = n.min(r0 + xblock);
+            for q in (0..t1 - t0).step_by(MR16) {
+                let p = panel[q * kp..(q + MR16) * kp].as_ptr();
+                for r in (r0..r1).step_by(NR16) {
+                    let xr: [usize; NR16] = std::array::from_fn(|j| (r + j).min(r1 - 1));
+                    // SAFETY: rows of kp values inside the panel and the activations.
+                    let res = unsafe { avx2::tile_f16(p, xr.map(|j| x.add(j * kp)), kp) };
+                    for (i, vals) in res.iter().enumerate() {
+                        let row = t0 + q + i;
+                        if row < t1 {
+                            for (j, v) in vals.iter().enumerate().take(r1 - r) {
+                                out[row * n + r + j] = *v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The AVX2 MR × NR tile on activation rows `xr` of the widened bytes `x`.
 ///
 /// # Safety
@@ -256,15 +327,10 @@ unsafe fn tile_simd(p: &[f32], x: &[u8], xr: [usize; NR], kp: usize) -> [[f32; N
     unreachable!("no SIMD build off x86-64")
 }
 
-/// One weight row widened to f32 (exact for every format).
+/// One weight row widened to f32 (exact for every format; f16 weights only in the portable
+/// build, the AVX2 one keeps them f16).
 #[inline(always)]
 fn widen_row<const SIMD: bool>(fmt: ActFormat, src: &[u8], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if SIMD && fmt == ActFormat::F16 {
-        // SAFETY: SIMD is only true inside `rows_avx2` (F16C present); lengths match.
-        unsafe { avx2::widen_f16(src, dst) };
-        return;
-    }
     for (i, d) in dst.iter_mut().enumerate() {
         *d = element(fmt, src, i);
     }
@@ -318,6 +384,42 @@ mod avx2 {
         std::array::from_fn(|i| std::array::from_fn(|j| sums[i * NR + j]))
     }
 
+    /// [`tile`] on f16 panel rows and f16 activation rows, converted in registers.
+    #[inline(always)]
+    pub unsafe fn tile_f16(
+        p: *const u16,
+        x: [*const u16; super::NR16],
+        kp: usize,
+    ) -> [[f32; super::NR16]; super::MR16] {
+        const M: usize = super::MR16;
+        const N: usize = super::NR16;
+        let mut a = [_mm256_setzero_ps(); M * N];
+        let mut l = 0;
+        while l < kp {
+            let xs: [__m256; N] = std::array::from_fn(|j| {
+                _mm256_cvtph_ps(_mm_loadu_si128(x[j].add(l) as *const __m128i))
+            });
+            for i in 0..M {
+                let w = _mm256_cvtph_ps(_mm_loadu_si128(p.add(i * kp + l) as *const __m128i));
+                for j in 0..N {
+                    a[i * N + j] = _mm256_fmadd_ps(w, xs[j], a[i * N + j]);
+                }
+            }
+            l += 8;
+        }
+        let mut sums = [0.0f32; M * N];
+        let whole = M * N / 4 * 4;
+        for (dst, v) in sums[..whole].chunks_exact_mut(4).zip(a.chunks_exact(4)) {
+            dst.copy_from_slice(&hsum4([v[0], v[1], v[2], v[3]]));
+        }
+        for (dst, v) in sums[whole..].iter_mut().zip(&a[whole..]) {
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *v);
+            *dst = super::hsum8(&lanes);
+        }
+        std::array::from_fn(|i| std::array::from_fn(|j| sums[i * N + j]))
+    }
+
     /// [`super::hsum8`] of four registers at once, the same additions in the same order:
     /// q = lo + hi (a0+a4, a1+a5, a2+a6, a3+a7), t = (q0 + q2, q1 + q3), t0 + t1.
     #[inline(always)]
@@ -342,22 +444,6 @@ mod avx2 {
         _mm256_storeu_ps(out.as_mut_ptr(), h);
         [out[0], out[4], out[1], out[5]]
     }
-
-    /// f16 → f32 with F16C (exact).
-    #[inline(always)]
-    pub unsafe fn widen_f16(src: &[u8], dst: &mut [f32]) {
-        let k = dst.len();
-        assert!(src.len() >= 2 * k);
-        let mut i = 0;
-        while i + 8 <= k {
-            let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-            i += 8;
-        }
-        for (j, d) in dst.iter_mut().enumerate().skip(i) {
-            *d = super::fp16_to_f32(u16::from_le_bytes([src[2 * j], src[2 * j + 1]]));
-        }
-    }
 }
 
 #[cfg(test)]
@@ -366,28 +452,6 @@ mod tests {
     use crate::kernels::dot::{RowDot, BF16, F16, F32};
     use crate::kernels::matmul::matmul_quant;
 
-    /// The F16C widening gives every f16 bit pattern's exact value (NaNs as NaNs).
-    #[test]
-    fn f16c_widening_is_exact() {
-        let k = 1 << 16;
-        let src: Vec<u8> = (0..k as u32)
-            .flat_map(|h| (h as u16).to_le_bytes())
-            .collect();
-        let act = Converted {
-            data: src.clone(),
-            row_bytes: 2 * k,
-            rows: 1,
-        };
-        let wide = widen_activations(&act, ActFormat::F16, k);
-        for (i, w) in wide.data[..4 * k].chunks_exact(4).enumerate() {
-            let got = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            let want = fp16_to_f32(i as u16);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{i:#x}"
-            );
-        }
-    }
     use crate::kernels::test_util::noise;
 
     fn encode(type_id: u32, v: &[f32]) -> Vec<u8> {
