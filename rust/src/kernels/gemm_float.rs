@@ -235,14 +235,7 @@ fn rows<const SIMD: bool>(
                     } else {
                         tile_portable(p, &x, xr, kp)
                     };
-                    for (i, vals) in res.iter().enumerate() {
-                        let row = t0 + q + i;
-                        if row < t1 {
-                            for (j, v) in vals.iter().enumerate().take(r1 - r) {
-                                out[row * n + r + j] = *v;
-                            }
-                        }
-                    }
+                    store_tile(out, &res, t0 + q, t1, n, r, r1);
                 }
             }
         }
@@ -296,14 +289,7 @@ unsafe fn rows_f16_simd(
                     let xr: [usize; NR16] = std::array::from_fn(|j| (r + j).min(r1 - 1));
                     // SAFETY: rows of kp values inside the panel and the activations.
                     let res = unsafe { avx2::tile_f16(p, xr.map(|j| x.add(j * kp)), kp) };
-                    for (i, vals) in res.iter().enumerate() {
-                        let row = t0 + q + i;
-                        if row < t1 {
-                            for (j, v) in vals.iter().enumerate().take(r1 - r) {
-                                out[row * n + r + j] = *v;
-                            }
-                        }
-                    }
+                    store_tile(out, &res, t0 + q, t1, n, r, r1);
                 }
             }
         }
@@ -333,6 +319,27 @@ unsafe fn tile_simd(p: &[f32], x: &[u8], xr: [usize; NR], kp: usize) -> [[f32; N
 fn widen_row<const SIMD: bool>(fmt: ActFormat, src: &[u8], dst: &mut [f32]) {
     for (i, d) in dst.iter_mut().enumerate() {
         *d = element(fmt, src, i);
+    }
+}
+
+/// A register tile's results (`res[i][j]`: weight row `row0 + i`, activation row `r + j`) into
+/// `out[row][col]`, leaving out the rows from `row_end` and the columns from `col_end` that the
+/// tile only computed to stay whole.
+#[inline(always)]
+pub(crate) fn store_tile<const M: usize, const N: usize>(
+    out: &mut [f32],
+    res: &[[f32; N]; M],
+    row0: usize,
+    row_end: usize,
+    n: usize,
+    r: usize,
+    col_end: usize,
+) {
+    for (i, vals) in res.iter().enumerate().take(row_end.saturating_sub(row0)) {
+        let dst = &mut out[(row0 + i) * n + r..];
+        for (o, v) in dst.iter_mut().zip(vals).take(col_end - r) {
+            *o = *v;
+        }
     }
 }
 

@@ -208,13 +208,7 @@ mod avx2 {
                             let sp = xr.map(|x| ysum.as_ptr().add(x * nb));
                             tile::<false>(wa, ws, xp, sp, pr, nb)
                         };
-                        for (i, vals) in res.iter().enumerate() {
-                            if sub + i < t1 {
-                                for (j, v) in vals.iter().enumerate().take(r1 - r) {
-                                    out[(sub + i) * n + r + j] = *v;
-                                }
-                            }
-                        }
+                        crate::kernels::gemm_float::store_tile(out, &res, sub, t1, n, r, r1);
                     }
                 }
             }
