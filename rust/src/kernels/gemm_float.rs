@@ -64,9 +64,7 @@ fn act_width(fmt: ActFormat) -> usize {
 pub fn widen_rows(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Converted {
     let kp = k.next_multiple_of(8);
     let width = act_width(fmt);
-    let rows = x.len() / k.max(1);
-    let mut data = vec![0u8; rows * kp * width];
-    let work = |xs: &[f32], out: &mut [u8]| {
+    let (data, rows) = super::matmul::convert_rows(x, k, kp * width, threads, |xs, out| {
         let mut tmp = vec![0u8; fmt.row_bytes(k)];
         for (xr, dst) in xs.chunks_exact(k).zip(out.chunks_exact_mut(kp * width)) {
             if width == 2 {
@@ -76,17 +74,7 @@ pub fn widen_rows(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Conver
                 widen_act_row(fmt, &tmp, &mut dst[..k * 4]);
             }
         }
-    };
-    if threads < 2 || rows < 2 || x.len() < (1 << 15) {
-        work(&x[..rows * k], &mut data);
-    } else {
-        let per = rows.div_ceil(threads);
-        let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
-            .chunks(per * k)
-            .zip(data.chunks_mut(per * kp * width))
-            .collect();
-        super::pool::for_each(threads, parts, |_, (xs, out)| work(xs, out));
-    }
+    });
     Converted {
         data,
         row_bytes: kp * width,

@@ -247,66 +247,86 @@ pub struct Shape {
     pub codes: Codes,
 }
 
-/// Four lanes of integer sums, one per vector (exact: any order gives the same integers).
+/// Lane `t` of the result: the sum of `v[t]`'s eight lanes (exact integers).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn hsum4_i32(v: [std::arch::x86_64::__m256i; 4]) -> std::arch::x86_64::__m128i {
+fn hsum8_i32(v: &[std::arch::x86_64::__m256i; 8]) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+    // each 128-bit half ends with the partial sums of v[0..4] (v[4..8]) over that half
+    let a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(a, b, 0x20),
+        _mm256_permute2x128_si256(a, b, 0x31),
+    )
 }
 
-/// (s1, s2) of `X` q8_K blocks (one per activation row) against four weight super-blocks:
-/// [`ints_avx2`] with each activation vector loaded once for the four rows, each weight
-/// vector once for the `X` activation rows, and the sums reduced together.
+/// Activation rows per pass of [`ints8_avx2`]: one lane each in the float step.
+const GROUP: usize = 8;
+
+/// (s1, s2) of one weight super-block against eight q8_K blocks (one per activation row,
+/// `ys[t]` at the block), lane `t` for row `t`: [`ints_avx2`] with each weight vector loaded
+/// once for the eight rows and the sums reduced together.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn ints4_avx2<const X: usize>(
-    r: &[SlabRegs; 4],
+fn ints8_avx2(
+    r: &SlabRegs,
     codes: Codes,
     has_min: bool,
-    ys: [&[u8]; X],
-) -> [(std::arch::x86_64::__m128i, std::arch::x86_64::__m128i); X] {
+    ys: &[*const u8; GROUP],
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
     use std::arch::x86_64::*;
-    for y in ys {
-        assert!(y.len() >= Q8K_BYTES);
-    }
-    let mut acc = [[_mm256_setzero_si256(); 4]; X];
-    for c in 0..8 {
-        // SAFETY: bytes 4 + 32·c .. 36 + 32·c lie inside each block (checked above).
-        let yv: [__m256i; X] = std::array::from_fn(|x| unsafe {
-            _mm256_loadu_si256(ys[x].as_ptr().add(4 + 32 * c) as *const __m256i)
-        });
-        for (i, regs) in r.iter().enumerate() {
-            for (a, y) in acc.iter_mut().zip(yv) {
-                let yr = match codes {
-                    Codes::Biased(_) => y,
-                    Codes::Signed => _mm256_sign_epi8(y, regs.sgnq[c]),
-                };
-                let p = _mm256_maddubs_epi16(regs.ubytes[c], yr);
-                a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(p, regs.scales[c]));
-            }
+    let mut acc = [_mm256_setzero_si256(); GROUP];
+    // an opaque trip count keeps the chunk loop rolled: unrolled, LLVM interleaves the chunks
+    // and spills the accumulators
+    for c in 0..std::hint::black_box(8) {
+        // volatile: loaded here, once per chunk, not all hoisted ahead of the loop (which
+        // pushes the accumulators out of registers)
+        // SAFETY: plain reads of initialized registers' memory.
+        let (u, sc) = unsafe {
+            (
+                std::ptr::read_volatile(&r.ubytes[c]),
+                std::ptr::read_volatile(&r.scales[c]),
+            )
+        };
+        let sg = match codes {
+            // SAFETY: as above.
+            Codes::Signed => unsafe { std::ptr::read_volatile(&r.sgnq[c]) },
+            Codes::Biased(_) => u,
+        };
+        for (a, y) in acc.iter_mut().zip(ys) {
+            // SAFETY: the caller passes whole q8_K blocks; codes 32·c .. 32·c + 32 of 256.
+            let yv = unsafe { _mm256_loadu_si256(y.add(4 + 32 * c) as *const __m256i) };
+            let yv = match codes {
+                Codes::Biased(_) => yv,
+                Codes::Signed => _mm256_sign_epi8(yv, sg),
+            };
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, yv), sc));
         }
     }
-    std::array::from_fn(|x| {
-        // SAFETY: the 16 bsums are bytes 260..292 (checked above).
-        let bs = unsafe { _mm256_loadu_si256(ys[x].as_ptr().add(260) as *const __m256i) };
-        let per_bsum: [__m256i; 4] = std::array::from_fn(|i| _mm256_madd_epi16(bs, r[i].per_bsum));
-        if has_min {
-            (hsum4_i32(acc[x]), hsum4_i32(per_bsum))
-        } else if let Codes::Biased(1..) = codes {
-            let s1: [__m256i; 4] =
-                std::array::from_fn(|i| _mm256_sub_epi32(acc[x][i], per_bsum[i]));
-            (hsum4_i32(s1), _mm_setzero_si128())
-        } else {
-            (hsum4_i32(acc[x]), _mm_setzero_si128())
-        }
-    })
+    let s1 = hsum8_i32(&acc);
+    if !has_min && !matches!(codes, Codes::Biased(1..)) {
+        return (s1, _mm256_setzero_si256());
+    }
+    // SAFETY: as above; the 16 bsums are bytes 260..292.
+    let per: [__m256i; GROUP] = std::array::from_fn(|t| unsafe {
+        _mm256_madd_epi16(
+            _mm256_loadu_si256(ys[t].add(260) as *const __m256i),
+            r.per_bsum,
+        )
+    });
+    let s2 = hsum8_i32(&per);
+    if has_min {
+        (s1, s2)
+    } else {
+        (_mm256_sub_epi32(s1, s2), _mm256_setzero_si256())
+    }
 }
 
 /// [`rows_avx2`] for four weight rows at once: `out[i · out_stride + r]` = row `ws[i]` ·
-/// `xs[r]`. The float steps run on four lanes, one per weight row, with the same operations
-/// as [`step`] (same bits).
+/// `xs[r]`. Eight activation rows share each weight vector, their float steps run on eight
+/// lanes with the same operations as [`step`] (same bits); a last group of fewer rows repeats
+/// its last row and drops those lanes.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -327,42 +347,52 @@ pub unsafe fn rows4_avx2(
         has_min,
         codes,
     } = shape;
-    let mut acc = vec![_mm_setzero_ps(); xs.len()];
+    let n = xs.len();
+    if n == 0 {
+        return;
+    }
+    let nblocks = k / 256;
+    for x in xs {
+        assert!(x.len() >= nblocks * Q8K_BYTES);
+    }
+    let groups = n.div_ceil(GROUP);
+    // [row i][group] float accumulators, eight activation rows a lane each
+    let mut acc = vec![_mm256_setzero_ps(); 4 * groups];
     let mut dec: [Decoded; 4] = std::array::from_fn(|_| Decoded::default());
-    for b in 0..k / 256 {
+    for b in 0..nblocks {
         for (d, w) in dec.iter_mut().zip(ws) {
             decode(&w[b * bb..(b + 1) * bb], d);
         }
         let regs: [SlabRegs; 4] = std::array::from_fn(|i| slab_regs(&dec[i], codes, has_min));
-        let d4 = _mm_setr_ps(dec[0].d, dec[1].d, dec[2].d, dec[3].d);
-        let neg_dmin4 = _mm_setr_ps(-dec[0].dmin, -dec[1].dmin, -dec[2].dmin, -dec[3].dmin);
-        let span = b * Q8K_BYTES..(b + 1) * Q8K_BYTES;
-        let step4 = |a: &mut __m128, y: &[u8], (s1, s2): (__m128i, __m128i)| {
-            let mut res = _mm_mul_ps(d4, _mm_cvtepi32_ps(s1));
-            if has_min {
-                res = _mm_fmadd_ps(neg_dmin4, _mm_cvtepi32_ps(s2), res);
+        for g in 0..groups {
+            let ys: [*const u8; GROUP] =
+                std::array::from_fn(|t| xs[(g * GROUP + t).min(n - 1)][b * Q8K_BYTES..].as_ptr());
+            let dx = _mm256_loadu_ps(
+                std::array::from_fn::<f32, GROUP, _>(|t| {
+                    // SAFETY: each block starts with its f32 d.
+                    unsafe { std::ptr::read_unaligned(ys[t] as *const f32) }
+                })
+                .as_ptr(),
+            );
+            for (i, regs) in regs.iter().enumerate() {
+                let (s1, s2) = ints8_avx2(regs, codes, has_min, &ys);
+                let mut res = _mm256_mul_ps(_mm256_set1_ps(dec[i].d), _mm256_cvtepi32_ps(s1));
+                if has_min {
+                    res =
+                        _mm256_fmadd_ps(_mm256_set1_ps(-dec[i].dmin), _mm256_cvtepi32_ps(s2), res);
+                }
+                let a = &mut acc[i * groups + g];
+                *a = _mm256_fmadd_ps(dx, res, *a);
             }
-            *a = _mm_fmadd_ps(_mm_set1_ps(q8k_d(y)), res, *a);
-        };
-        // two activation rows per pass share each weight vector load
-        let mut pairs = xs.chunks_exact(2).zip(acc.chunks_exact_mut(2));
-        for (x, a) in &mut pairs {
-            let ys = [&x[0][span.clone()], &x[1][span.clone()]];
-            let [r0, r1] = ints4_avx2::<2>(&regs, codes, has_min, ys);
-            step4(&mut a[0], ys[0], r0);
-            step4(&mut a[1], ys[1], r1);
-        }
-        if xs.len() % 2 == 1 {
-            let y = &xs[xs.len() - 1][span];
-            let [r0] = ints4_avx2::<1>(&regs, codes, has_min, [y]);
-            step4(acc.last_mut().expect("an odd row"), y, r0);
         }
     }
-    for (r, a) in acc.iter().enumerate() {
-        let mut v = [0.0f32; 4];
-        _mm_storeu_ps(v.as_mut_ptr(), *a);
-        for (i, val) in v.iter().enumerate() {
-            out[i * out_stride + r] = *val;
+    for (i, row) in acc.chunks_exact(groups).enumerate() {
+        for (g, a) in row.iter().enumerate() {
+            let mut v = [0.0f32; GROUP];
+            _mm256_storeu_ps(v.as_mut_ptr(), *a);
+            let r0 = g * GROUP;
+            let take = GROUP.min(n - r0);
+            out[i * out_stride + r0..i * out_stride + r0 + take].copy_from_slice(&v[..take]);
         }
     }
 }

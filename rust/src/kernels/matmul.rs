@@ -152,6 +152,31 @@ pub fn type_info(type_id: u32) -> Option<TypeInfo> {
 /// Activation values from which their conversion is split over threads.
 const PARALLEL_CONVERT_MIN: usize = 1 << 15;
 
+/// The whole rows of `x` (`k` values each) converted by `work` (a run of rows into as many
+/// `row_bytes` rows) into a zeroed buffer, split over up to `threads` threads for large batches;
+/// with the row count.
+pub fn convert_rows(
+    x: &[f32],
+    k: usize,
+    row_bytes: usize,
+    threads: usize,
+    work: impl Fn(&[f32], &mut [u8]) + Sync,
+) -> (Vec<u8>, usize) {
+    let rows = x.len() / k.max(1);
+    let mut data = vec![0u8; rows * row_bytes];
+    if threads < 2 || rows < 2 || x.len() < PARALLEL_CONVERT_MIN {
+        work(&x[..rows * k], &mut data);
+    } else {
+        let per = rows.div_ceil(threads);
+        let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
+            .chunks(per * k)
+            .zip(data.chunks_mut(per * row_bytes))
+            .collect();
+        super::pool::for_each(threads, parts, |_, (xs, out)| work(xs, out));
+    }
+    (data, rows)
+}
+
 /// Activation rows converted to a vec_dot type, `row_bytes` apart.
 pub struct Converted {
     pub data: Vec<u8>,
@@ -161,33 +186,13 @@ pub struct Converted {
 
 impl Converted {
     pub fn new(fmt: ActFormat, x: &[f32], k: usize) -> Self {
-        let rows = x.len() / k;
-        let row_bytes = fmt.row_bytes(k);
-        let mut data = vec![0u8; rows * row_bytes];
-        for (xr, or) in x.chunks_exact(k).zip(data.chunks_exact_mut(row_bytes)) {
-            fmt.convert_row(xr, or);
-        }
-        Self {
-            data,
-            row_bytes,
-            rows,
-        }
+        Self::new_par(fmt, x, k, 1)
     }
 
     /// [`Self::new`] with the rows split over up to `threads` threads (large batches only).
     pub fn new_par(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Self {
-        let rows = x.len() / k.max(1);
-        if threads < 2 || rows < 2 || x.len() < PARALLEL_CONVERT_MIN {
-            return Self::new(fmt, x, k);
-        }
         let row_bytes = fmt.row_bytes(k);
-        let mut data = vec![0u8; rows * row_bytes];
-        let per = rows.div_ceil(threads);
-        let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
-            .chunks(per * k)
-            .zip(data.chunks_mut(per * row_bytes))
-            .collect();
-        super::pool::for_each(threads, parts, |_, (xs, out)| {
+        let (data, rows) = convert_rows(x, k, row_bytes, threads, |xs, out| {
             for (xr, or) in xs.chunks_exact(k).zip(out.chunks_exact_mut(row_bytes)) {
                 fmt.convert_row(xr, or);
             }
@@ -529,11 +534,14 @@ pub(crate) fn run_rows(
         let rows = per.min(m - first);
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
-            scratch.clear();
-            scratch.resize(rows * n, 0.0);
-            f(w, stride, first, k, act, &mut scratch, gemm);
+            // grown, never cleared: the rows function writes every result
+            if scratch.len() < rows * n {
+                scratch.resize(rows * n, 0.0);
+            }
+            let results = &mut scratch[..rows * n];
+            f(w, stride, first, k, act, results, gemm);
             // SAFETY: task i alone owns columns first..first + rows
-            unsafe { shared.scatter(&scratch, first) };
+            unsafe { shared.scatter(results, first) };
             if scratch.capacity() > SCRATCH_KEEP {
                 *scratch = Vec::new();
             }
