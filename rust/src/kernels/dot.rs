@@ -91,6 +91,24 @@ pub trait RowDot {
         }
     }
 
+    /// The many-row path of the K-quant formats ([`super::gemm_kquant::rows`]) over activations
+    /// packed by [`super::gemm_kquant::pack`]; `false` (nothing done) for other types.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; for the K-quant formats `act` is packed.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn tiled_rows_simd(
+        _w: &[u8],
+        _stride: usize,
+        _first: usize,
+        _k: usize,
+        _act: &super::matmul::Converted,
+        _out: &mut [f32],
+    ) -> bool {
+        false
+    }
+
     /// [`Self::dot_simd`] for four activation rows at once (each result the same bits).
     ///
     /// # Safety
@@ -148,20 +166,22 @@ macro_rules! tiled_dot {
         }
         #[cfg(target_arch = "x86_64")]
         #[inline(always)]
-        unsafe fn dot_gemm_rows4_simd(
-            ws: [&[u8]; 4],
-            xs: &[&[u8]],
+        unsafe fn tiled_rows_simd(
+            w: &[u8],
+            stride: usize,
+            first: usize,
             k: usize,
+            act: &super::matmul::Converted,
             out: &mut [f32],
-            out_stride: usize,
-        ) {
+        ) -> bool {
             let shape = kquant_tiles::Shape {
                 block_bytes: $bytes,
                 has_min: $has_min,
                 codes: $codes,
             };
-            // SAFETY: the caller guarantees AVX2, FMA and F16C.
-            unsafe { kquant_tiles::rows4_avx2(ws, shape, xs, k, out, out_stride, $decode) }
+            // SAFETY: the caller guarantees AVX2, FMA and F16C and the packed activations.
+            unsafe { super::gemm_kquant::rows(w, stride, first, k, act, out, shape, $decode) };
+            true
         }
     };
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::act::ActFormat;
 use super::dot::{self, RowDot};
 use super::KernelError;
-use super::{gemm_float, gemm_q8};
+use super::{gemm_float, gemm_kquant, gemm_q8};
 
 /// Most weight rows per tile.
 pub const TILE_ROWS: usize = 16;
@@ -235,6 +235,11 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
         }
     };
     if gemm {
+        // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection; the K-quant
+        // activations were packed (`matmul_converted`, as `gemm_kquant::serves`).
+        if SIMD && unsafe { D::tiled_rows_simd(w, stride, first, k, act, out) } {
+            return;
+        }
         // the multi-row kernels decode each weight block once for a block of activation rows
         for r0 in (0..n).step_by(GEMM_ACT_BLOCK) {
             let r1 = n.min(r0 + GEMM_ACT_BLOCK);
@@ -609,6 +614,11 @@ pub fn matmul_converted(
     if gemm && gemm_float::serves(type_id) {
         let wide = gemm_float::widen_activations(act, info.act, k);
         run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out);
+    } else if gemm && gemm_kquant::serves(type_id) {
+        let packed = gemm_kquant::pack(act, k);
+        run_rows(
+            f, w, row_stride, m, k, row_bytes, &packed, threads, gemm, out,
+        );
     } else {
         run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm, out);
     }
@@ -719,7 +729,9 @@ mod tests {
             let mut b = vec![0.0f32; n * m];
             for_type!(t, D => {
                 rows_portable::<D>(&w, row, 0, k, &act, &mut a, true);
-                rows_fn::<D>()(&w, row, 0, k, &act, &mut b, true);
+                // the AVX2 rows take the packed activations (as `matmul_converted` gives them)
+                let packed = gemm_kquant::serves(t).then(|| gemm_kquant::pack(&act, k));
+                rows_fn::<D>()(&w, row, 0, k, packed.as_ref().unwrap_or(&act), &mut b, true);
                 // one row at a time (`dot_gemm`) gives the same bits as the row blocks
                 for i in [0, m - 1] {
                     for r in [0, 63, 64, n - 1] {

@@ -19,6 +19,7 @@ pub mod expf8;
 pub mod f16vec;
 pub mod flash_attn;
 pub mod gemm_float;
+pub mod gemm_kquant;
 pub mod gemm_q8;
 pub mod kquant_tiles;
 pub mod matmul;
