@@ -118,6 +118,16 @@ pub trait RowDot {
         // SAFETY: forwarded from the caller.
         xs.map(|x| unsafe { Self::dot_simd(w, x, k) })
     }
+
+    /// [`Self::dot_simd`] for two activation rows at once (each result the same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[inline(always)]
+    unsafe fn dot_simd2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
+        // SAFETY: forwarded from the caller.
+        xs.map(|x| unsafe { Self::dot_simd(w, x, k) })
+    }
 }
 
 /// Overrides `dot_simd4` with a multi-row function of [`super::dot_avx2`].
@@ -830,6 +840,13 @@ impl RowDot for F16 {
         sumf as f32
     }
     simd_dot!(f16);
+    simd_dot4!(f16x4);
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn dot_simd2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
+        // SAFETY: the caller guarantees AVX2, FMA and F16C.
+        unsafe { super::dot_avx2::f16x2(w, xs, k) }
+    }
     #[inline(always)]
     fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
         tinyblas_order(k, |i| (f16_at(w, 2 * i), f16_at(x, 2 * i)))

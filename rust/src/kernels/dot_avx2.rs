@@ -279,6 +279,57 @@ pub unsafe fn f16(w: &[u8], x: &[u8], k: usize) -> f32 {
     sumf as f32
 }
 
+/// [`f16`] of one weight row against two activation rows: each weight vector converted once
+/// for both, each row's four accumulators and reduction as in [`f16`] (same bits).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
+    assert!(w.len() >= 2 * k && xs.iter().all(|x| x.len() >= 2 * k));
+    let wp = w.as_ptr();
+    let xp = xs.map(|x| x.as_ptr());
+    let np = k & !31;
+    let mut s = [[_mm256_setzero_ps(); 4]; 2];
+    let mut i = 0;
+    while i < np {
+        prefetch_ahead(wp.add(2 * i));
+        for j in 0..4 {
+            let at = 2 * (i + 8 * j);
+            let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(at) as *const __m128i));
+            for (sr, x) in s.iter_mut().zip(xp) {
+                let b = _mm256_cvtph_ps(_mm_loadu_si128(x.add(at) as *const __m128i));
+                sr[j] = _mm256_fmadd_ps(a, b, sr[j]);
+            }
+        }
+        i += 32;
+    }
+    let mut res = [0.0f32; 2];
+    for ((r, sr), x) in res.iter_mut().zip(&s).zip(xp) {
+        let v = _mm256_add_ps(_mm256_add_ps(sr[0], sr[2]), _mm256_add_ps(sr[1], sr[3]));
+        let mut a = [0.0f32; 8];
+        _mm256_storeu_ps(a.as_mut_ptr(), v);
+        let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+        let mut sumf = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
+        for i in np..k {
+            sumf += (f16_at(wp.add(2 * i)) * f16_at(x.add(2 * i))) as f64;
+        }
+        *r = sumf as f32;
+    }
+    res
+}
+
+/// [`f16x2`] twice (four activation rows; sixteen accumulators would not fit the registers).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16x4(w: &[u8], xs: [&[u8]; 4], k: usize) -> [f32; 4] {
+    let [a, b] = f16x2(w, [xs[0], xs[1]], k);
+    let [c, d] = f16x2(w, [xs[2], xs[3]], k);
+    [a, b, c, d]
+}
+
 /// 32 bits to 32 bytes of 0x00 / 0xFF (`bytes_from_bits_32`).
 #[inline(always)]
 pub(crate) unsafe fn bytes_from_bits(p: *const u8) -> __m256i {

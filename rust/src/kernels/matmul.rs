@@ -291,6 +291,17 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
                     }
                     r += 4;
                 }
+                // and a pair (GQA decode: two query heads per KV head)
+                if r + 2 <= r1 {
+                    let xs = [act.row(r), act.row(r + 1)];
+                    for i in i0..i1 {
+                        let at = (first + i) * stride;
+                        // SAFETY: as above.
+                        let res = unsafe { D::dot_simd2(&w[at..at + wrow_bytes], xs, k) };
+                        out[i * n + r..i * n + r + 2].copy_from_slice(&res);
+                    }
+                    r += 2;
+                }
             }
             for r in r..r1 {
                 for i in i0..i1 {
@@ -713,6 +724,22 @@ mod tests {
             }, unreachable!());
             assert_eq!(a, b, "type {t}");
             assert!(a.iter().all(|v| v.is_finite()), "type {t}");
+        }
+    }
+
+    /// The f16 kernels that share each weight vector among two or four activation rows keep
+    /// each row's sum (leftover elements past a multiple of 32 included).
+    #[test]
+    fn f16_multi_row_dots_keep_each_rows_bits() {
+        for n in [2usize, 3, 5, 6] {
+            let (m, k) = (9, 200);
+            let w = weights(1, m, k, 21);
+            let x = noise(23, n * k);
+            let act = Converted::new(ActFormat::F16, &x, k);
+            let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
+            rows_portable::<super::super::dot::F16>(&w, 2 * k, 0, k, &act, &mut a, false);
+            rows_fn::<super::super::dot::F16>()(&w, 2 * k, 0, k, &act, &mut b, false);
+            assert_eq!(a, b, "n {n}");
         }
     }
 
