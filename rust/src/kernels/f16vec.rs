@@ -118,6 +118,48 @@ pub unsafe fn dot_f16_avx2(x: &[u16], y: &[u16]) -> f32 {
     sum as f32
 }
 
+/// [`dot_f16_avx2`] of `x` against two rows `ys`: each `x` vector converted once, each row's
+/// accumulators and reduction unchanged (same bits).
+///
+/// # Safety
+/// AVX2, FMA and F16C present.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot2_f16_avx2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
+    use std::arch::x86_64::*;
+    let n = x.len().min(ys[0].len()).min(ys[1].len());
+    let np = n & !(STEP - 1);
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    let xp = x.as_ptr();
+    let yp = ys.map(|y| y.as_ptr());
+    let mut i = 0;
+    while i < np {
+        for j in 0..4 {
+            // SAFETY: i + 32 <= np <= len of every slice.
+            unsafe {
+                let vx = _mm256_cvtph_ps(_mm_loadu_si128(xp.add(i + j * LANES) as *const __m128i));
+                for (a, y) in acc.iter_mut().zip(yp) {
+                    let vy =
+                        _mm256_cvtph_ps(_mm_loadu_si128(y.add(i + j * LANES) as *const __m128i));
+                    a[j] = _mm256_fmadd_ps(vx, vy, a[j]);
+                }
+            }
+        }
+        i += STEP;
+    }
+    std::array::from_fn(|r| {
+        let a = &acc[r];
+        let s = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let t1 = _mm_hadd_ps(t0, t0);
+        let mut sum = f64::from(_mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
+        for p in np..n {
+            sum += f64::from(fp16_to_f32(x[p]) * fp16_to_f32(ys[r][p]));
+        }
+        sum as f32
+    })
+}
+
 /// `y[i] = f16(x[i]·v + y[i])` (fused), as `ggml_vec_mad_f16`.
 pub fn mad_f16(y: &mut [u16], x: &[u16], v: f32) {
     #[cfg(target_arch = "x86_64")]

@@ -28,6 +28,12 @@ fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
 }
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
+fn simd_dot2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
+    // SAFETY: as simd_dot.
+    unsafe { super::f16vec::dot2_f16_avx2(x, ys) }
+}
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
 fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
     // SAFETY: as simd_dot.
     unsafe { super::f16vec::mad_f16_avx2(y, x, v) }
@@ -41,6 +47,10 @@ fn simd_scale(y: &mut [u16], v: f32) {
 #[cfg(not(target_arch = "x86_64"))]
 fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
     dot_f16_portable(x, y)
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn simd_dot2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
+    ys.map(|y| dot_f16_portable(x, y))
 }
 #[cfg(not(target_arch = "x86_64"))]
 fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
@@ -116,6 +126,23 @@ impl Scratch {
             vkq16: vec![0; dv],
             vkq32: vec![0.0; dv],
         }
+    }
+}
+
+/// Positions ahead whose K and V rows a decode row prefetches.
+const AHEAD: usize = 4;
+
+/// A hint to load `bytes` from `p` (a row of K or V, possibly past the end: never faults).
+#[inline(always)]
+fn prefetch_rows(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: prefetching is a hint; it never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(off) as *const i8,
+            )
+        };
     }
 }
 
@@ -222,12 +249,86 @@ impl FlashAttn {
         with_sinks: bool,
         sc: &mut Scratch,
     ) -> (f32, f32) {
-        let [dk, n_q, n_head, n3] = self.q.ne;
-        let dv = self.dv();
+        let [r] = unsafe { self.rows_impl::<SIMD, 1>([ir], c0, c1, with_sinks, [sc]) };
+        r
+    }
+
+    /// K and V bases of query row `ir` (its KV head).
+    fn kv_bases(&self, ir: usize) -> (*const u8, *const u8) {
+        let [_, n_q, n_head, n3] = self.q.ne;
         let iq3 = ir / (n_head * n_q);
         let iq2 = (ir - iq3 * n_head * n_q) / n_q;
-        let iq1 = ir - iq3 * n_head * n_q - iq2 * n_q;
-        let slope = self.slope(iq2);
+        let (k, v) = (&self.k, &self.v);
+        let at =
+            |o: &Operand| (iq2 / (n_head / o.ne[2])) * o.nb[2] + (iq3 / (n3 / o.ne[3])) * o.nb[3];
+        (k.ptr.wrapping_add(at(k)), v.ptr.wrapping_add(at(v)))
+    }
+
+    /// Whether query rows `a` and `b` read the same K and V rows (GQA heads, or two query
+    /// positions of one head), so one walk over the KV positions can serve both.
+    fn share_kv(&self, a: usize, b: usize) -> bool {
+        self.kv_bases(a) == self.kv_bases(b)
+    }
+
+    /// [`Self::row_pair_avx2`]'s portable twin is two [`Self::row`]s (same bits).
+    ///
+    /// # Safety
+    /// As [`Self::row`], for rows that [`Self::share_kv`]; `sc` two distinct scratches.
+    unsafe fn row_pair(
+        &self,
+        irs: [usize; 2],
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        sc: [&mut Scratch; 2],
+    ) -> [(f32, f32); 2] {
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2() {
+            // SAFETY: features detected; the rest per this function's contract.
+            return unsafe { self.row_pair_avx2(irs, c0, c1, with_sinks, sc) };
+        }
+        let [s0, s1] = sc;
+        // SAFETY: per this function's contract.
+        unsafe {
+            [
+                self.row_impl::<false>(irs[0], c0, c1, with_sinks, s0),
+                self.row_impl::<false>(irs[1], c0, c1, with_sinks, s1),
+            ]
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_pair_avx2(
+        &self,
+        irs: [usize; 2],
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        sc: [&mut Scratch; 2],
+    ) -> [(f32, f32); 2] {
+        unsafe { self.rows_impl::<true, 2>(irs, c0, c1, with_sinks, sc) }
+    }
+
+    /// Online softmax of `G` query rows that share their K and V rows, walked once: per row
+    /// exactly [`Self::row`]'s operations in its order (each K row converted once for all).
+    #[inline(always)]
+    unsafe fn rows_impl<const SIMD: bool, const G: usize>(
+        &self,
+        irs: [usize; G],
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+        mut sc: [&mut Scratch; G],
+    ) -> [(f32, f32); G] {
+        let [dk, n_q, n_head, _] = self.q.ne;
+        let dv = self.dv();
+        let head = |ir: usize| {
+            let iq3 = ir / (n_head * n_q);
+            let iq2 = (ir - iq3 * n_head * n_q) / n_q;
+            (iq3, iq2, ir - iq3 * n_head * n_q - iq2 * n_q)
+        };
+        let slope: [f32; G] = std::array::from_fn(|g| self.slope(head(irs[g]).1));
         // ggml folds the softcap into the scale: softcap · tanh(s · scale / softcap)
         let scale = if self.softcap != 0.0 {
             self.scale / self.softcap
@@ -235,92 +336,114 @@ impl FlashAttn {
             self.scale
         };
         let q = &self.q;
-        // SAFETY (all raw reads below): in bounds per the caller's contract.
-        let qrow = unsafe {
-            std::slice::from_raw_parts(
-                q.ptr.add(iq1 * q.nb[1] + iq2 * q.nb[2] + iq3 * q.nb[3]) as *const f32,
-                dk,
-            )
-        };
-        f32_row_to_f16(qrow, &mut sc.q16);
+        for (g, s) in sc.iter_mut().enumerate() {
+            let (iq3, iq2, iq1) = head(irs[g]);
+            // SAFETY (all raw reads below): in bounds per the caller's contract.
+            let qrow = unsafe {
+                std::slice::from_raw_parts(
+                    q.ptr.add(iq1 * q.nb[1] + iq2 * q.nb[2] + iq3 * q.nb[3]) as *const f32,
+                    dk,
+                )
+            };
+            f32_row_to_f16(qrow, &mut s.q16);
+            s.vkq16.fill(0);
+        }
         let (k, v) = (&self.k, &self.v);
-        let k_base = unsafe {
-            k.ptr
-                .add((iq2 / (n_head / k.ne[2])) * k.nb[2] + (iq3 / (n3 / k.ne[3])) * k.nb[3])
-        };
-        let v_base = unsafe {
-            v.ptr
-                .add((iq2 / (n_head / v.ne[2])) * v.nb[2] + (iq3 / (n3 / v.ne[3])) * v.nb[3])
-        };
-        let mask_row = self.mask.map(|m| unsafe {
-            m.ptr
-                .add(iq1 * m.nb[1] + (iq2 % m.ne[2]) * m.nb[2] + (iq3 % m.ne[3]) * m.nb[3])
+        let (k_base, v_base) = self.kv_bases(irs[0]);
+        let mask_row: [Option<*const u8>; G] = std::array::from_fn(|g| {
+            let (iq3, iq2, iq1) = head(irs[g]);
+            self.mask.map(|m| unsafe {
+                m.ptr
+                    .add(iq1 * m.nb[1] + (iq2 % m.ne[2]) * m.nb[2] + (iq3 % m.ne[3]) * m.nb[3])
+            })
         });
-        sc.vkq16.fill(0);
-        let mut s_sum = 0.0f32;
-        let mut m_max = f32::NEG_INFINITY;
+        let mut s_sum = [0.0f32; G];
+        let mut m_max = [f32::NEG_INFINITY; G];
         for ic in c0..c1 {
-            let mv = match mask_row {
+            let mv: [f32; G] = std::array::from_fn(|g| match mask_row[g] {
                 Some(p) => {
-                    slope * fp16_to_f32(unsafe { (p.add(ic * 2) as *const u16).read_unaligned() })
+                    slope[g]
+                        * fp16_to_f32(unsafe { (p.add(ic * 2) as *const u16).read_unaligned() })
                 }
                 None => 0.0,
-            };
-            if mv == f32::NEG_INFINITY {
+            });
+            if mv.iter().all(|&m| m == f32::NEG_INFINITY) {
                 continue;
+            }
+            if SIMD {
+                // the rows of a few positions ahead: K/V rows lie a cache row's stride apart,
+                // a pattern the hardware prefetcher follows too late
+                prefetch_rows(k_base.wrapping_add((ic + AHEAD) * k.nb[1]), dk * 2);
+                prefetch_rows(v_base.wrapping_add((ic + AHEAD) * v.nb[1]), dv * 2);
             }
             let krow =
                 unsafe { std::slice::from_raw_parts(k_base.add(ic * k.nb[1]) as *const u16, dk) };
-            let mut s = if SIMD {
-                simd_dot(krow, &sc.q16)
+            let dots: [f32; G] = if SIMD && G == 2 {
+                let [a, b] = simd_dot2(krow, [&sc[0].q16, &sc[1].q16]);
+                std::array::from_fn(|g| if g == 0 { a } else { b })
             } else {
-                dot_f16_portable(krow, &sc.q16)
+                std::array::from_fn(|g| {
+                    if SIMD {
+                        simd_dot(krow, &sc[g].q16)
+                    } else {
+                        dot_f16_portable(krow, &sc[g].q16)
+                    }
+                })
             };
-            s *= scale;
-            if self.softcap != 0.0 {
-                s = self.softcap * tanhf(s);
-            }
-            s += mv;
-            let m_old = m_max;
-            let mut ms = 1.0f32;
-            let mut vs = 1.0f32;
-            if s > m_max {
-                m_max = s;
-                ms = (m_old - m_max).exp();
-                if SIMD {
-                    simd_scale(&mut sc.vkq16, ms);
-                } else {
-                    scale_f16_portable(&mut sc.vkq16, ms);
-                }
-            } else {
-                vs = (s - m_max).exp();
-            }
             let vrow =
                 unsafe { std::slice::from_raw_parts(v_base.add(ic * v.nb[1]) as *const u16, dv) };
-            if SIMD {
-                simd_mad(&mut sc.vkq16, vrow, vs);
-            } else {
-                mad_f16_portable(&mut sc.vkq16, vrow, vs);
+            for g in 0..G {
+                if mv[g] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mut s = dots[g] * scale;
+                if self.softcap != 0.0 {
+                    s = self.softcap * tanhf(s);
+                }
+                s += mv[g];
+                let m_old = m_max[g];
+                let mut ms = 1.0f32;
+                let mut vs = 1.0f32;
+                if s > m_max[g] {
+                    m_max[g] = s;
+                    ms = (m_old - m_max[g]).exp();
+                    if SIMD {
+                        simd_scale(&mut sc[g].vkq16, ms);
+                    } else {
+                        scale_f16_portable(&mut sc[g].vkq16, ms);
+                    }
+                } else {
+                    vs = (s - m_max[g]).exp();
+                }
+                if SIMD {
+                    simd_mad(&mut sc[g].vkq16, vrow, vs);
+                } else {
+                    mad_f16_portable(&mut sc[g].vkq16, vrow, vs);
+                }
+                s_sum[g] = s_sum[g].mul_add(ms, vs);
             }
-            s_sum = s_sum.mul_add(ms, vs);
         }
-        for (o, h) in sc.vkq32.iter_mut().zip(&sc.vkq16) {
-            *o = fp16_to_f32(*h);
-        }
-        if let (Some(sinks), true) = (self.sinks, with_sinks) {
-            let s = unsafe { sinks.add(iq2).read_unaligned() };
-            let mut ms = 1.0f32;
-            let mut vs = 1.0f32;
-            if s > m_max {
-                ms = (m_max - s).exp();
-                m_max = s;
-                sc.vkq32.iter_mut().for_each(|x| *x *= ms);
-            } else {
-                vs = (s - m_max).exp();
+        std::array::from_fn(|g| {
+            let s = &mut sc[g];
+            for (o, h) in s.vkq32.iter_mut().zip(&s.vkq16) {
+                *o = fp16_to_f32(*h);
             }
-            s_sum = s_sum.mul_add(ms, vs);
-        }
-        (m_max, s_sum)
+            let (mut m_max, mut s_sum) = (m_max[g], s_sum[g]);
+            if let (Some(sinks), true) = (self.sinks, with_sinks) {
+                let sv = unsafe { sinks.add(head(irs[g]).1).read_unaligned() };
+                let mut ms = 1.0f32;
+                let mut vs = 1.0f32;
+                if sv > m_max {
+                    ms = (m_max - sv).exp();
+                    m_max = sv;
+                    s.vkq32.iter_mut().for_each(|x| *x *= ms);
+                } else {
+                    vs = (sv - m_max).exp();
+                }
+                s_sum = s_sum.mul_add(ms, vs);
+            }
+            (m_max, s_sum)
+        })
     }
 
     /// # Safety
@@ -375,13 +498,23 @@ impl FlashAttn {
         let nr = self.n_rows();
         let (dk, dv, n_kv) = (self.dk(), self.dv(), self.n_kv());
         let work = |r0: usize, r1: usize| {
-            let mut sc = Scratch::new(dk, dv);
-            for ir in r0..r1 {
+            let (mut sc, mut sc2) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
+            let mut ir = r0;
+            while ir < r1 {
                 // SAFETY: per this function's contract; rows are disjoint between threads.
                 unsafe {
+                    if ir + 1 < r1 && self.share_kv(ir, ir + 1) {
+                        let [(_, s), (_, s2)] =
+                            self.row_pair([ir, ir + 1], 0, n_kv, true, [&mut sc, &mut sc2]);
+                        self.write_row(self.out_index(ir), &sc.vkq32, s);
+                        self.write_row(self.out_index(ir + 1), &sc2.vkq32, s2);
+                        ir += 2;
+                        continue;
+                    }
                     let (_, s) = self.row(ir, 0, n_kv, true, &mut sc);
                     self.write_row(self.out_index(ir), &sc.vkq32, s);
                 }
+                ir += 1;
             }
         };
         let threads = self.workers(threads).min(nr).max(1);
@@ -408,19 +541,39 @@ impl FlashAttn {
         // partials[(head * threads + chunk) * stride ..]: M, S, VKQ
         let mut partials = vec![0.0f32; n_head * threads * stride];
         let fill = |t: usize, mine: &mut [(usize, &mut [f32])]| {
-            let mut sc = Scratch::new(dk, dv);
+            let (mut sc, mut sc2) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
             let (c0, c1) = (t * chunk, ((t + 1) * chunk).min(n_kv));
-            for (h, p) in mine.iter_mut() {
-                if c0 >= n_kv {
-                    p[0] = f32::NEG_INFINITY;
-                    p[1] = 0.0;
-                    continue;
-                }
-                // SAFETY: per run()'s contract.
-                let (m, s) = unsafe { self.row(*h, c0, c1, c0 == 0, &mut sc) };
+            let keep = |p: &mut [f32], (m, s): (f32, f32), sc: &Scratch| {
                 p[0] = m;
                 p[1] = s;
                 p[2..].copy_from_slice(&sc.vkq32);
+            };
+            let mut i = 0;
+            while i < mine.len() {
+                if c0 >= n_kv {
+                    let p = &mut mine[i].1;
+                    p[0] = f32::NEG_INFINITY;
+                    p[1] = 0.0;
+                    i += 1;
+                    continue;
+                }
+                // heads that share a KV head walk the chunk once (GQA)
+                if i + 1 < mine.len() && self.share_kv(mine[i].0, mine[i + 1].0) {
+                    let (head, tail) = mine.split_at_mut(i + 1);
+                    let ((h, p), (h2, p2)) = (&mut head[i], &mut tail[0]);
+                    // SAFETY: per run()'s contract.
+                    let [a, b] =
+                        unsafe { self.row_pair([*h, *h2], c0, c1, c0 == 0, [&mut sc, &mut sc2]) };
+                    keep(p, a, &sc);
+                    keep(p2, b, &sc2);
+                    i += 2;
+                    continue;
+                }
+                let (h, p) = &mut mine[i];
+                // SAFETY: per run()'s contract.
+                let r = unsafe { self.row(*h, c0, c1, c0 == 0, &mut sc) };
+                keep(p, r, &sc);
+                i += 1;
             }
         };
         {
