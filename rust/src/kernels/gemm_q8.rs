@@ -19,6 +19,10 @@ const PANEL: usize = 8;
 const NR: usize = 2;
 /// Activation bytes (with their products) walked per decoded weight panel (about half of L2).
 const XBLOCK_BYTES: usize = 256 * 1024;
+/// Weight blocks (of 32) per pass over an activation block, for rows longer than
+/// `KC_FROM` blocks (shorter ones in one pass: measured faster up to K = 2048).
+const KC_BLOCKS: usize = 32;
+const KC_FROM: usize = 64;
 
 /// 32 signed values, aligned for whole-register loads.
 #[derive(Clone, Copy)]
@@ -80,7 +84,9 @@ fn rows_entry<const TYPE_ID: u32>(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{block_bytes, f16, Block, Converted, MR, NR, PANEL, XBLOCK_BYTES};
+    use super::{
+        block_bytes, f16, Block, Converted, KC_BLOCKS, KC_FROM, MR, NR, PANEL, XBLOCK_BYTES,
+    };
     use crate::kernels::dot_avx2::{bytes_from_bits, hsum, nibbles32};
 
     /// What q4_0 and q5_0 values are stored as: `v + OFFSET` fits an unsigned byte, so
@@ -167,12 +173,18 @@ mod avx2 {
         let mut dw = vec![0.0f32; PANEL * nb]; // [block][row]
                                                // activation blocks of even size, so none is a small remainder, sized by what one
                                                // activation row brings into cache: values, products (and offset sums)
-        let row_cache = nb * (32 + 4 * PANEL + if off != 0 { 32 } else { 0 });
+                                               // the K blocks walked per pass: tiles keep their accumulators between passes, so a
+                                               // long row (ffn_down) does not shrink the activation block to a few rows
+        let kc = if nb > KC_FROM { KC_BLOCKS } else { nb };
+        let row_cache = kc * (32 + 4 * PANEL + if off != 0 { 32 } else { 0 });
         let parts = (n * row_cache).div_ceil(XBLOCK_BYTES).max(1);
         let xblock = n.div_ceil(parts).next_multiple_of(NR);
-        // d_w·d_x of the panel's rows for every activation block: [row - r0][block][PANEL],
-        // the same products as ggml's scalar ones, so the tile loop only broadcasts them
-        let mut prod = vec![0.0f32; xblock * nb * PANEL];
+        // d_w·d_x of the panel's rows for every activation block of the pass:
+        // [row - r0][block - kb][PANEL], the same products as ggml's scalar ones, so the tile
+        // loop only broadcasts them
+        let mut prod = vec![0.0f32; xblock * kc * PANEL];
+        let zero = [[_mm256_setzero_ps(); NR]; MR];
+        let mut accs = vec![zero; PANEL / MR * xblock / NR]; // [sub][r pair]
         for r0 in (0..n).step_by(xblock) {
             let r1 = n.min(r0 + xblock);
             for t0 in (0..rows_total).step_by(PANEL) {
@@ -186,28 +198,45 @@ mod avx2 {
                         dw[b * PANEL + i] = decode_simd(type_id, blk.as_ptr(), a, s);
                     }
                 }
-                let (pp, dwp) = (prod.as_mut_ptr(), dw.as_ptr());
-                for (r, dyr) in dy.chunks_exact(nb).enumerate().take(r1).skip(r0) {
-                    let dst = pp.add((r - r0) * nb * PANEL);
-                    for (b, d) in dyr.iter().enumerate() {
-                        let v =
-                            _mm256_mul_ps(_mm256_loadu_ps(dwp.add(b * PANEL)), _mm256_set1_ps(*d));
-                        _mm256_storeu_ps(dst.add(b * PANEL), v);
+                accs.fill(zero);
+                for kb in (0..nb).step_by(kc) {
+                    let kn = kc.min(nb - kb);
+                    let (pp, dwp) = (prod.as_mut_ptr(), dw.as_ptr());
+                    for (r, dyr) in dy.chunks_exact(nb).enumerate().take(r1).skip(r0) {
+                        let dst = pp.add((r - r0) * kc * PANEL);
+                        for (b, d) in dyr[kb..kb + kn].iter().enumerate() {
+                            let v = _mm256_mul_ps(
+                                _mm256_loadu_ps(dwp.add((kb + b) * PANEL)),
+                                _mm256_set1_ps(*d),
+                            );
+                            _mm256_storeu_ps(dst.add(b * PANEL), v);
+                        }
+                    }
+                    for sub in (t0..t1).step_by(MR) {
+                        let s0 = sub - t0;
+                        for r in (r0..r1).step_by(NR) {
+                            let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(r1 - 1));
+                            let xp = xr.map(|x| xq.as_ptr().add(x * nb + kb));
+                            let pr = xr.map(|x| prod.as_ptr().add((x - r0) * kc * PANEL + s0));
+                            let (wa, ws) = (
+                                wa.as_ptr().add(kb * PANEL + s0),
+                                ws.as_ptr().add(kb * PANEL + s0),
+                            );
+                            let acc = &mut accs[s0 / MR * (xblock / NR) + (r - r0) / NR];
+                            if off == 0 {
+                                tile::<true>(wa, ws, xp, xp, pr, kn, acc)
+                            } else {
+                                let sp = xr.map(|x| ysum.as_ptr().add(x * nb + kb));
+                                tile::<false>(wa, ws, xp, sp, pr, kn, acc)
+                            };
+                        }
                     }
                 }
                 for sub in (t0..t1).step_by(MR) {
                     let s0 = sub - t0;
                     for r in (r0..r1).step_by(NR) {
-                        let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(r1 - 1));
-                        let xp = xr.map(|x| xq.as_ptr().add(x * nb));
-                        let pr = xr.map(|x| prod.as_ptr().add((x - r0) * nb * PANEL + s0));
-                        let (wa, ws) = (wa.as_ptr().add(s0), ws.as_ptr().add(s0));
-                        let res = if off == 0 {
-                            tile::<true>(wa, ws, xp, xp, pr, nb)
-                        } else {
-                            let sp = xr.map(|x| ysum.as_ptr().add(x * nb));
-                            tile::<false>(wa, ws, xp, sp, pr, nb)
-                        };
+                        let acc = &accs[s0 / MR * (xblock / NR) + (r - r0) / NR];
+                        let res = acc.map(|row| row.map(|a| hsum(a)));
                         crate::kernels::gemm_float::store_tile(out, &res, sub, t1, n, r, r1);
                     }
                 }
@@ -226,11 +255,12 @@ mod avx2 {
         sp: [*const Block; NR],
         pp: [*const f32; NR],
         nb: usize,
-    ) -> [[f32; NR]; MR] {
+        acc_io: &mut [[__m256; NR]; MR],
+    ) {
         // opaque, or LLVM rebuilds the row pointers from their indices inside the loop
         let (wa, ws, xp, sp, pp) = std::hint::black_box((wa, ws, xp, sp, pp));
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+        let mut acc = *acc_io;
         for b in 0..nb {
             let ys: [__m256i; NR] =
                 std::array::from_fn(|j| _mm256_load_si256(xp[j].add(b) as *const __m256i));
@@ -256,7 +286,7 @@ mod avx2 {
                 }
             }
         }
-        acc.map(|row| row.map(|a| hsum(a)))
+        *acc_io = acc;
     }
 }
 
@@ -275,7 +305,12 @@ mod tests {
         }
         for &t in &[8u32, 2, 6] {
             let bb = block_bytes(t).unwrap();
-            for &(m, k, n) in &[(5usize, 64usize, 4usize), (3, 96, 9), (33, 320, 13)] {
+            for &(m, k, n) in &[
+                (5usize, 64usize, 4usize),
+                (3, 96, 9),
+                (33, 320, 13),
+                (9, 2304, 5),
+            ] {
                 let mut w: Vec<u8> = noise(t as u64, m * k / 32 * bb)
                     .iter()
                     .map(|v| ((v + 1.0) * 127.9) as u8)
