@@ -58,6 +58,40 @@ pub fn rows_fn(type_id: u32) -> RowsFn {
     }
 }
 
+/// Bytes of [`pack`]'s layout for `blocks` activation blocks.
+fn packed_bytes(blocks: usize, off: i8) -> usize {
+    blocks * (32 + 4 + if off != 0 { 32 } else { 0 })
+}
+
+/// q8_0 activation rows (`act`) laid out once per matmul for the tiles of every thread: the
+/// 32 values of each block back to back, then the f32 scales, then (q4_0/q5_0) the offset lane
+/// sums, each `[row][block]`. `row_bytes` and `rows` stay those of `act`.
+pub fn pack(act: &Converted, type_id: u32) -> Converted {
+    let blocks = act.data.len() / 34;
+    #[cfg(target_arch = "x86_64")]
+    let off = avx2::offset(type_id);
+    #[cfg(not(target_arch = "x86_64"))]
+    let off = 0i8;
+    let mut data = vec![0u8; packed_bytes(blocks, off)];
+    let (values, rest) = data.split_at_mut(blocks * 32);
+    let (scales, sums) = rest.split_at_mut(blocks * 4);
+    for (i, b) in act.data.chunks_exact(34).enumerate() {
+        values[i * 32..i * 32 + 32].copy_from_slice(&b[2..]);
+        scales[i * 4..i * 4 + 4].copy_from_slice(&f16(b).to_le_bytes());
+        #[cfg(target_arch = "x86_64")]
+        if off != 0 {
+            // SAFETY: AVX2 is present wherever this kernel is chosen (`serves`); 32 bytes each.
+            unsafe { avx2::offset_sum(b[2..].as_ptr(), off, sums[i * 32..].as_mut_ptr()) };
+        }
+    }
+    let _ = sums;
+    Converted {
+        data,
+        row_bytes: act.row_bytes,
+        rows: act.rows,
+    }
+}
+
 fn rows_entry<const TYPE_ID: u32>(
     w: &[u8],
     stride: usize,
@@ -85,14 +119,15 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{
-        block_bytes, f16, Block, Converted, KC_BLOCKS, KC_FROM, MR, NR, PANEL, XBLOCK_BYTES,
+        block_bytes, packed_bytes, Block, Converted, KC_BLOCKS, KC_FROM, MR, NR, PANEL,
+        XBLOCK_BYTES,
     };
     use crate::kernels::dot_avx2::{bytes_from_bits, hsum, nibbles32};
 
     /// What q4_0 and q5_0 values are stored as: `v + OFFSET` fits an unsigned byte, so
     /// `maddubs` takes the weight directly and `OFFSET·Σy` (per lane, exact) is taken off after;
     /// q8_0 (`OFFSET` 0) keeps ggml's sign trick. Both give the same integer lanes.
-    fn offset(type_id: u32) -> i8 {
+    pub(super) fn offset(type_id: u32) -> i8 {
         match type_id {
             2 => 8,
             6 => 16,
@@ -121,19 +156,15 @@ mod avx2 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
     }
 
-    /// Lane sums `offset · Σ y` of each activation block (lane m: bytes 4m..4m+3).
-    unsafe fn offset_sums(xq: &[Block], off: i8) -> Vec<Block> {
-        let o = _mm256_set1_epi8(off);
-        let ones = _mm256_set1_epi16(1);
-        xq.iter()
-            .map(|y| {
-                let yv = _mm256_load_si256(y.0.as_ptr() as *const __m256i);
-                let mut s = Block([0; 32]);
-                let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(o, yv), ones);
-                _mm256_store_si256(s.0.as_mut_ptr() as *mut __m256i, lanes);
-                s
-            })
-            .collect()
+    /// Lane sums `offset · Σ y` of the activation block at `y` (lane m: bytes 4m..4m+3).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn offset_sum(y: *const u8, off: i8, dst: *mut u8) {
+        let yv = _mm256_loadu_si256(y as *const __m256i);
+        let lanes = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_set1_epi8(off), yv),
+            _mm256_set1_epi16(1),
+        );
+        _mm256_storeu_si256(dst as *mut __m256i, lanes);
     }
 
     /// Weight rows `first..first + out.len() / n` against every activation row.
@@ -153,21 +184,14 @@ mod avx2 {
         if n == 0 || nb == 0 {
             return;
         }
-        assert!(act.row_bytes == nb * 34 && act.data.len() >= n * nb * 34);
-        let rows_total = out.len() / n;
-        // activations once, as 32-byte aligned values and f32 scales: [row][block]
-        let dy: Vec<f32> = act.data.chunks_exact(34).map(f16).collect();
-        let xq: Vec<Block> = act
-            .data
-            .chunks_exact(34)
-            .map(|b| Block(std::array::from_fn(|j| b[2 + j] as i8)))
-            .collect();
         let off = offset(type_id);
-        let ysum = if off != 0 {
-            offset_sums(&xq, off)
-        } else {
-            Vec::new()
-        };
+        let blocks = n * nb;
+        assert!(act.row_bytes == nb * 34 && act.data.len() >= packed_bytes(blocks, off));
+        let rows_total = out.len() / n;
+        // the packed activations (see `pack`): values, scales, offset sums, each [row][block]
+        let xq = act.data.as_ptr() as *const Block; // read with unaligned loads only
+        let dy = act.data.as_ptr().add(blocks * 32) as *const f32; // read unaligned
+        let ysum = act.data.as_ptr().add(blocks * 36) as *const Block;
         let mut wa = vec![Block([0; 32]); PANEL * nb]; // [block][row]
         let mut ws = vec![Block([0; 32]); PANEL * nb]; // signed values: q8_0 only
         let mut dw = vec![0.0f32; PANEL * nb]; // [block][row]
@@ -202,12 +226,13 @@ mod avx2 {
                 for kb in (0..nb).step_by(kc) {
                     let kn = kc.min(nb - kb);
                     let (pp, dwp) = (prod.as_mut_ptr(), dw.as_ptr());
-                    for (r, dyr) in dy.chunks_exact(nb).enumerate().take(r1).skip(r0) {
+                    for r in r0..r1 {
                         let dst = pp.add((r - r0) * kc * PANEL);
-                        for (b, d) in dyr[kb..kb + kn].iter().enumerate() {
+                        for b in 0..kn {
+                            let d = dy.add(r * nb + kb + b).read_unaligned();
                             let v = _mm256_mul_ps(
                                 _mm256_loadu_ps(dwp.add((kb + b) * PANEL)),
-                                _mm256_set1_ps(*d),
+                                _mm256_set1_ps(d),
                             );
                             _mm256_storeu_ps(dst.add(b * PANEL), v);
                         }
@@ -216,7 +241,7 @@ mod avx2 {
                         let s0 = sub - t0;
                         for r in (r0..r1).step_by(NR) {
                             let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(r1 - 1));
-                            let xp = xr.map(|x| xq.as_ptr().add(x * nb + kb));
+                            let xp = xr.map(|x| xq.add(x * nb + kb));
                             let pr = xr.map(|x| prod.as_ptr().add((x - r0) * kc * PANEL + s0));
                             let (wa, ws) = (
                                 wa.as_ptr().add(kb * PANEL + s0),
@@ -226,7 +251,7 @@ mod avx2 {
                             if off == 0 {
                                 tile::<true>(wa, ws, xp, xp, pr, kn, acc)
                             } else {
-                                let sp = xr.map(|x| ysum.as_ptr().add(x * nb + kb));
+                                let sp = xr.map(|x| ysum.add(x * nb + kb));
                                 tile::<false>(wa, ws, xp, sp, pr, kn, acc)
                             };
                         }
@@ -263,7 +288,7 @@ mod avx2 {
         let mut acc = *acc_io;
         for b in 0..nb {
             let ys: [__m256i; NR] =
-                std::array::from_fn(|j| _mm256_load_si256(xp[j].add(b) as *const __m256i));
+                std::array::from_fn(|j| _mm256_loadu_si256(xp[j].add(b) as *const __m256i));
             for (i, acc_i) in acc.iter_mut().enumerate() {
                 // volatile: loaded here, once per weight row and block, not all hoisted ahead
                 // (which pushed the accumulators out of registers)
@@ -279,7 +304,7 @@ mod avx2 {
                         _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sy), ones)
                     } else {
                         let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, ys[j]), ones);
-                        _mm256_sub_epi32(lanes, _mm256_load_si256(sp[j].add(b) as *const __m256i))
+                        _mm256_sub_epi32(lanes, _mm256_loadu_si256(sp[j].add(b) as *const __m256i))
                     };
                     let d = _mm256_broadcast_ss(&*pp[j].add(b * PANEL + i));
                     *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), *a);
@@ -321,7 +346,7 @@ mod tests {
                 let x = noise(5, n * k);
                 let act = Converted::new(ActFormat::Q8_0, &x, k);
                 let mut got = vec![0.0f32; m * n];
-                rows_fn(t)(&w, k / 32 * bb, 0, k, &act, &mut got, false);
+                rows_fn(t)(&w, k / 32 * bb, 0, k, &pack(&act, t), &mut got, false);
                 let row = k / 32 * bb;
                 for r in 0..n {
                     for i in 0..m {

@@ -630,6 +630,12 @@ pub fn matmul_converted(
         run_rows(
             f, w, row_stride, m, k, row_bytes, &packed, threads, gemm, out,
         );
+    } else if gemm_q8::serves(type_id, n) {
+        // as `rows_for` chose: the q8_0-family tiles read activations laid out once here
+        let packed = gemm_q8::pack(act, type_id);
+        run_rows(
+            f, w, row_stride, m, k, row_bytes, &packed, threads, gemm, out,
+        );
     } else {
         run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm, out);
     }
