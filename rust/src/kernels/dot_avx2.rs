@@ -268,6 +268,13 @@ pub unsafe fn f16(w: &[u8], x: &[u8], k: usize) -> f32 {
         }
         i += 32;
     }
+    f16_finish(&s, wp, xp, np, k)
+}
+
+/// ggml_vec_dot_f16's end: the four accumulators reduced, then the elements from `np` to `k`
+/// added one by one in f64.
+#[inline(always)]
+unsafe fn f16_finish(s: &[__m256; 4], wp: *const u8, xp: *const u8, np: usize, k: usize) -> f32 {
     let r = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
     let mut a = [0.0f32; 8];
     _mm256_storeu_ps(a.as_mut_ptr(), r);
@@ -304,19 +311,7 @@ pub unsafe fn f16x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
         }
         i += 32;
     }
-    let mut res = [0.0f32; 2];
-    for ((r, sr), x) in res.iter_mut().zip(&s).zip(xp) {
-        let v = _mm256_add_ps(_mm256_add_ps(sr[0], sr[2]), _mm256_add_ps(sr[1], sr[3]));
-        let mut a = [0.0f32; 8];
-        _mm256_storeu_ps(a.as_mut_ptr(), v);
-        let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
-        let mut sumf = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
-        for i in np..k {
-            sumf += (f16_at(wp.add(2 * i)) * f16_at(x.add(2 * i))) as f64;
-        }
-        *r = sumf as f32;
-    }
-    res
+    [0, 1].map(|r| f16_finish(&s[r], wp, xp[r], np, k))
 }
 
 /// [`f16x2`] twice (four activation rows; sixteen accumulators would not fit the registers).
