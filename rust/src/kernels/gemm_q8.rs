@@ -74,6 +74,7 @@ pub fn pack(act: &Converted, type_id: u32) -> Converted {
     let off = 0i8;
     let mut data = vec![0u8; packed_bytes(blocks, off)];
     let (values, rest) = data.split_at_mut(blocks * 32);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let (scales, sums) = rest.split_at_mut(blocks * 4);
     for (i, b) in act.data.chunks_exact(34).enumerate() {
         values[i * 32..i * 32 + 32].copy_from_slice(&b[2..]);
@@ -84,7 +85,6 @@ pub fn pack(act: &Converted, type_id: u32) -> Converted {
             unsafe { avx2::offset_sum(b[2..].as_ptr(), off, sums[i * 32..].as_mut_ptr()) };
         }
     }
-    let _ = sums;
     Converted {
         data,
         row_bytes: act.row_bytes,
@@ -194,11 +194,12 @@ mod avx2 {
         let ysum = act.data.as_ptr().add(blocks * 36) as *const Block;
         let mut wa = vec![Block([0; 32]); PANEL * nb]; // [block][row]
         let mut ws = vec![Block([0; 32]); PANEL * nb]; // signed values: q8_0 only
-        let mut dw = vec![0.0f32; PANEL * nb]; // [block][row]
-                                               // activation blocks of even size, so none is a small remainder, sized by what one
-                                               // activation row brings into cache: values, products (and offset sums)
-                                               // the K blocks walked per pass: tiles keep their accumulators between passes, so a
-                                               // long row (ffn_down) does not shrink the activation block to a few rows
+                                                       // [block][row]
+        let mut dw = vec![0.0f32; PANEL * nb];
+        // the K blocks walked per pass: tiles keep their accumulators between passes, so a long
+        // row (ffn_down) does not shrink the activation block to a few rows; activation blocks
+        // of even size, so none is a small remainder, sized by what one activation row of a
+        // pass brings into cache: values, products (and offset sums)
         let kc = if nb > KC_FROM { KC_BLOCKS } else { nb };
         let row_cache = kc * (32 + 4 * PANEL + if off != 0 { 32 } else { 0 });
         let parts = (n * row_cache).div_ceil(XBLOCK_BYTES).max(1);

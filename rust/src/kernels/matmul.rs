@@ -236,7 +236,7 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
     };
     if gemm {
         // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection; the K-quant
-        // activations were packed (`matmul_converted`, as `gemm_kquant::serves`).
+        // activations were packed (`Layout::KquantLanes`, prepared by `matmul_converted`).
         if SIMD && unsafe { D::tiled_rows_simd(w, stride, first, k, act, out) } {
             return;
         }
@@ -566,11 +566,30 @@ pub(crate) fn run_rows(
     super::pool::run(threads, m.div_ceil(per), &task);
 }
 
+/// The activation layout a rows function reads, chosen with it by [`rows_for`] and prepared
+/// once per matmul by [`matmul_converted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// The converted rows as they are.
+    Rows,
+    /// Widened for [`gemm_float`] ([`gemm_float::widen_activations`]).
+    Widened,
+    /// Packed by eights for [`gemm_kquant`] ([`gemm_kquant::pack`]).
+    KquantLanes,
+    /// Laid out for [`gemm_q8`]'s tiles ([`gemm_q8::pack`]).
+    Q8Tiles,
+}
+
 /// The per-thread rows function for `n` activation rows against `m` weight rows of a supported
 /// type, and whether it follows llamafile's order (then float weights take
 /// [`gemm_float`], whose activations must be widened with
 /// [`gemm_float::widen_activations`]).
-pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> (RowsFn, bool) {
+pub(crate) fn rows_for(
+    type_id: u32,
+    m: usize,
+    n: usize,
+    llamafile: bool,
+) -> (RowsFn, bool, Layout) {
     // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
     // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
     let gemm = match type_id {
@@ -582,14 +601,20 @@ pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> (Ro
         _ => false,
     };
     if gemm && gemm_float::serves(type_id) {
-        return (gemm_float::rows_fn(type_id), true);
+        return (gemm_float::rows_fn(type_id), true, Layout::Widened);
     }
     if gemm_q8::serves(type_id, n) {
-        return (gemm_q8::rows_fn(type_id), gemm);
+        return (gemm_q8::rows_fn(type_id), gemm, Layout::Q8Tiles);
     }
+    let layout = if gemm && gemm_kquant::serves(type_id) {
+        Layout::KquantLanes
+    } else {
+        Layout::Rows
+    };
     (
         for_type!(type_id, D => rows_fn::<D>(), unreachable!()),
         gemm,
+        layout,
     )
 }
 
@@ -621,24 +646,24 @@ pub fn matmul_converted(
         return Ok(());
     }
     let n = act.rows;
-    let (f, gemm) = rows_for(type_id, m, n, llamafile);
-    if gemm && gemm_float::serves(type_id) {
-        let wide = gemm_float::widen_activations(act, info.act, k);
-        run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out);
-    } else if gemm && gemm_kquant::serves(type_id) {
-        let packed = gemm_kquant::pack(act, k);
-        run_rows(
-            f, w, row_stride, m, k, row_bytes, &packed, threads, gemm, out,
-        );
-    } else if gemm_q8::serves(type_id, n) {
-        // as `rows_for` chose: the q8_0-family tiles read activations laid out once here
-        let packed = gemm_q8::pack(act, type_id);
-        run_rows(
-            f, w, row_stride, m, k, row_bytes, &packed, threads, gemm, out,
-        );
-    } else {
-        run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm, out);
-    }
+    let (f, gemm, layout) = rows_for(type_id, m, n, llamafile);
+    let prepared;
+    let act = match layout {
+        Layout::Rows => act,
+        Layout::Widened => {
+            prepared = gemm_float::widen_activations(act, info.act, k);
+            &prepared
+        }
+        Layout::KquantLanes => {
+            prepared = gemm_kquant::pack(act, k);
+            &prepared
+        }
+        Layout::Q8Tiles => {
+            prepared = gemm_q8::pack(act, type_id);
+            &prepared
+        }
+    };
+    run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm, out);
     Ok(())
 }
 
@@ -659,8 +684,8 @@ pub fn matmul_quant(
         .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
     let row_bytes = check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
     let n = x.len() / k.max(1);
-    let (f, gemm) = rows_for(type_id, m, n, llamafile);
-    if gemm && gemm_float::serves(type_id) && m > 0 && n > 0 {
+    let (f, gemm, layout) = rows_for(type_id, m, n, llamafile);
+    if layout == Layout::Widened && m > 0 && n > 0 {
         // straight to the widened rows tinyBLAS's order runs on
         let wide = gemm_float::widen_rows(info.act, x, k, threads);
         run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out);
