@@ -192,9 +192,10 @@ mod avx2 {
         let xq = act.data.as_ptr() as *const Block; // read with unaligned loads only
         let dy = act.data.as_ptr().add(blocks * 32) as *const f32; // read unaligned
         let ysum = act.data.as_ptr().add(blocks * 36) as *const Block;
-        let mut wa = vec![Block([0; 32]); PANEL * nb]; // [block][row]
-        let mut ws = vec![Block([0; 32]); PANEL * nb]; // signed values: q8_0 only
-                                                       // [block][row]
+        // the decoded panel, each [block][row]: unsigned operands, signed values (q8_0 only),
+        // scales
+        let mut wa = vec![Block([0; 32]); PANEL * nb];
+        let mut ws = vec![Block([0; 32]); PANEL * nb];
         let mut dw = vec![0.0f32; PANEL * nb];
         // the K blocks walked per pass: tiles keep their accumulators between passes, so a long
         // row (ffn_down) does not shrink the activation block to a few rows; activation blocks
