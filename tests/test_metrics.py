@@ -114,8 +114,12 @@ def test_metrics_and_status_follow_a_real_client(tmp_path, tiny_model):
         assert seen, "no /status snapshot showed the client"
         clients = [c for doc in seen for c in doc["clients"]]
         assert {c["peer"].rsplit(":", 1)[0] for c in clients} == {"127.0.0.1"}
+        # Some snapshot caught it holding buffers (not necessarily the last one: a snapshot taken
+        # between its FREE_BUFFERs and its close shows the most bytes in and nothing held).
+        holding = [c for c in clients if c["buffers"] > 0]
+        assert holding, "no /status snapshot showed the client holding a buffer"
+        assert all(c["bytes_held"] > 0 for c in holding)
         biggest = max(clients, key=lambda c: c["bytes_in"])
-        assert biggest["buffers"] > 0 and biggest["bytes_held"] > 0
         in_seen = sorted(c["bytes_in"] for c in clients if c["peer"] == biggest["peer"])
         assert in_seen[0] < in_seen[-1], "bytes_in of the client did not move"
 
