@@ -247,7 +247,9 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     hsum(acc)
 }
 
-/// f16 weights · f16 activations.
+/// f16 weights · f16 activations. No software prefetch: the f16 stream (64 bytes per step)
+/// reads DRAM 4–8 % faster on one thread with the hardware prefetcher alone (336 M sweep), where
+/// the block-quant dots gain from it.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
@@ -259,7 +261,6 @@ pub unsafe fn f16(w: &[u8], x: &[u8], k: usize) -> f32 {
     let mut s = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
-        prefetch_ahead(wp.add(2 * i));
         for (j, sj) in s.iter_mut().enumerate() {
             let at = 2 * (i + 8 * j);
             let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(at) as *const __m128i));

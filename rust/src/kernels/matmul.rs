@@ -38,8 +38,11 @@ pub fn set_force_portable(on: bool) {
 }
 
 fn portable_forced() -> bool {
+    // The environment is read once: `getenv` on every kernel call showed in prefill profiles.
+    static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     FORCE_PORTABLE.load(Ordering::Relaxed)
-        || std::env::var_os("RPCNET_PORTABLE_KERNELS").is_some_and(|v| v == "1")
+        || *FROM_ENV
+            .get_or_init(|| std::env::var_os("RPCNET_PORTABLE_KERNELS").is_some_and(|v| v == "1"))
 }
 
 /// Whether calls take the SIMD build on this CPU right now.
