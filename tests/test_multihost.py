@@ -226,6 +226,10 @@ async def test_allreduce_semantics_between_two_rpcnet_servers(pair):
         g0, g1 = await allreduce_both(c0, c1, x0, x1, F32)
         assert np.array_equal(g0, x0 + bf16_rne(x1))
         assert np.array_equal(g1, x1 + bf16_rne(x0))
+        # Raw f16 larger than the sockets buffer: both directions block part-way.
+        h0, h1 = (rng.standard_normal(3_000_000).astype(np.float16) for _ in range(2))
+        g0, g1 = await allreduce_both(c0, c1, h0, h1, F16)
+        assert np.array_equal(g0, h0 + h1) and np.array_equal(g1, g0)
         # F16 and BF16 tensors: raw bytes, added in the tensor's type.
         h0, h1 = (rng.standard_normal(1000).astype(np.float16) for _ in range(2))
         g0, g1 = await allreduce_both(c0, c1, h0, h1, F16)
@@ -243,8 +247,8 @@ async def test_allreduce_semantics_between_two_rpcnet_servers(pair):
         await c0.post(Cmd.COMM_ALLREDUCE, allreduce_payload(empty))
         assert await c0.comm_init(0, 0, 2, 1)
         stats = comm_stats(a)
-        assert stats.allreduces == 4
-        assert stats.bytes_sent == 32767 * 4 + 40000 * 2 + 1000 * 2 + 1000 * 2
+        assert stats.allreduces == 5
+        assert stats.bytes_sent == 32767 * 4 + 40000 * 2 + 3_000_000 * 2 + 1000 * 2 + 1000 * 2
         # COMM_FREE drops the link; an allreduce without one closes the connection.
         await c0.post(Cmd.COMM_FREE, struct.pack("<I", 0))
         await c1.post(Cmd.COMM_FREE, struct.pack("<I", 0))
@@ -281,7 +285,9 @@ async def test_allreduce_bit_exact_with_reference_server(server_factory, referen
         ports = (ref_port, ours.port) if reference_rank == 0 else (ours.port, ref_port)
         c0, c1 = await link_pair(*ports, refenv.free_port())
         async with c0, c1:
-            for n, seed in ((1000, 3), (40000, 4)):
+            # 6 MB of bf16 each way: more than the sockets buffer, so both directions block
+            # part-way (rpcnet moves both at once; the reference sends or receives first)
+            for n, seed in ((1000, 3), (40000, 4), (3_000_000, 7)):
                 x0, x1 = tie_values(n, seed), tie_values(n, seed + 10)
                 g0, g1 = await allreduce_both(c0, c1, x0, x1, F32)
                 wire = bf16_rne if n >= 32768 else (lambda v: v)

@@ -20,6 +20,11 @@ Wire behaviour is the reference's (spec §11), so a peer may be another rpcnet o
 
 Where rpcnet differs from the reference, on purpose:
 
+* both ranks send and receive at once (whatever the socket takes, in either direction), so a
+  decode-sized allreduce costs one one-way trip, not rank 0's bytes over and rank 1's back; the
+  bytes on the wire are the same, and a reference peer that sends or receives first is served
+  as well (neither side can block the other, whatever the size);
+
 * every wait blocks only the connection that asked, never the server: rank 0 waiting for its
   peer and rank 1's connect retries are coroutines, an exchange waits on its link's thread;
 * rank 0 waits at most ``ServerConfig.comm_timeout`` seconds (the reference waits forever),
@@ -237,9 +242,10 @@ class PeerLink:
 class Exchange:
     """One allreduce on a link (spec §11.3): our bytes out, the peer's in, then the add.
 
-    Rank 0 sends first, rank 1 receives first. `advance(until)` moves bytes and, where the
-    socket would block, polls only until `until` (False: not finished, resume later, possibly
-    on another thread); `advance(None)` finishes, waiting for the peer up to the link's limit.
+    Both directions move at once: each step sends what the socket takes and reads what has
+    arrived. `advance(until)` moves bytes and, where neither direction can move, polls only
+    until `until` (False: not finished, resume later, possibly on another thread);
+    `advance(None)` finishes, waiting for the peer up to the link's limit.
     """
 
     def __init__(self, link: PeerLink, region: Any, type_id: int, ne: int) -> None:
@@ -248,35 +254,44 @@ class Exchange:
         self.link, self.region, self.type_id, self.ne = link, region, type_id, ne
         self.wire = wire_size(type_id, ne, region.nbytes)
         self.received = link.receive_buffer(self.wire)
-        out = (select.POLLOUT, memoryview(encode(region, type_id, ne)).cast("B"))
-        into = (select.POLLIN, memoryview(self.received.data).cast("B"))
-        self._steps = [out, into] if link.rank == 0 else [into, out]
+        self._out = memoryview(encode(region, type_id, ne)).cast("B")
+        self._in = memoryview(self.received.data).cast("B")
         self._limit = link.hub.timeout * EXCHANGE_TIMEOUT_FACTOR
         self._deadline = time.monotonic() + self._limit
+
+    def _move(self) -> bool:
+        """Send and receive what the socket allows now; whether any byte moved."""
+        sock, moved = self.link.sock, False
+        if self._out.nbytes:
+            try:
+                n = sock.send(self._out)
+            except BlockingIOError:
+                n = 0
+            self._out, moved = self._out[n:], n > 0
+        if self._in.nbytes:
+            try:
+                n = sock.recv_into(self._in)
+            except BlockingIOError:
+                n = -1
+            if n == 0:
+                raise CommError(f"peer {self.link.peer} closed the link")
+            if n > 0:
+                self._in, moved = self._in[n:], True
+        return moved
 
     def advance(self, until: float | None) -> bool:
         link = self.link
         try:
-            while self._steps:
-                events, view = self._steps[0]
-                try:
-                    if events == select.POLLOUT:
-                        n = link.sock.send(view)
-                    else:
-                        n = link.sock.recv_into(view)
-                except BlockingIOError:
-                    if until is None:
-                        link.wait(events, self._deadline)
-                    elif not link.poll_until(events, until):
-                        return False
+            while self._out.nbytes or self._in.nbytes:
+                if self._move():
                     continue
-                if n == 0:
-                    raise CommError(f"peer {link.peer} closed the link")
-                view = view[n:]
-                if view.nbytes:
-                    self._steps[0] = (events, view)
-                else:
-                    self._steps.pop(0)
+                events = (select.POLLOUT if self._out.nbytes else 0) | (
+                    select.POLLIN if self._in.nbytes else 0
+                )
+                if until is None:
+                    link.wait(events, self._deadline)
+                elif not link.poll_until(events, until):
+                    return False
         except TimeoutError as exc:
             # A peer that stalls without closing must not hold this connection forever.
             raise CommError(f"peer {link.peer} sent nothing for {self._limit:.0f} s") from exc
