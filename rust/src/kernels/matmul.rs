@@ -29,6 +29,10 @@ const GEMM_ACT_BLOCK: usize = 64;
 const CHUNKS_PER_THREAD: usize = 4;
 /// Below this many weight bytes per thread, extra threads cost more than they save.
 const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
+/// Weight rows per chunk when a call streams the weights once (decode): many small chunks
+/// claimed in turn, so threads finish together instead of one waiting for the other's last
+/// big chunk (ggml's decode chunks are 64 rows too).
+const STREAM_CHUNK_ROWS: usize = 64;
 
 static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
 
@@ -537,6 +541,11 @@ pub(crate) fn run_rows(
     // leaves its remaining chunks to the others instead of stalling the call
     let per = if threads == 1 {
         m
+    } else if n <= 2 {
+        STREAM_CHUNK_ROWS.min(
+            m.div_ceil(threads * CHUNKS_PER_THREAD)
+                .next_multiple_of(TILE_ROWS),
+        )
     } else {
         m.div_ceil(threads * CHUNKS_PER_THREAD)
             .next_multiple_of(TILE_ROWS)
