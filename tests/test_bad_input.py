@@ -84,6 +84,34 @@ CASES = {
     "graph cycle": lambda h, b: graph(
         [5], [tensor(id=5, buffer=h, data=b, op=2, src=(5, 5), flags=16)]
     ),
+    # Only nodes and their sources are built, but every ancestor is still checked (as the
+    # reference's deserializer does): a bad grandparent refuses the graph.
+    "graph ancestor outside buffer": lambda h, b: graph(
+        [5],
+        [
+            tensor(id=5, buffer=h, data=b, op=2, src=(6, 6), flags=16),
+            tensor(id=6, buffer=h, data=b, op=2, src=(7, 7)),
+            tensor(id=7, buffer=h, data=b + 4096, ne=(4, 1, 1, 1)),
+        ],
+    ),
+    "graph ancestor not sent": lambda h, b: graph(
+        [5],
+        [
+            tensor(id=5, buffer=h, data=b, op=2, src=(6, 6), flags=16),
+            tensor(id=6, buffer=h, data=b, op=37, view_src=8),
+        ],
+    ),
+    "graph ancestor invalid type": lambda h, b: graph(
+        [5],
+        [
+            tensor(id=5, buffer=h, data=b, op=2, src=(6, 6), flags=16),
+            tensor(id=6, buffer=h, data=b, op=2, src=(7, 0)),
+            tensor(id=7, type=43, buffer=h, data=b, nb=(4, 4, 4, 4)),
+        ],
+    ),
+    "graph node listed twice": lambda h, b: graph(
+        [5, 5], [tensor(id=5, buffer=h, data=b, op=2, src=(6, 6), flags=16), tensor(id=6)]
+    ),
     "graph truncated": lambda h, b: frame(GRAPH, struct.pack("<IQI", 0, 0, 1000)),
     "graph bad device": lambda h, b: graph([], [], device=3),
     "graph data without buffer": lambda h, b: graph(

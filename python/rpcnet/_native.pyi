@@ -249,6 +249,15 @@ class Graph:
         """Node tensor ids in execution order."""
     @property
     def tensors(self) -> list[RpcTensor]: ...
+    def walk(
+        self, regions: dict[int, tuple[int, int]], check_empty: bool
+    ) -> list[tuple[int, tuple[int | None, ...]]]:
+        """Check every tensor the nodes reach through src and view_src (the first tensor sent
+        with an id wins): ids sent, no cycle, no node listed twice, valid type and size, and a
+        tensor whose buffer handle is in `regions` (handle -> (base, size)) inside that buffer
+        (an empty one only when `check_empty`). Returns the nodes to run, in order (id 0
+        skipped): (index into `tensors`, the indices of its 10 source slots, None where empty).
+        GraphError for ids, cycles and repeated nodes; TensorError for a bad tensor."""
 
 def decode_graph(proto: int, payload: Buffer) -> Graph:
     """Decode a GRAPH_COMPUTE payload; GraphError when truncated. Trailing bytes are ignored."""

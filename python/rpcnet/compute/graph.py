@@ -19,53 +19,40 @@ from rpcnet.compute.kernels import registry
 from rpcnet.compute.ops import VIEW_OPS, op_name
 from rpcnet.compute.tensor import Tensor
 
-# (wire tensor) -> (buffer or None, byte offset in it); raises ComputeError for invalid tensors.
+# (wire tensor) -> (buffer or None, byte offset in it); raises for invalid tensors.
 Locator = Callable[[_native.RpcTensor], tuple[Any | None, int]]
 
 
-def build_nodes(graph: _native.Graph, locate: Locator) -> list[Tensor]:
-    """Resolve every node and, recursively, its sources and view roots; first duplicate id wins."""
-    by_id: dict[int, _native.RpcTensor] = {}
-    for wire in graph.tensors:
-        by_id.setdefault(wire.id, wire)
-    resolved: dict[int, Tensor] = {}
+def build_nodes(
+    graph: _native.Graph,
+    locate: Locator,
+    regions: dict[int, tuple[int, int]],
+    check_empty: bool,
+) -> list[Tensor]:
+    """The graph's nodes, each linked to its sources. Every tensor the nodes reach is checked
+    natively (ids, cycles, types, bounds against `regions`), but only nodes and their direct
+    sources become Tensors: a client's reduction graph is one ADD carrying its whole ancestry.
+    The first tensor sent with an id wins."""
+    try:
+        refs = graph.walk(regions, check_empty)
+    except _native.GraphError as exc:
+        raise ComputeError(exc.reason) from exc
+    wires = graph.tensors
+    made: dict[int, Tensor] = {}
 
-    def resolve(tid: int) -> Tensor:
-        done = resolved.get(tid)
-        if done is not None:
-            return done
-        # Iterative post-order walk: client graphs can be thousands of tensors deep.
-        stack: list[tuple[int, bool]] = [(tid, False)]
-        visiting: set[int] = set()
-        while stack:
-            cur, expanded = stack.pop()
-            if cur in resolved:
-                continue
-            wire = by_id.get(cur)
-            if wire is None:
-                raise ComputeError(f"graph references tensor id {cur:#x} that was not sent")
-            deps = [s for s in wire.src if s] + ([wire.view_src] if wire.view_src else [])
-            if not expanded:
-                if cur in visiting:
-                    raise ComputeError(f"graph has a cycle through tensor id {cur:#x}")
-                visiting.add(cur)
-                stack.append((cur, True))
-                stack.extend((d, False) for d in deps if d not in resolved)
-                continue
+    def make(index: int) -> Tensor:
+        t = made.get(index)
+        if t is None:
+            wire = wires[index]
             buffer, offset = locate(wire)
-            t = Tensor.from_wire(wire, buffer, offset)
-            t.src = tuple(resolved[s] if s else None for s in wire.src)
-            t.view_src = resolved[wire.view_src] if wire.view_src else None
-            resolved[cur] = t
-        return resolved[tid]
+            t = made[index] = Tensor.from_wire(wire, buffer, offset)
+        return t
 
     nodes = []
-    for nid in graph.nodes:
-        if nid == 0:
-            continue
-        nodes.append(resolve(nid))
-    if len(set(map(id, nodes))) != len(nodes):
-        raise ComputeError("graph lists the same node twice")
+    for index, srcs in refs:
+        node = make(index)
+        node.src = tuple(None if s is None else make(s) for s in srcs)
+        nodes.append(node)
     return nodes
 
 

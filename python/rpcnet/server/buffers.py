@@ -21,6 +21,8 @@ def align_up(value: int, alignment: int) -> int:
 class BufferTable:
     def __init__(self) -> None:
         self._buffers: dict[int, DeviceBuffer] = {}
+        # handle -> (base, size) of every live buffer: what a graph walk checks tensors against.
+        self.regions: dict[int, tuple[int, int]] = {}
         self._next_base = _BASE_START + secrets.randbelow(1 << 20) * PAGE
 
     def __len__(self) -> int:
@@ -48,6 +50,7 @@ class BufferTable:
             self._next_base = align_up(base + size + PAGE, PAGE)
         buf = DeviceBuffer(self._new_handle(), device, base, size, array)
         self._buffers[buf.handle] = buf
+        self.regions[buf.handle] = (base, size)
         return buf
 
     def get(self, handle: int) -> DeviceBuffer | None:
@@ -55,6 +58,7 @@ class BufferTable:
 
     def free(self, handle: int) -> DeviceBuffer | None:
         buf = self._buffers.pop(handle, None)
+        self.regions.pop(handle, None)
         if buf is not None:
             buf.device.derived.drop_buffer(buf)
             buf.release()

@@ -371,7 +371,7 @@ class Session:
                 f"the limit of {limit}"
             )
         try:
-            nodes = build_nodes(graph, self.locate)
+            nodes = build_nodes(graph, self.locate, self.buffers.regions, self.proto == 7)
             plan = compile_plan(nodes, device.kind, budget=device.scratch)
         except _native.TensorError as exc:
             raise ComputeError(f"invalid tensor in graph: {exc}") from exc

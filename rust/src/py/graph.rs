@@ -1,12 +1,16 @@
 //! `Graph` and `decode_graph`: the GRAPH_COMPUTE payload as Python objects.
 
+use std::collections::HashMap;
+
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::buffer::ByteView;
 use super::functions::proto_of;
 use super::tensor::PyRpcTensor;
 use crate::graph;
+use crate::region;
+use crate::tensor::RpcTensor;
 
 /// A decoded GRAPH_COMPUTE payload. The lists are built once, so indexing them is cheap.
 #[pyclass(module = "rpcnet._native", name = "Graph", frozen)]
@@ -19,6 +23,7 @@ pub struct PyGraph {
     nodes: Py<PyList>,
     #[pyo3(get)]
     tensors: Py<PyList>,
+    parsed: graph::Graph,
 }
 
 #[pymethods]
@@ -31,6 +36,47 @@ impl PyGraph {
             self.nodes.bind(py).len(),
             self.tensors.bind(py).len()
         )
+    }
+
+    /// Check every tensor the nodes reach (ids, cycles, types, sizes; a tensor whose buffer
+    /// handle is in `regions` (handle -> (base, size)) must lie inside it, empty ones only when
+    /// `check_empty`) and return the nodes to run: (index into `tensors`, indices of its 10
+    /// source slots or None). GraphError for ids and cycles, TensorError for a bad tensor.
+    fn walk<'py>(
+        &self,
+        py: Python<'py>,
+        regions: &Bound<'py, PyDict>,
+        check_empty: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let mut known: HashMap<u64, Option<(u64, u64)>> = HashMap::new();
+        let nodes = self.parsed.walk(|t: &RpcTensor| -> PyResult<()> {
+            let nbytes = t.nbytes()?;
+            if t.buffer == 0 {
+                return Ok(());
+            }
+            let region = match known.get(&t.buffer) {
+                Some(r) => *r,
+                None => {
+                    let r = match regions.get_item(t.buffer)? {
+                        Some(v) => Some(v.extract::<(u64, u64)>()?),
+                        None => None,
+                    };
+                    known.insert(t.buffer, r);
+                    r
+                }
+            };
+            if let Some((base, size)) = region {
+                if check_empty || t.nelements()? > 0 {
+                    region::check_tensor_in_buffer(t.data, nbytes, base, size)?;
+                }
+            }
+            Ok(())
+        })?;
+        let out = PyList::empty(py);
+        for (root, srcs) in nodes {
+            out.append((root, PyTuple::new(py, srcs)?))?;
+        }
+        Ok(out)
     }
 }
 
@@ -46,12 +92,13 @@ pub fn decode_graph(py: Python<'_>, proto: u64, payload: &Bound<'_, PyAny>) -> P
         None => graph::decode_graph(proto, view.as_slice(py)),
     }?;
     drop(view);
-    let nodes = PyList::new(py, parsed.nodes)?.unbind();
-    let tensors = PyList::new(py, parsed.tensors.into_iter().map(PyRpcTensor::from))?.unbind();
+    let nodes = PyList::new(py, &parsed.nodes)?.unbind();
+    let tensors = PyList::new(py, parsed.tensors.iter().cloned().map(PyRpcTensor::from))?.unbind();
     Ok(PyGraph {
         device: parsed.device,
         uid: parsed.uid,
         nodes,
         tensors,
+        parsed,
     })
 }
