@@ -63,6 +63,7 @@ __all__ = [
     "matmul_quant_block",
     "set_portable_kernels",
     "kernels_simd",
+    "set_avx512_kernels",
     "fma_flops",
     "NativeStep",
     "run_steps",
@@ -329,6 +330,13 @@ def set_portable_kernels(on: bool) -> bool:
 
 def kernels_simd() -> bool:
     """Whether the matmul kernels take their SIMD (AVX2+FMA+F16C) build on this CPU."""
+
+def set_avx512_kernels(on: bool) -> bool:
+    """Allow (True) or disable (False) the AVX-512 VNNI kernels (q8_0 / q4_0 / q5_0 prompt
+    tiles; same bits as the AVX2 ones); returns whether they now run on this CPU.
+
+    ``RPCNET_NO_AVX512=1`` in the environment disables them too.
+    """
 
 def fma_flops(rounds: int = 50_000_000) -> float | None:
     """Float32 FLOP/s one thread reaches with independent AVX2 FMAs (None without AVX2/FMA)."""

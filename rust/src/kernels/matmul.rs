@@ -49,6 +49,35 @@ fn portable_forced() -> bool {
             .get_or_init(|| std::env::var_os("RPCNET_PORTABLE_KERNELS").is_some_and(|v| v == "1"))
 }
 
+static NO_AVX512: AtomicBool = AtomicBool::new(false);
+
+/// Disables (false) or allows (true) the AVX-512 kernels, which otherwise run wherever the CPU
+/// has them; also `RPCNET_NO_AVX512=1`. Same bits either way (A/B runs and tests).
+pub fn set_avx512(on: bool) {
+    NO_AVX512.store(!on, Ordering::Relaxed);
+}
+
+/// Whether the AVX-512 VNNI kernels run (on top of the SIMD build) on this CPU right now.
+pub fn avx512_vnni_active() -> bool {
+    static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = NO_AVX512.load(Ordering::Relaxed)
+        || *FROM_ENV.get_or_init(|| std::env::var_os("RPCNET_NO_AVX512").is_some_and(|v| v == "1"));
+    !off && simd_active() && avx512_vnni_available()
+}
+
+fn avx512_vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether calls take the SIMD build on this CPU right now.
 pub fn simd_active() -> bool {
     !portable_forced() && simd_available()
@@ -588,8 +617,8 @@ pub(crate) enum Layout {
     Widened,
     /// Packed by eights for [`gemm_kquant`] ([`gemm_kquant::pack`]).
     KquantLanes,
-    /// Laid out for [`gemm_q8`]'s tiles ([`gemm_q8::pack`]).
-    Q8Tiles,
+    /// Laid out for [`gemm_q8`]'s tiles ([`gemm_q8::pack`]); true: its AVX-512 VNNI ones.
+    Q8Tiles(bool),
 }
 
 /// The per-thread rows function for `n` activation rows against `m` weight rows of a supported
@@ -616,7 +645,9 @@ pub(crate) fn rows_for(
         return (gemm_float::rows_fn(type_id), true, Layout::Widened);
     }
     if gemm_q8::serves(type_id, n) {
-        return (gemm_q8::rows_fn(type_id), gemm, Layout::Q8Tiles);
+        // decided once here: the packing and the tiles must agree
+        let vnni = avx512_vnni_active();
+        return (gemm_q8::rows_fn(type_id, vnni), gemm, Layout::Q8Tiles(vnni));
     }
     let layout = if gemm && gemm_kquant::serves(type_id) {
         Layout::KquantLanes
@@ -670,8 +701,8 @@ pub fn matmul_converted(
             prepared = gemm_kquant::pack(act, k);
             &prepared
         }
-        Layout::Q8Tiles => {
-            prepared = gemm_q8::pack(act, type_id);
+        Layout::Q8Tiles(vnni) => {
+            prepared = gemm_q8::pack(act, type_id, vnni);
             &prepared
         }
     };

@@ -87,6 +87,13 @@ pub fn set_portable_kernels(on: bool) -> bool {
     matmul::simd_active()
 }
 
+/// Allows (True) or disables (False) the AVX-512 kernels; returns whether they now run.
+#[pyfunction]
+pub fn set_avx512_kernels(on: bool) -> bool {
+    matmul::set_avx512(on);
+    matmul::avx512_vnni_active()
+}
+
 /// Whether the native matmul kernels take their SIMD build on this CPU.
 #[pyfunction]
 pub fn kernels_simd() -> bool {
