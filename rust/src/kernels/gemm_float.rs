@@ -115,6 +115,9 @@ pub fn rows_fn(type_id: u32) -> RowsFn {
     #[cfg(target_arch = "x86_64")]
     {
         if simd_active() {
+            if type_id == 1 && super::matmul::avx512_vnni_active() {
+                return |w, s, f, k, a, o, _| avx512::rows_f16_entry(w, s, f, k, a, o);
+            }
             return match type_id {
                 1 => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F16, w, s, f, k, a, o),
                 30 => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::BF16, w, s, f, k, a, o),
@@ -457,7 +460,7 @@ mod avx2 {
     /// [`super::hsum8`] of four registers at once, the same additions in the same order:
     /// q = lo + hi (a0+a4, a1+a5, a2+a6, a3+a7), t = (q0 + q2, q1 + q3), t0 + t1.
     #[inline(always)]
-    unsafe fn hsum4(v: [__m256; 4]) -> [f32; 4] {
+    pub(super) unsafe fn hsum4(v: [__m256; 4]) -> [f32; 4] {
         // [q_a | q_b] and [q_c | q_d]: each 128-bit half is one register's lo + hi
         let ab = _mm256_add_ps(
             _mm256_permute2f128_ps(v[0], v[1], 0x20),
@@ -477,6 +480,157 @@ mod avx2 {
         let mut out = [0.0f32; 8];
         _mm256_storeu_ps(out.as_mut_ptr(), h);
         [out[0], out[4], out[1], out[5]]
+    }
+}
+
+/// AVX-512 f16 tiles. Each 512-bit accumulator holds the 8-lane accumulators of two weight
+/// rows (lanes 0-7 and 8-15) for one activation row, whose eight values fill both halves: each
+/// output gets its AVX2 tile's FMAs in the same order. Both operands are widened to f32 first
+/// (exact): eight weight rows into a panel laid out by k-step and row pair, a block of
+/// activation rows into a scratch, so the tile is FMAs with memory operands only (converting
+/// in registers, as the AVX2 tile does, left the wider FMAs waiting on the conversions).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{store_tile, Converted};
+
+    /// Weight rows per register tile (four register pairs), tiles per panel, activation rows
+    /// per tile, and the most bytes of widened activations at once.
+    const ROWS: usize = 8;
+    const PANEL_TILES: usize = 4;
+    const XF_BYTES: usize = 4 << 20;
+    const PAIRS: usize = ROWS / 2;
+    const NR: usize = 4;
+
+    pub fn rows_f16_entry(
+        w: &[u8],
+        stride: usize,
+        first: usize,
+        k: usize,
+        act: &Converted,
+        out: &mut [f32],
+    ) {
+        assert!(
+            crate::kernels::matmul::avx512_vnni_active(),
+            "the AVX-512 f16 tiles need AVX-512"
+        );
+        let n = act.rows;
+        let kp = k.next_multiple_of(8);
+        if n == 0 || k == 0 {
+            return;
+        }
+        let rows_total = out.len() / n;
+        assert!(kp >= 8 && act.row_bytes == kp * 2 && act.data.len() >= n * act.row_bytes);
+        assert!(rows_total == 0 || w.len() >= (first + rows_total - 1) * stride + 2 * k);
+        // SAFETY: AVX-512 F and BW (and so AVX2, FMA, F16C) checked above; sizes asserted.
+        unsafe { rows_f16(w, stride, first, k, kp, act, out) }
+    }
+
+    /// `k` f16 values at `src` to f32 at `dst` (`kp` written, zero-padded).
+    #[inline(always)]
+    unsafe fn widen(src: *const u16, k: usize, kp: usize, dst: *mut f32) {
+        let mut l = 0;
+        while l + 8 <= k {
+            let h = _mm_loadu_si128(src.add(l) as *const __m128i);
+            _mm256_storeu_ps(dst.add(l), _mm256_cvtph_ps(h));
+            l += 8;
+        }
+        while l < kp {
+            let v = if l < k { *src.add(l) } else { 0 };
+            *dst.add(l) = crate::kernels::fp16_to_f32(v);
+            l += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    unsafe fn rows_f16(
+        w: &[u8],
+        stride: usize,
+        first: usize,
+        k: usize,
+        kp: usize,
+        act: &Converted,
+        out: &mut [f32],
+    ) {
+        let n = act.rows;
+        let rows_total = out.len() / n;
+        let steps = kp / 8;
+        // activation rows widened at once: all of them up to XF_BYTES, so that each weight
+        // row is read (from DRAM) and widened once
+        let chunk = (XF_BYTES / (kp * 4)).max(NR) / NR * NR;
+        let chunk = chunk.min(n.next_multiple_of(NR));
+        let mut xf = vec![0.0f32; chunk * kp];
+        // [tile][step][pair][16]: the 8 values of a k-step for both rows of a pair
+        let tile_len = steps * PAIRS * 16;
+        let mut panel = vec![0.0f32; PANEL_TILES * tile_len];
+        let mut row = vec![0.0f32; kp];
+        let x = act.data.as_ptr() as *const u16;
+        for c0 in (0..n).step_by(chunk) {
+            let c1 = n.min(c0 + chunk);
+            for r in c0..c1 {
+                widen(x.add(r * kp), kp, kp, xf.as_mut_ptr().add((r - c0) * kp));
+            }
+            for t0 in (0..rows_total).step_by(ROWS * PANEL_TILES) {
+                let t1 = rows_total.min(t0 + ROWS * PANEL_TILES);
+                let tiles = (t1 - t0).div_ceil(ROWS);
+                for i in 0..tiles * ROWS {
+                    // rows past the end repeat the last one; their results are dropped
+                    let at = (first + (t0 + i).min(t1 - 1)) * stride;
+                    widen(w[at..].as_ptr() as *const u16, k, kp, row.as_mut_ptr());
+                    let base = panel.as_mut_ptr().add(i / ROWS * tile_len);
+                    let (q, half) = ((i % ROWS) / 2, (i % 2) * 8);
+                    for s in 0..steps {
+                        let dst = base.add((s * PAIRS + q) * 16 + half);
+                        std::ptr::copy_nonoverlapping(row.as_ptr().add(s * 8), dst, 8);
+                    }
+                }
+                for r in (c0..c1).step_by(NR) {
+                    let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(c1 - 1) - c0);
+                    let xs = xr.map(|j| xf.as_ptr().add(j * kp));
+                    for tl in 0..tiles {
+                        let res = tile(panel.as_ptr().add(tl * tile_len), xs, steps);
+                        store_tile(out, &res, t0 + tl * ROWS, t1, n, r, c1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// ROWS panel rows × NR widened activation rows over `steps` k-steps of 8.
+    #[inline(always)]
+    unsafe fn tile(p: *const f32, x: [*const f32; NR], steps: usize) -> [[f32; NR]; ROWS] {
+        let mut a = [[_mm512_setzero_ps(); NR]; PAIRS];
+        for s in 0..steps {
+            let xs: [__m512; NR] = std::array::from_fn(|j| {
+                let v = _mm256_loadu_pd(x[j].add(s * 8) as *const f64);
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(v))
+            });
+            for (q, acc) in a.iter_mut().enumerate() {
+                let wq = _mm512_loadu_ps(p.add((s * PAIRS + q) * 16));
+                for (acc_j, x_j) in acc.iter_mut().zip(&xs) {
+                    *acc_j = _mm512_fmadd_ps(wq, *x_j, *acc_j);
+                }
+            }
+        }
+        // row 2q's accumulators are the low halves, row 2q + 1's the high ones
+        let mut halves = [_mm256_setzero_ps(); ROWS * NR];
+        for (q, acc) in a.iter().enumerate() {
+            for (j, v) in acc.iter().enumerate() {
+                halves[2 * q * NR + j] = _mm512_castps512_ps256(*v);
+                halves[(2 * q + 1) * NR + j] =
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*v)));
+            }
+        }
+        let mut sums = [[0.0f32; NR]; ROWS];
+        for (dst, v) in sums
+            .as_flattened_mut()
+            .chunks_exact_mut(4)
+            .zip(halves.chunks_exact(4))
+        {
+            dst.copy_from_slice(&super::avx2::hsum4([v[0], v[1], v[2], v[3]]));
+        }
+        sums
     }
 }
 
@@ -540,7 +694,18 @@ mod tests {
                     _ => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F32, w, s, f, k, a, o),
                 }];
                 if simd_active() {
-                    builds.push(rows_fn(t)); // the AVX2 build on this CPU
+                    builds.push(match t {
+                        1 => {
+                            |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F16, w, s, f, k, a, o)
+                        }
+                        30 => |w, s, f, k, a, o, _| {
+                            unsafe_rows_avx2(ActFormat::BF16, w, s, f, k, a, o)
+                        },
+                        _ => {
+                            |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F32, w, s, f, k, a, o)
+                        }
+                    });
+                    builds.push(rows_fn(t)); // the best build on this CPU (AVX-512 for f16)
                 }
                 let row = k * fmt.block_bytes();
                 for (b, f) in builds.into_iter().enumerate() {
