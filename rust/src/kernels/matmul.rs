@@ -645,8 +645,9 @@ pub(crate) fn rows_for(
         return (gemm_float::rows_fn(type_id), true, Layout::Widened);
     }
     if gemm_q8::serves(type_id, n) {
-        // decided once here: the packing and the tiles must agree
-        let vnni = avx512_vnni_active();
+        // decided once here: the packing and the tiles must agree; under 4 rows the VNNI
+        // tile (4 activation rows) mostly computes padding
+        let vnni = n >= 4 && avx512_vnni_active();
         return (gemm_q8::rows_fn(type_id, vnni), gemm, Layout::Q8Tiles(vnni));
     }
     let layout = if gemm && gemm_kquant::serves(type_id) {
