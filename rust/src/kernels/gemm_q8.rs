@@ -8,12 +8,12 @@
 //! blocks. Every output keeps ggml's integer lanes, FMA order and final sum, so the bits equal
 //! [`super::dot`]'s (the tests compare them).
 //!
-//! With AVX-512 VNNI ([`vnni`]) a register holds a pair of weight rows and `vpdpbusd` makes
+//! With AVX-512 VNNI (`mod vnni`, from 4 activation rows) a register holds a pair of weight rows and `vpdpbusd` makes
 //! the four-byte integer lanes in one step (every weight stored unsigned as `v + offset`, the
 //! offset taken off through the activation lane sums), for the same integer lanes, FMAs and
 //! sums: the same bits again.
 //!
-//! AVX2 only: the portable build keeps the row-dot path, which gives the same bits.
+//! x86-64 SIMD only: the portable build keeps the row-dot path, which gives the same bits.
 
 use super::matmul::{Converted, RowsFn};
 
