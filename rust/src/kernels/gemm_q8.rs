@@ -8,10 +8,10 @@
 //! blocks. Every output keeps ggml's integer lanes, FMA order and final sum, so the bits equal
 //! [`super::dot`]'s (the tests compare them).
 //!
-//! With AVX-512 VNNI (`mod vnni`, from 4 activation rows) a register holds a pair of weight rows and `vpdpbusd` makes
-//! the four-byte integer lanes in one step (every weight stored unsigned as `v + offset`, the
-//! offset taken off through the activation lane sums), for the same integer lanes, FMAs and
-//! sums: the same bits again.
+//! With AVX-512 VNNI (`mod vnni`, from 4 activation rows) a register holds a pair of weight
+//! rows and `vpdpbusd` makes the four-byte integer lanes in one step (every weight stored
+//! unsigned as `v + offset`, the offset taken off through the activation lane sums), for the
+//! same integer lanes, FMAs and sums: the same bits again.
 //!
 //! x86-64 SIMD only: the portable build keeps the row-dot path, which gives the same bits.
 
