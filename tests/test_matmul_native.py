@@ -266,3 +266,36 @@ def test_mul_mat_step_single_row_batches_share_weights(gguf, type_id, threads):
         several = np.empty((per_head, m), np.float32)
         _native.matmul_quant(type_id, cache[0], row, x[:per_head, 0], several, 1, True)
         assert not np.array_equal(several, out[:per_head, 0])
+
+
+@pytest.mark.parametrize(
+    ("type_name", "k"), [("Q8_0", 320), ("Q4_0", 320), ("Q5_0", 96), ("F16", 300), ("F16", 256)]
+)
+def test_prompt_tiles_agree_on_every_build(gguf, type_name, k):
+    """The 512-bit prompt tiles (where the CPU has AVX-512 VNNI: q8_0-family from 4 activation
+    rows, f16 from 16), the AVX2 tiles and the portable row dots give the same bits, for row
+    counts on both sides of each tile's threshold and ragged tiles."""
+    rng = np.random.default_rng(k)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    m = 37
+    x_w = (
+        rng.standard_normal((m, k), dtype=np.float32)
+        * np.logspace(-1, 1, m, dtype=np.float32)[:, None]
+    )
+    w = np.ascontiguousarray(gguf.quants.quantize(x_w, qtype)).view(np.uint8).reshape(m, -1)
+    builds = ((False, True), (False, False), (True, False))  # (portable, AVX-512 allowed)
+    try:
+        for n in (2, 3, 4, 5, 8, 15, 16, 17, 33):
+            x = rng.standard_normal((n, k), dtype=np.float32)
+            outs = []
+            for portable, wide in builds:
+                _native.set_portable_kernels(portable)
+                _native.set_avx512_kernels(wide)
+                out = np.zeros((n, m), np.float32)
+                _native.matmul_quant(int(qtype), w, w.shape[1], x, out, 2, True)
+                outs.append(out.view(np.uint32))
+            for build, out in zip(builds[1:], outs[1:], strict=True):
+                assert np.array_equal(outs[0], out), (type_name, k, n, build)
+    finally:
+        _native.set_portable_kernels(False)
+        _native.set_avx512_kernels(True)
