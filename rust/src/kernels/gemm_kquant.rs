@@ -123,6 +123,8 @@ pub unsafe fn rows(
     let gblock = (ACT_BLOCK_BYTES / (nb * SLAB_BYTES)).clamp(2, groups.next_multiple_of(2)) & !1;
     let mut ws = [WeightSlab::default(); 4];
     let mut dec = Decoded::default();
+    // VNNI for biased codes (AVX-512 has no vpsignb for IQ4_XS's signed ones)
+    let vnni = matches!(shape.codes, Codes::Biased(_)) && super::matmul::avx512_vnni_active();
     let mut acc = vec![_mm256_setzero_ps(); 4 * gblock]; // [row][group]
     let base = act.data.as_ptr();
     for g0 in (0..groups).step_by(gblock) {
@@ -139,7 +141,11 @@ pub unsafe fn rows(
                 for gp in (g0..g1).step_by(2) {
                     let gq = [gp, (gp + 1).min(g1 - 1)];
                     let ys = gq.map(|g| base.add((g * nb + b) * SLAB_BYTES));
-                    let res = tile(&ws, ys, shape);
+                    let res = if vnni {
+                        tile_vnni(&ws, ys, shape)
+                    } else {
+                        tile(&ws, ys, shape)
+                    };
                     for (j, y) in ys.iter().enumerate().take(if gp + 1 < g1 { 2 } else { 1 }) {
                         let dx = _mm256_loadu_ps(y.add(CODES_BYTES + BSUMS_BYTES) as *const f32);
                         for (i, s) in ws.iter().enumerate() {
@@ -249,6 +255,63 @@ unsafe fn tile(
             }
         }
     }
+    finish(acc, ws, ys, shape)
+}
+
+/// [`tile`] with AVX-512 VNNI for biased codes: a register holds the lanes of both groups,
+/// `vpmaddubsw` makes the i16 pairs and `vpdpwssd` multiplies them by the scale and adds them
+/// in one step: the same integers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_vnni(
+    ws: &[WeightSlab; 4],
+    ys: [*const u8; 2],
+    shape: Shape,
+) -> [[std::arch::x86_64::__m256i; 2]; 8] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    // an opaque trip count keeps the sub-block loop rolled
+    for sub in 0..std::hint::black_box(16) {
+        for q4 in 0..4 {
+            let q = sub * 4 + q4;
+            // SAFETY: quad q of 64 in each packed slab and weight slab.
+            let y = unsafe {
+                let lo = _mm256_loadu_si256(ys[0].add(q * 32) as *const __m256i);
+                let hi = _mm256_loadu_si256(ys[1].add(q * 32) as *const __m256i);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+            };
+            for (a, s) in acc.iter_mut().zip(ws) {
+                // SAFETY: as above.
+                let (u, sc) = unsafe {
+                    (
+                        _mm512_set1_epi32(std::ptr::read_unaligned(
+                            s.ubytes.as_ptr().add(4 * q) as *const i32
+                        )),
+                        _mm512_broadcast_i64x4(_mm256_load_si256(
+                            s.scales[sub].as_ptr() as *const __m256i
+                        )),
+                    )
+                };
+                *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(u, y), sc);
+            }
+        }
+    }
+    let halves = acc.map(|v| [_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)]);
+    // SAFETY: AVX2 is enabled here.
+    unsafe { finish(halves, ws, ys, shape) }
+}
+
+/// The tiles' end: `s1` and the bsum terms (`s2`, or the code bias taken off `s1`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn finish(
+    acc: [[std::arch::x86_64::__m256i; 2]; 4],
+    ws: &[WeightSlab; 4],
+    ys: [*const u8; 2],
+    shape: Shape,
+) -> [[std::arch::x86_64::__m256i; 2]; 8] {
+    use std::arch::x86_64::*;
+    let zero = _mm256_setzero_si256();
     let mut res = [[zero; 2]; 8];
     let bias = matches!(shape.codes, Codes::Biased(1..));
     for (i, s) in ws.iter().enumerate() {
