@@ -130,21 +130,7 @@ pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     for i in 0..nb {
         let wb = w.as_ptr().add(144 * i);
         let yb = x.as_ptr().add(292 * i);
-        for line in 0..3 {
-            prefetch_ahead(wb.add(64 * line));
-        }
-        let yd = q8k_d(yb);
-        let d = yd * f16_at(wb);
-        let dmin = -yd * f16_at(wb.add(2));
-        let (sc, mn) = k4_scales_mins(wb.add(4));
-        // mins · (pairs of bsums), as ggml: i16 pair sums, then i32 lanes of 2 products
-        let q8sums = load32(yb.add(260));
-        let q8s = _mm_hadd_epi16(
-            _mm256_castsi256_si128(q8sums),
-            _mm256_extracti128_si256(q8sums, 1),
-        );
-        let prod = _mm_madd_epi16(mn, q8s);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let (d, sc) = q4k_start(wb, yb, &mut acc_m);
         let scales = _mm256_set_m128i(sc, sc);
         let (qs, q8) = (wb.add(16), yb.add(4));
         let mut sumi = _mm256_setzero_si256();
@@ -160,9 +146,7 @@ pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    let mut m = [0.0f32; 4];
-    _mm_storeu_ps(m.as_mut_ptr(), acc_m);
-    hsum(acc) + ((m[0] + m[2]) + (m[1] + m[3]))
+    q4k_finish(acc, acc_m)
 }
 
 /// [`q4_k`] with AVX-512 VNNI: the 64 codes of sub-blocks 2j and 2j + 1 in one register
@@ -182,20 +166,7 @@ unsafe fn q4_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
     for i in 0..nb {
         let wb = w.as_ptr().add(144 * i);
         let yb = x.as_ptr().add(292 * i);
-        for line in 0..3 {
-            prefetch_ahead(wb.add(64 * line));
-        }
-        let yd = q8k_d(yb);
-        let d = yd * f16_at(wb);
-        let dmin = -yd * f16_at(wb.add(2));
-        let (sc, mn) = k4_scales_mins(wb.add(4));
-        let q8sums = load32(yb.add(260));
-        let q8s = _mm_hadd_epi16(
-            _mm256_castsi256_si128(q8sums),
-            _mm256_extracti128_si256(q8sums, 1),
-        );
-        let prod = _mm_madd_epi16(mn, q8s);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let (d, sc) = q4k_start(wb, yb, &mut acc_m);
         let scales = _mm512_castsi128_si512(sc);
         let (qs, q8) = (wb.add(16), yb.add(4));
         let mut sumi = _mm512_setzero_si512();
@@ -214,6 +185,34 @@ unsafe fn q4_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
         );
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
+    q4k_finish(acc, acc_m)
+}
+
+/// A Q4_K super-block's start, shared by both builds of [`q4_k`]: prefetch, `d`, and the
+/// mins · (pairs of bsums) term into `acc_m` as ggml does (i16 pair sums, then i32 lanes of two
+/// products); returns `d` and the eight scales as i16 lanes.
+#[inline(always)]
+unsafe fn q4k_start(wb: *const u8, yb: *const u8, acc_m: &mut __m128) -> (f32, __m128i) {
+    for line in 0..3 {
+        prefetch_ahead(wb.add(64 * line));
+    }
+    let yd = q8k_d(yb);
+    let d = yd * f16_at(wb);
+    let dmin = -yd * f16_at(wb.add(2));
+    let (sc, mn) = k4_scales_mins(wb.add(4));
+    let q8sums = load32(yb.add(260));
+    let q8s = _mm_hadd_epi16(
+        _mm256_castsi256_si128(q8sums),
+        _mm256_extracti128_si256(q8sums, 1),
+    );
+    let prod = _mm_madd_epi16(mn, q8s);
+    *acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *acc_m);
+    (d, sc)
+}
+
+/// [`q4_k`]'s end: the `hsum` of the scaled sums plus the mins term's four lanes.
+#[inline(always)]
+unsafe fn q4k_finish(acc: __m256, acc_m: __m128) -> f32 {
     let mut m = [0.0f32; 4];
     _mm_storeu_ps(m.as_mut_ptr(), acc_m);
     hsum(acc) + ((m[0] + m[2]) + (m[1] + m[3]))
