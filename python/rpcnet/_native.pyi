@@ -332,8 +332,9 @@ def kernels_simd() -> bool:
     """Whether the matmul kernels take their SIMD (AVX2+FMA+F16C) build on this CPU."""
 
 def set_avx512_kernels(on: bool) -> bool:
-    """Allow (True) or disable (False) the AVX-512 VNNI kernels (q8_0 / q4_0 / q5_0 prompt
-    tiles; same bits as the AVX2 ones); returns whether they now run on this CPU.
+    """Allow (True) or disable (False) the AVX-512 kernels (prompt tiles for q8_0 / q4_0 /
+    q5_0, K-quants and f16, the Q4_K decode dot, the f16 decode prefetch; same bits as the AVX2
+    ones); returns whether they now run on this CPU (AVX-512 F + BW + VNNI).
 
     ``RPCNET_NO_AVX512=1`` in the environment disables them too.
     """

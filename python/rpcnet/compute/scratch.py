@@ -295,5 +295,5 @@ def plan_footprint(nodes: list[Tensor]) -> int:
         if id(t) in seen:
             continue
         seen.add(id(t))
-        stack.extend(s for s in (*t.src, t.view_src) if s is not None)
+        stack.extend(s for s in t.src if s is not None)
     return len(seen) * PLAN_BYTES_PER_TENSOR

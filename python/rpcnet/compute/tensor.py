@@ -25,7 +25,6 @@ class Tensor:
     buffer: DeviceBuffer | None
     offset: int  # byte offset of element 0 inside buffer.array
     src: tuple[Tensor | None, ...] = field(default=())
-    view_src: Tensor | None = None
     stable: bool = False  # no node of the plan writes its buffer: derived copies may be cached
 
     @classmethod
