@@ -135,6 +135,8 @@ class Bench:
                         a.tg,
                         "--threads",
                         a.threads,
+                        "--reps",
+                        a.reps,
                         *extra,
                     )
                     self.log(f"speed round {rnd + 1}/{a.rounds}", server.side, json.dumps(r))
@@ -209,7 +211,8 @@ class Bench:
         a = self.args
         n = a.clients
         with engine_servers.running("ours", a.threads) as s:
-            solo = probe(model, s.endpoint, "--pp", "", "--tg", a.tg, "--threads", a.threads)["tg"]
+            solo_args = ("--pp", "", "--tg", a.tg, "--threads", a.threads, "--reps", a.reps)
+            solo = probe(model, s.endpoint, *solo_args)["tg"]
             with tempfile.TemporaryDirectory() as barrier:
                 with concurrent.futures.ThreadPoolExecutor(n) as pool:
                     jobs = [
@@ -312,6 +315,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--pp", default=None, help="prefill batch sizes (default 64,256)")
     p.add_argument("--tg", type=int, default=32)
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="runs of each pp/tg measurement inside a probe (median kept; multi's solo too)",
+    )
     p.add_argument("--depth", type=int, default=1536)
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--profile-steps", type=int, default=64)
@@ -385,6 +394,7 @@ def main(argv: list[str]) -> int:
             "commands": [command],
             "threads": args.threads,
             "rounds": args.rounds,
+            "reps": args.reps,
             "pp": args.pp,
             "tg": args.tg,
             "depth": args.depth,

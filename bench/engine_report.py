@@ -253,7 +253,14 @@ def render(results: dict) -> str:
         "prefill, single-token decode steps) with every layer and the output head on the server; "
         f"{config['threads']} threads each side; speeds from "
         f"{_rounds(results) or 'no'} interleaved rounds "
-        "(reference, rpcnet) on fresh servers, medians. Random-weight llamas quantized by the "
+        "(reference, rpcnet) on fresh servers, medians"
+        + (
+            f" (each round the median of {config['reps']} repetitions of every pp/tg measurement,"
+            " each on a cleared KV cache; depth measured once per round)"
+            if config.get("reps", 1) > 1
+            else ""
+        )
+        + ". Random-weight llamas quantized by the "
         "REAL quantizer. Cells: **rpcnet / reference** (rpcnet / reference value). Memory: "
         "VmHWM / VmRSS from /proc of a fresh server, one client loading the model and running "
         f"pp{min(config['pp']) if config['pp'] else 0} + tg{config['tg']}. GB/s: weight bytes "

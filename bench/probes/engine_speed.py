@@ -2,6 +2,7 @@
 
     engine_speed.py MODEL HOST:PORT [--pp 64,256] [--tg 32] [--depth 1536 --depth-fa 0,1]
                     [--threads 2] [--warm-prompt 8] [--barrier DIR --barrier-n N] [--no-plain]
+                    [--reps 1]
 
 Every layer (and the output head) on the endpoint. Measurements, each on a cleared KV cache:
 - ``pp N``: one batch of N tokens (logits for the last), timed after a warm-up batch of N;
@@ -10,8 +11,10 @@ Every layer (and the output head) on the endpoint. Measurements, each on a clear
 - ``depth``: per flash-attention setting in ``--depth-fa``, a fresh context; a warm-up batch of
   one ubatch (512) is cleared, then a prompt of ``--depth`` tokens is timed (ubatches of 512),
   then one warm-up token and ``tg`` timed single-token decodes after it. KV cache f16.
-With ``--barrier DIR``, the timed decodes start only once ``--barrier-n`` probes have written
-their ready file into DIR (several clients decoding at once). Prints one JSON line:
+With ``--reps R``, each ``pp`` and ``tg`` measurement runs R times (each on a cleared KV cache,
+as llama-bench's repetitions) and the median is reported. With ``--barrier DIR``, the timed
+decodes start only once ``--barrier-n`` probes have written their ready file into DIR (several
+clients decoding at once). Prints one JSON line:
 {"load_s": s, "pp": {"64": tok/s}, "tg": tok/s, "depth": {"fa0": {"pp": tok/s, "tg": tok/s}}}
 """
 
@@ -41,6 +44,12 @@ def _wait_barrier(directory: Path, n: int, timeout: float = 900.0) -> None:
         time.sleep(0.01)
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -52,10 +61,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warm-prompt", type=int, default=8)
     parser.add_argument("--no-plain", action="store_true", help="only the --depth measurements")
+    parser.add_argument("--reps", type=int, default=1, help="repetitions; the median is kept")
     parser.add_argument("--barrier", type=Path)
     parser.add_argument("--barrier-n", type=int, default=1)
     args = parser.parse_args(argv)
     pp_sizes = _ints(args.pp)
+    reps = max(args.reps, 1)
 
     from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib
     from llama_cpp_py_sync.rpc import rpc_devices
@@ -122,7 +133,7 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         for i in range(args.tg):
             decode(ctx, [(i * 31) % (n_vocab - 10) + 5], pos0 + 1 + i)
-        return round(args.tg / (time.perf_counter() - t0), 3)
+        return args.tg / (time.perf_counter() - t0)
 
     result: dict = {"pp": {}, "depth": {}}
     if not args.no_plain and (pp_sizes or args.tg):
@@ -135,14 +146,20 @@ def main(argv: list[str]) -> int:
         for n in pp_sizes:
             lib.llama_memory_clear(mem, True)
             decode(ctx, tokens(n, 1), 0)  # warm-up: graphs built and cached on both sides
-            lib.llama_memory_clear(mem, True)
-            t1 = time.perf_counter()
-            decode(ctx, tokens(n, 2), 0)
-            result["pp"][str(n)] = round(n / (time.perf_counter() - t1), 3)
+            speeds = []
+            for _ in range(reps):
+                lib.llama_memory_clear(mem, True)
+                t1 = time.perf_counter()
+                decode(ctx, tokens(n, 2), 0)
+                speeds.append(n / (time.perf_counter() - t1))
+            result["pp"][str(n)] = round(_median(speeds), 3)
         if args.tg:
-            lib.llama_memory_clear(mem, True)
-            decode(ctx, tokens(warm, 3), 0)
-            result["tg"] = timed_decodes(ctx, warm, barrier=True)
+            speeds = []
+            for rep in range(reps):
+                lib.llama_memory_clear(mem, True)
+                decode(ctx, tokens(warm, 3), 0)
+                speeds.append(timed_decodes(ctx, warm, barrier=rep == 0))
+            result["tg"] = round(_median(speeds), 3)
         lib.llama_free(ctx)
     if args.depth:
         for fa in _ints(args.depth_fa):
@@ -155,7 +172,7 @@ def main(argv: list[str]) -> int:
             depth_pp = round(args.depth / (time.perf_counter() - t1), 3)
             entry = {"pp": depth_pp}
             if args.tg:
-                entry["tg"] = timed_decodes(ctx, args.depth, barrier=False)
+                entry["tg"] = round(timed_decodes(ctx, args.depth, barrier=False), 3)
             result["depth"][f"fa{fa}"] = entry
             lib.llama_free(ctx)
     result.setdefault("load_s", round(time.perf_counter() - t0, 3))
