@@ -256,7 +256,8 @@ def render(results: dict) -> str:
         "(reference, rpcnet) on fresh servers, medians"
         + (
             f" (each round the median of {config['reps']} repetitions of every pp/tg measurement,"
-            " each on a cleared KV cache; depth measured once per round)"
+            " each on a cleared KV cache, the decodes after a deep prompt on the cache cut back"
+            " to it; the deep prompt itself once per round)"
             if config.get("reps", 1) > 1
             else ""
         )

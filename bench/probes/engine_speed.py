@@ -12,7 +12,8 @@ Every layer (and the output head) on the endpoint. Measurements, each on a clear
   one ubatch (512) is cleared, then a prompt of ``--depth`` tokens is timed (ubatches of 512),
   then one warm-up token and ``tg`` timed single-token decodes after it. KV cache f16.
 With ``--reps R``, each ``pp`` and ``tg`` measurement runs R times (each on a cleared KV cache,
-as llama-bench's repetitions) and the median is reported. With ``--barrier DIR``, the timed
+as llama-bench's repetitions; the decodes after ``--depth`` on the cache cut back to the
+prompt) and the median is reported. With ``--barrier DIR``, the timed
 decodes start only once ``--barrier-n`` probes have written their ready file into DIR (several
 clients decoding at once). Prints one JSON line:
 {"load_s": s, "pp": {"64": tok/s}, "tg": tok/s, "depth": {"fa0": {"pp": tok/s, "tg": tok/s}}}
@@ -172,7 +173,12 @@ def main(argv: list[str]) -> int:
             depth_pp = round(args.depth / (time.perf_counter() - t1), 3)
             entry = {"pp": depth_pp}
             if args.tg:
-                entry["tg"] = round(timed_decodes(ctx, args.depth, barrier=False), 3)
+                speeds = []
+                for rep in range(reps):
+                    if rep:  # back to the prompt alone: every repetition decodes at this depth
+                        lib.llama_memory_seq_rm(mem, 0, args.depth, -1)
+                    speeds.append(timed_decodes(ctx, args.depth, barrier=False))
+                entry["tg"] = round(_median(speeds), 3)
             result["depth"][f"fa{fa}"] = entry
             lib.llama_free(ctx)
     result.setdefault("load_s", round(time.perf_counter() - t0, 3))
