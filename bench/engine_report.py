@@ -117,7 +117,9 @@ def _multi_cell(entry: dict) -> str:
     if not multi:
         return "—"
     return (
-        f"**{multi['ratio']:.2f}×** (N={multi['n']}: "
+        f"**{multi['ratio']:.2f}×** (N={multi['n']}"
+        + (f", tg{multi['tg']} each" if "tg" in multi else "")
+        + ": "
         + ", ".join(f"{v:.1f}" for v in multi["each"])
         + f" vs solo {multi['solo']:.1f} tok/s"
         + (f"; peak RSS {multi['peak_mib']:.0f} MiB" if "peak_mib" in multi else "")
