@@ -16,7 +16,7 @@ unsafe fn load32(p: *const u8) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
     let h = u16::from_le_bytes([*p, *p.add(1)]) as u32;
     // A `vmovd` that zeroes the register: left to itself, LLVM inserts the half into whatever
     // register is at hand (often the loop's accumulator), chaining every block's scale to the
@@ -32,7 +32,7 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 const PREFETCH_AHEAD: usize = 3072;
 
 #[inline(always)]
-unsafe fn prefetch_ahead(p: *const u8) {
+pub(crate) unsafe fn prefetch_ahead(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD) as *const i8);
 }
 
@@ -212,7 +212,7 @@ unsafe fn q4k_start(wb: *const u8, yb: *const u8, acc_m: &mut __m128) -> (f32, _
 
 /// [`q4_k`]'s end: the `hsum` of the scaled sums plus the mins term's four lanes.
 #[inline(always)]
-unsafe fn q4k_finish(acc: __m256, acc_m: __m128) -> f32 {
+pub(crate) unsafe fn q4k_finish(acc: __m256, acc_m: __m128) -> f32 {
     let mut m = [0.0f32; 4];
     _mm_storeu_ps(m.as_mut_ptr(), acc_m);
     hsum(acc) + ((m[0] + m[2]) + (m[1] + m[3]))

@@ -504,7 +504,8 @@ mod avx512 {
     /// (8 KiB at 32 steps), reused by every activation group from L1.
     const KB_STEPS: usize = 32;
     /// Below this many activation rows widening the weights costs more than the wide FMAs
-    /// save (8 rows: 0.75x the AVX2 tile, 16: 1.05x, 32: 1.2x); the AVX2 tile runs instead.
+    /// save (one thread against the AVX2 tile: 8 rows 0.75x, 16 rows 1.1x, 32 rows 1.3x); the
+    /// AVX2 tile runs instead.
     const MIN_ROWS: usize = 16;
     const PAIRS: usize = ROWS / 2;
     const NR: usize = 4;

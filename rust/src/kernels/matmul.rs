@@ -240,7 +240,7 @@ impl Converted {
         }
     }
 
-    fn row(&self, r: usize) -> &[u8] {
+    pub(crate) fn row(&self, r: usize) -> &[u8] {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 }
@@ -617,6 +617,8 @@ pub(crate) enum Layout {
     Widened,
     /// Packed by eights for [`gemm_kquant`] ([`gemm_kquant::pack`]).
     KquantLanes,
+    /// [`super::q4k_paired`]'s layout (one-row Q4_K with AVX-512).
+    Q4kPaired,
     /// Laid out for [`gemm_q8`]'s tiles ([`gemm_q8::pack`]); true: its AVX-512 VNNI ones.
     Q8Tiles(bool),
 }
@@ -649,6 +651,10 @@ pub(crate) fn rows_for(
         // tile (4 activation rows) mostly computes padding
         let vnni = n >= 4 && avx512_vnni_active();
         return (gemm_q8::rows_fn(type_id, vnni), gemm, Layout::Q8Tiles(vnni));
+    }
+    if !gemm && super::q4k_paired::serves(type_id, n) {
+        let f = rows_fn::<super::q4k_paired::Q4KPaired>();
+        return (f, false, Layout::Q4kPaired);
     }
     let layout = if gemm && gemm_kquant::serves(type_id) {
         Layout::KquantLanes
@@ -704,6 +710,10 @@ pub fn matmul_converted(
         }
         Layout::Q8Tiles(vnni) => {
             prepared = gemm_q8::pack(act, type_id, vnni);
+            &prepared
+        }
+        Layout::Q4kPaired => {
+            prepared = super::q4k_paired::pack(act, k);
             &prepared
         }
     };

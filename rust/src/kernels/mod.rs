@@ -5,6 +5,7 @@
 //! * [`matmul`] — the multi-threaded, tiled matmul over any supported weight type
 //! * [`matmul_step`] — a whole MUL_MAT node (strided operands, broadcast batches)
 //! * [`gemm_q8`] — its many-row path for q8_0/q4_0/q5_0 weights (decoded tiles)
+//! * [`q4k_paired`] — its one-row Q4_K path with AVX-512 (activations re-laid per call)
 //! * [`gemm_float`] — its many-row path for float weights, in llamafile tinyBLAS's order
 //! * [`expf8`] — ggml's vector expf on eight lanes (soft max, SwiGLU)
 //! * [`pool`] — the persistent worker threads every kernel call runs on
@@ -26,6 +27,7 @@ pub mod matmul;
 pub mod matmul_step;
 pub mod pool;
 pub mod probe;
+pub mod q4k_paired;
 pub mod rowops;
 #[cfg(test)]
 mod test_util;
