@@ -132,6 +132,19 @@ pub fn rows_fn(type_id: u32) -> RowsFn {
     }
 }
 
+/// The rows function that writes straight into the `[n][m]` output, where this type and row
+/// count have one ([`super::matmul::DirectFn`]).
+pub(crate) fn direct_fn(type_id: u32, n: usize) -> Option<super::matmul::DirectFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if type_id == 1 && n >= avx512::MIN_ROWS && super::matmul::avx512_vnni_active() {
+            return Some(avx512::rows_f16_direct);
+        }
+    }
+    let _ = (type_id, n);
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 fn unsafe_rows_avx2(
     fmt: ActFormat,
@@ -360,10 +373,17 @@ pub(crate) fn store_tile<const M: usize, const N: usize>(
     r: usize,
     col_end: usize,
 ) {
+    let cols = (col_end - r).min(N);
     for (i, vals) in res.iter().enumerate().take(row_end.saturating_sub(row0)) {
         let dst = &mut out[(row0 + i) * n + r..];
-        for (o, v) in dst.iter_mut().zip(vals).take(col_end - r) {
-            *o = *v;
+        if cols == N {
+            // a fixed-size copy: inline stores (a variable one became a memcpy call per row,
+            // a sixth of a short-K call)
+            dst[..N].copy_from_slice(vals);
+        } else {
+            for (o, v) in dst.iter_mut().zip(vals).take(cols) {
+                *o = *v;
+            }
         }
     }
 }
@@ -493,7 +513,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{store_tile, Converted};
+    use super::Converted;
 
     /// Weight rows per register tile (four register pairs), tiles per panel, activation rows
     /// per tile, and the most bytes of widened activations at once.
@@ -506,7 +526,7 @@ mod avx512 {
     /// Below this many activation rows widening the weights costs more than the wide FMAs
     /// save (one thread against the AVX2 tile: 8 rows 0.75x, 16 rows 1.1x, 32 rows 1.3x); the
     /// AVX2 tile runs instead.
-    const MIN_ROWS: usize = 16;
+    pub(super) const MIN_ROWS: usize = 16;
     const PAIRS: usize = ROWS / 2;
     const NR: usize = 4;
 
@@ -533,8 +553,79 @@ mod avx512 {
         let rows_total = out.len() / n;
         assert!(kp >= 8 && act.row_bytes == kp * 2 && act.data.len() >= n * act.row_bytes);
         assert!(rows_total == 0 || w.len() >= (first + rows_total - 1) * stride + 2 * k);
-        // SAFETY: AVX-512 F and BW (and so AVX2, FMA, F16C) checked above; sizes asserted.
-        unsafe { rows_f16(w, stride, first, k, kp, act, out) }
+        let dest = Dest {
+            ptr: out.as_mut_ptr(),
+            row_step: n,
+            col_step: 1,
+        };
+        // SAFETY: AVX-512 F and BW (and so AVX2, FMA, F16C) checked above; sizes asserted;
+        // `dest` spans `out`.
+        unsafe { rows_f16(w, stride, first, k, kp, act, rows_total, dest) }
+    }
+
+    /// [`rows_f16_entry`] for weight rows `first..first + rows` written straight into the
+    /// `[n][m]` output at `out` (column `first + i` of every activation row), no scratch or
+    /// scatter: a short-K call (attention's K·Q) spent a quarter of its time transposing.
+    ///
+    /// # Safety
+    /// `out` is valid for `act.rows × m` floats and no one else writes columns
+    /// `first..first + rows` meanwhile; `act.rows >= MIN_ROWS`.
+    #[allow(clippy::too_many_arguments)] // the shape of `DirectFn`
+    pub(crate) unsafe fn rows_f16_direct(
+        w: &[u8],
+        stride: usize,
+        first: usize,
+        rows: usize,
+        k: usize,
+        act: &Converted,
+        out: *mut f32,
+        m: usize,
+    ) {
+        assert!(crate::kernels::matmul::avx512_vnni_active() && act.rows >= MIN_ROWS);
+        assert!(first + rows <= m);
+        let kp = k.next_multiple_of(8);
+        assert!(kp >= 8 && act.row_bytes == kp * 2 && act.data.len() >= act.rows * act.row_bytes);
+        assert!(rows == 0 || w.len() >= (first + rows - 1) * stride + 2 * k);
+        let dest = Dest {
+            ptr: out.add(first),
+            row_step: 1,
+            col_step: m,
+        };
+        // SAFETY: as asserted; the caller owns those columns of `out`.
+        unsafe { rows_f16(w, stride, first, k, kp, act, rows, dest) }
+    }
+
+    /// Where a tile's results go: (weight row i, activation row c) at `ptr + i * row_step +
+    /// c * col_step` (rows relative to the call's first).
+    #[derive(Clone, Copy)]
+    struct Dest {
+        ptr: *mut f32,
+        row_step: usize,
+        col_step: usize,
+    }
+
+    impl Dest {
+        /// Rows `row0..row_end` (at most ROWS) × columns `col0..col_end` (at most NR) of `res`.
+        #[inline(always)]
+        unsafe fn store(
+            &self,
+            res: &[[f32; NR]; ROWS],
+            row0: usize,
+            row_end: usize,
+            col0: usize,
+            col_end: usize,
+        ) {
+            let rows = row_end.saturating_sub(row0).min(ROWS);
+            let cols = (col_end - col0).min(NR);
+            for j in 0..cols {
+                let col = self
+                    .ptr
+                    .add((col0 + j) * self.col_step + row0 * self.row_step);
+                for (i, r) in res.iter().enumerate().take(rows) {
+                    *col.add(i * self.row_step) = r[j];
+                }
+            }
+        }
     }
 
     /// Weight rows `r0..r1` (f16, `k` values each) as a run of cache lines to prefetch.
@@ -582,9 +673,15 @@ mod avx512 {
     #[repr(C, align(64))]
     struct Line([f32; 16]);
 
-    /// Zeroed, line-aligned room for `len` f32s.
-    fn lines(len: usize) -> Vec<Line> {
-        vec![Line([0.0; 16]); len.div_ceil(16)]
+    /// Line-aligned room for `len` f32s, not initialized: every value the tiles read is
+    /// written first (activation rows, panel slots, accumulators), and zeroing the buffers of
+    /// each call cost more than a short-K call's FMAs.
+    fn lines(len: usize) -> Vec<std::mem::MaybeUninit<Line>> {
+        let n = len.div_ceil(16);
+        let mut v = Vec::with_capacity(n);
+        // SAFETY: MaybeUninit elements need no initialization.
+        unsafe { v.set_len(n) };
+        v
     }
 
     /// `k` f16 values at `src` to f32 at `dst` (`kp` written, zero-padded).
@@ -603,6 +700,7 @@ mod avx512 {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
     unsafe fn rows_f16(
         w: &[u8],
@@ -611,10 +709,10 @@ mod avx512 {
         k: usize,
         kp: usize,
         act: &Converted,
-        out: &mut [f32],
+        rows_total: usize,
+        dest: Dest,
     ) {
         let n = act.rows;
-        let rows_total = out.len() / n;
         let steps = kp / 8;
         // activation rows widened at once: all of them up to XF_BYTES, so that each weight
         // row is read (from DRAM) and widened once
@@ -684,7 +782,7 @@ mod avx512 {
                     }
                     for g in 0..groups {
                         let res = tile_sums(accs.add(g * ACC_LEN));
-                        store_tile(out, &res, t0 + tl * ROWS, t1, n, c0 + g * NR, c1);
+                        dest.store(&res, t0 + tl * ROWS, t1, c0 + g * NR, c1);
                     }
                 }
             }
@@ -731,22 +829,16 @@ mod avx512 {
         let a: [[__m512; NR]; PAIRS] = std::array::from_fn(|q| {
             std::array::from_fn(|j| _mm512_load_ps(acc.add((q * NR + j) * 16)))
         });
-        // row 2q's accumulators are the low halves, row 2q + 1's the high ones
-        let mut halves = [_mm256_setzero_ps(); ROWS * NR];
-        for (q, acc) in a.iter().enumerate() {
-            for (j, v) in acc.iter().enumerate() {
-                halves[2 * q * NR + j] = _mm512_castps512_ps256(*v);
-                halves[(2 * q + 1) * NR + j] =
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*v)));
-            }
-        }
+        // row 2q's accumulators are the low halves, row 2q + 1's the high ones (summed in
+        // place: a gathered array of the halves cost a memcpy per tile, most of a short-K call)
         let mut sums = [[0.0f32; NR]; ROWS];
-        for (dst, v) in sums
-            .as_flattened_mut()
-            .chunks_exact_mut(4)
-            .zip(halves.chunks_exact(4))
-        {
-            dst.copy_from_slice(&super::avx2::hsum4([v[0], v[1], v[2], v[3]]));
+        for (q, acc) in a.iter().enumerate() {
+            let lo: [__m256; NR] = std::array::from_fn(|j| _mm512_castps512_ps256(acc[j]));
+            let hi: [__m256; NR] = std::array::from_fn(|j| {
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[j])))
+            });
+            sums[2 * q] = super::avx2::hsum4(lo);
+            sums[2 * q + 1] = super::avx2::hsum4(hi);
         }
         sums
     }

@@ -547,11 +547,21 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A rows function that writes weight rows `first..first + rows` straight into the `[n][m]`
+/// output (w, stride, first, rows, k, act, out, m).
+///
+/// # Safety
+/// `out` is valid for `n × m` floats and the caller alone writes those columns.
+pub(crate) type DirectFn =
+    unsafe fn(&[u8], usize, usize, usize, usize, &Converted, *mut f32, usize);
+
 #[allow(clippy::too_many_arguments)]
 /// Runs the rows over up to `threads` threads, each chunk of weight rows computed into the
-/// thread's scratch (`[rows][n]`) and scattered into `out` (`[n][m]`) by the same thread.
+/// thread's scratch (`[rows][n]`) and scattered into `out` (`[n][m]`) by the same thread, or,
+/// with a `direct` function, written straight into `out`.
 pub(crate) fn run_rows(
     f: RowsFn,
+    direct: Option<DirectFn>,
     w: &[u8],
     stride: usize,
     m: usize,
@@ -575,6 +585,10 @@ pub(crate) fn run_rows(
             m.div_ceil(threads * CHUNKS_PER_THREAD)
                 .next_multiple_of(TILE_ROWS),
         )
+    } else if direct.is_some() {
+        // one run of columns per thread: tasks writing neighbouring columns of every output
+        // row share its cache lines at each boundary
+        m.div_ceil(threads).next_multiple_of(TILE_ROWS)
     } else {
         m.div_ceil(threads * CHUNKS_PER_THREAD)
             .next_multiple_of(TILE_ROWS)
@@ -589,6 +603,11 @@ pub(crate) fn run_rows(
     let task = |i: usize| {
         let first = i * per;
         let rows = per.min(m - first);
+        if let Some(direct) = direct {
+            // SAFETY: task i alone owns columns first..first + rows of the n × m output
+            unsafe { direct(w, stride, first, rows, k, act, shared.ptr, m) };
+            return;
+        }
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             // grown, never cleared: the rows function writes every result
@@ -717,7 +736,13 @@ pub fn matmul_converted(
             &prepared
         }
     };
-    run_rows(f, w, row_stride, m, k, row_bytes, act, threads, gemm, out);
+    let direct = match layout {
+        Layout::Widened => gemm_float::direct_fn(type_id, n),
+        _ => None,
+    };
+    run_rows(
+        f, direct, w, row_stride, m, k, row_bytes, act, threads, gemm, out,
+    );
     Ok(())
 }
 
@@ -742,7 +767,10 @@ pub fn matmul_quant(
     if layout == Layout::Widened && m > 0 && n > 0 {
         // straight to the widened rows tinyBLAS's order runs on
         let wide = gemm_float::widen_rows(info.act, x, k, threads);
-        run_rows(f, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out);
+        let direct = gemm_float::direct_fn(type_id, n);
+        run_rows(
+            f, direct, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out,
+        );
         return Ok(());
     }
     let act = Converted::new_par(info.act, x, k, threads);
