@@ -636,3 +636,99 @@ impl FlashAttn {
         }
     }
 }
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::super::f32_to_fp16;
+    use super::super::test_util::noise;
+    use super::*;
+
+    fn f16s(seed: u64, len: usize, scale: f32) -> Vec<u16> {
+        noise(seed, len)
+            .iter()
+            .map(|x| f32_to_fp16(x * scale))
+            .collect()
+    }
+
+    /// Two GQA query rows walked at once (the AVX2 pair walk) give
+    /// the bits of two portable rows: scores, running max, sum and the f16-rounded V sums;
+    /// with a mask (holes), a softcap and a sink.
+    #[test]
+    fn row_pairs_give_the_portable_bits() {
+        if !use_avx2() {
+            return;
+        }
+        for (dk, dv, n_kv, softcap) in [(64, 64, 300, 0.0), (128, 128, 77, 20.0), (96, 32, 40, 0.0)]
+        {
+            let (n_head, n_head_kv) = (4, 2);
+            let q = noise(dk as u64, dk * n_head);
+            let k = f16s(3, dk * n_kv * n_head_kv, 1.5);
+            let v = f16s(5, dv * n_kv * n_head_kv, 1.0);
+            let mask: Vec<u16> = (0..n_kv)
+                .map(|i| {
+                    if i % 7 == 3 {
+                        0xfc00
+                    } else {
+                        f32_to_fp16(0.25 * (i % 3) as f32)
+                    }
+                })
+                .collect();
+            let sinks = noise(11, n_head);
+            let mut out = vec![0.0f32; dv * n_head];
+            let op = |p: *const u8, d: usize, heads: usize, el: usize| Operand {
+                ptr: p,
+                ne: [d, if heads == n_head { 1 } else { n_kv }, heads, 1],
+                nb: [
+                    el,
+                    d * el,
+                    d * el * if heads == n_head { 1 } else { n_kv },
+                    0,
+                ],
+            };
+            let fa = FlashAttn {
+                q: op(q.as_ptr() as *const u8, dk, n_head, 4),
+                k: op(k.as_ptr() as *const u8, dk, n_head_kv, 2),
+                v: op(v.as_ptr() as *const u8, dv, n_head_kv, 2),
+                mask: Some(Operand {
+                    ptr: mask.as_ptr() as *const u8,
+                    ne: [n_kv, 1, 1, 1],
+                    nb: [2, 2 * n_kv, 2 * n_kv, 2 * n_kv],
+                }),
+                sinks: Some(sinks.as_ptr()),
+                out: out.as_mut_ptr() as *mut u8,
+                out_row: dv * 4,
+                scale: 1.0 / (dk as f32).sqrt(),
+                max_bias: 0.0,
+                softcap,
+                kv_f32: false,
+            };
+            for irs in [[0, 1], [2, 3]] {
+                let (mut a0, mut a1) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
+                let (mut b0, mut b1) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
+                // SAFETY: every pointer spans its operand; rows 0/1 and 2/3 share a KV head.
+                let fast = unsafe { fa.row_pair(irs, 0, n_kv, true, [&mut a0, &mut a1]) };
+                let slow = unsafe {
+                    [
+                        fa.row_impl::<false>(irs[0], 0, n_kv, true, &mut b0),
+                        fa.row_impl::<false>(irs[1], 0, n_kv, true, &mut b1),
+                    ]
+                };
+                let bits = |r: (f32, f32), s: &Scratch| {
+                    let mut b = vec![r.0.to_bits(), r.1.to_bits()];
+                    b.extend(s.vkq32.iter().map(|x| x.to_bits()));
+                    b
+                };
+                assert_eq!(
+                    bits(fast[0], &a0),
+                    bits(slow[0], &b0),
+                    "dk {dk} rows {irs:?}"
+                );
+                assert_eq!(
+                    bits(fast[1], &a1),
+                    bits(slow[1], &b1),
+                    "dk {dk} rows {irs:?}"
+                );
+            }
+        }
+    }
+}
