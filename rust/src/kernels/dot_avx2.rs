@@ -179,13 +179,20 @@ unsafe fn q4_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
             let s = _mm512_permutexvar_epi16(*pick_j, scales);
             sumi = _mm512_dpwssd_epi32(sumi, p, s);
         }
-        let sumi = _mm256_add_epi32(
-            _mm512_castsi512_si256(sumi),
-            _mm512_extracti64x4_epi64::<1>(sumi),
-        );
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = fold_wide_block(sumi, d, acc);
     }
     q4k_finish(acc, acc_m)
+}
+
+/// The end of a Q4_K block summed in 512-bit lanes: its two halves added (ggml's eight lanes),
+/// then `acc + d · sumi`.
+#[inline(always)]
+pub(crate) unsafe fn fold_wide_block(sumi: __m512i, d: f32, acc: __m256) -> __m256 {
+    let sumi = _mm256_add_epi32(
+        _mm512_castsi512_si256(sumi),
+        _mm512_extracti64x4_epi64::<1>(sumi),
+    );
+    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc)
 }
 
 /// A Q4_K super-block's start, shared by both builds of [`q4_k`]: prefetch, `d`, and the

@@ -110,7 +110,7 @@ mod wide {
     use std::arch::x86_64::*;
 
     use super::{BLOCK_BYTES, D_AT, SUMS_AT};
-    use crate::kernels::dot_avx2::{f16_at, prefetch_ahead, q4k_finish};
+    use crate::kernels::dot_avx2::{f16_at, fold_wide_block, prefetch_ahead, q4k_finish};
 
     /// The eight scales and eight mins of a Q4_K block (12 bytes at `p`, 16 readable) as i16
     /// lanes 0-7 and 8-15: ggml's `utmp` masks on four u32 lanes at once.
@@ -169,11 +169,7 @@ mod wide {
                 sumi = _mm512_dpwssd_epi32(sumi, plo, slo);
                 sumi = _mm512_dpwssd_epi32(sumi, phi, shi);
             }
-            let sumi = _mm256_add_epi32(
-                _mm512_castsi512_si256(sumi),
-                _mm512_extracti64x4_epi64::<1>(sumi),
-            );
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            acc = fold_wide_block(sumi, d, acc);
         }
         q4k_finish(acc, acc_m)
     }
