@@ -780,43 +780,8 @@ pub fn matmul_quant(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_util::noise;
-    use crate::kernels::{f32_to_fp16, fp16_to_f32};
-
-    /// Random bytes for a weight type whose f16 scales are small finite numbers.
-    fn weights(type_id: u32, m: usize, k: usize, seed: u64) -> Vec<u8> {
-        let info = type_info(type_id).unwrap();
-        let nbytes = m * k / info.block * info.block_bytes;
-        let mut b: Vec<u8> = noise(seed, nbytes)
-            .iter()
-            .map(|v| ((v + 1.0) * 127.9) as u8)
-            .collect();
-        let fix = |b: &mut [u8], at: usize| {
-            b[at..at + 2].copy_from_slice(&f32_to_fp16(0.01).to_le_bytes());
-        };
-        for blk in b.chunks_exact_mut(info.block_bytes) {
-            match type_id {
-                0 => blk.copy_from_slice(&0.5f32.to_le_bytes()),
-                1 | 30 => {
-                    blk[1] &= 0x3f;
-                }
-                2 | 6 | 8 | 20 | 23 => fix(blk, 0),
-                3 | 7 | 12 | 13 => {
-                    fix(blk, 0);
-                    fix(blk, 2)
-                }
-                10 => {
-                    fix(blk, 80);
-                    fix(blk, 82)
-                }
-                11 => fix(blk, 108),
-                14 => fix(blk, 208),
-                39 => blk[0] = 120,
-                _ => {}
-            }
-        }
-        b
-    }
+    use crate::kernels::fp16_to_f32;
+    use crate::kernels::test_util::{noise, weights};
 
     const TYPES: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39];
 

@@ -179,43 +179,15 @@ mod wide {
 mod tests {
     use super::*;
     use crate::kernels::matmul::{self, Converted};
-
-    fn weights(m: usize, k: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed;
-        let mut w: Vec<u8> = (0..m * k / 256 * 144)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (s >> 33) as u8
-            })
-            .collect();
-        for b in w.chunks_exact_mut(144) {
-            b[..2].copy_from_slice(&0x1c00u16.to_le_bytes()); // d = 2^-8
-            b[2..4].copy_from_slice(&0x1800u16.to_le_bytes()); // dmin = 2^-9
-        }
-        w
-    }
-
-    fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_util::{noise, weights};
 
     /// The packed layout, on every build, gives the standard layout's bits.
     #[test]
     fn paired_layout_keeps_the_bits() {
         for k in [256usize, 1024, 2816] {
             let m = 3;
-            let w = weights(m, k, k as u64);
-            let act = Converted::new(ActFormat::Q8K, &noise(k, 7 + k as u64), k);
+            let w = weights(12, m, k, k as u64);
+            let act = Converted::new(ActFormat::Q8K, &noise(7 + k as u64, k), k);
             let packed = pack(&act, k);
             let row = k / 256 * 144;
             for i in 0..m {
