@@ -267,6 +267,9 @@ def _rel(view: np.ndarray, base: np.ndarray):
         dict(n_q=3, n_head=8, n_head_kv=2, sinks=True, n3=2, mask_heads=2),
         dict(n_q=1, n_kv=530, n_head=2, n_head_kv=1),  # split-KV decode path
         dict(n_q=1, n_kv=520, n_head=2, n_head_kv=2, sinks=True, mask=False),
+        # split-KV, all heads' walks position by position: GQA pairs, and groups of 3
+        dict(n_q=1, n_kv=515, n_head=8, n_head_kv=2, dk=128, dv=128, sinks=True),
+        dict(n_q=1, n_kv=512, n_head=6, n_head_kv=2, mask_heads=1),
         dict(n_q=5, mask=False),
     ],
 )

@@ -129,6 +129,19 @@ impl Scratch {
     }
 }
 
+/// The state of a walk over KV positions for `G` query rows that share their K and V rows.
+struct Walk<'s, const G: usize> {
+    irs: [usize; G],
+    sc: [&'s mut Scratch; G],
+    slope: [f32; G],
+    /// Each row's mask row (position 0), if there is a mask.
+    mask_row: [Option<*const u8>; G],
+    k_base: *const u8,
+    v_base: *const u8,
+    s_sum: [f32; G],
+    m_max: [f32; G],
+}
+
 /// Positions ahead whose K and V rows a decode row prefetches.
 const AHEAD: usize = 4;
 
@@ -205,52 +218,53 @@ impl FlashAttn {
         }
     }
 
-    /// Online softmax of row `ir` over KV positions `c0..c1`; leaves the f32 accumulator in
-    /// `sc.vkq32` and returns (M, S). Sinks are merged when `with_sinks`.
+    /// Online softmax of query rows `rows` over KV positions `c0..c1`, all rows position by
+    /// position (the K and V rows of every KV head at a position are one cache row); rows
+    /// that share their K and V rows walk in pairs (each K row converted once for both) when
+    /// every consecutive pair does. Leaves row `i`'s f32 accumulator in `scratch[i].vkq32`
+    /// and returns its (M, S); sinks are merged when `with_sinks`. Each row gets exactly
+    /// ggml's operations for one row, in its order.
     ///
     /// # Safety
-    /// The operands must be valid for the shapes and strides they describe.
-    /// [`Self::row_impl`] compiled for the detected ISA (the f16 primitives inline there).
-    unsafe fn row(
+    /// The operands must be valid for the shapes and strides they describe; `scratch` holds
+    /// one scratch per row.
+    unsafe fn walk_rows(
         &self,
-        ir: usize,
+        rows: &[usize],
         c0: usize,
         c1: usize,
         with_sinks: bool,
-        sc: &mut Scratch,
-    ) -> (f32, f32) {
-        #[cfg(target_arch = "x86_64")]
-        if use_avx2() {
-            // SAFETY: features detected; the rest per this function's contract.
-            return unsafe { self.row_avx2(ir, c0, c1, with_sinks, sc) };
+        scratch: &mut [Scratch],
+    ) -> Vec<(f32, f32)> {
+        let paired =
+            rows.len().is_multiple_of(2) && rows.chunks_exact(2).all(|r| self.share_kv(r[0], r[1]));
+        // SAFETY (walk_start, walks, walk_finish): per this function's contract.
+        if paired {
+            let mut walks: Vec<Walk<'_, 2>> = rows
+                .chunks_exact(2)
+                .zip(scratch.chunks_exact_mut(2))
+                .map(|(r, s)| {
+                    let [a, b] = s else { unreachable!() };
+                    unsafe { self.walk_start([r[0], r[1]], [a, b]) }
+                })
+                .collect();
+            unsafe { self.walks(&mut walks, c0, c1) };
+            walks
+                .into_iter()
+                .flat_map(|w| unsafe { self.walk_finish(w, with_sinks) })
+                .collect()
+        } else {
+            let mut walks: Vec<Walk<'_, 1>> = rows
+                .iter()
+                .zip(scratch.iter_mut())
+                .map(|(r, s)| unsafe { self.walk_start([*r], [s]) })
+                .collect();
+            unsafe { self.walks(&mut walks, c0, c1) };
+            walks
+                .into_iter()
+                .flat_map(|w| unsafe { self.walk_finish(w, with_sinks) })
+                .collect()
         }
-        unsafe { self.row_impl::<false>(ir, c0, c1, with_sinks, sc) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn row_avx2(
-        &self,
-        ir: usize,
-        c0: usize,
-        c1: usize,
-        with_sinks: bool,
-        sc: &mut Scratch,
-    ) -> (f32, f32) {
-        unsafe { self.row_impl::<true>(ir, c0, c1, with_sinks, sc) }
-    }
-
-    #[inline(always)]
-    unsafe fn row_impl<const SIMD: bool>(
-        &self,
-        ir: usize,
-        c0: usize,
-        c1: usize,
-        with_sinks: bool,
-        sc: &mut Scratch,
-    ) -> (f32, f32) {
-        let [r] = unsafe { self.rows_impl::<SIMD, 1>([ir], c0, c1, with_sinks, [sc]) };
-        r
     }
 
     /// K and V bases of query row `ir` (its KV head).
@@ -270,74 +284,58 @@ impl FlashAttn {
         self.kv_bases(a) == self.kv_bases(b)
     }
 
-    /// [`Self::row_pair_avx2`]'s portable twin is two [`Self::row`]s (same bits).
-    ///
-    /// # Safety
-    /// As [`Self::row`], for rows that [`Self::share_kv`]; `sc` two distinct scratches.
-    unsafe fn row_pair(
+    /// Several walks over the same positions, position by position: at each position every
+    /// walk takes its step, so the K and V rows of all KV heads (one cache row) are read
+    /// together. Each walk's own operations and their order are those of a walk alone.
+    #[inline(always)]
+    unsafe fn walks_impl<const SIMD: bool, const G: usize>(
         &self,
-        irs: [usize; 2],
+        walks: &mut [Walk<'_, G>],
         c0: usize,
         c1: usize,
-        with_sinks: bool,
-        sc: [&mut Scratch; 2],
-    ) -> [(f32, f32); 2] {
+    ) {
+        for ic in c0..c1 {
+            for w in walks.iter_mut() {
+                // SAFETY: per this function's contract.
+                unsafe { self.walk_step::<SIMD, G>(w, ic) };
+            }
+        }
+    }
+
+    /// [`Self::walks_impl`] compiled for the detected ISA.
+    ///
+    /// # Safety
+    /// As [`Self::walk_rows`], for each walk's rows.
+    unsafe fn walks<const G: usize>(&self, walks: &mut [Walk<'_, G>], c0: usize, c1: usize) {
         #[cfg(target_arch = "x86_64")]
         if use_avx2() {
             // SAFETY: features detected; the rest per this function's contract.
-            return unsafe { self.row_pair_avx2(irs, c0, c1, with_sinks, sc) };
+            return unsafe { self.walks_avx2(walks, c0, c1) };
         }
-        let [s0, s1] = sc;
-        // SAFETY: per this function's contract.
-        unsafe {
-            [
-                self.row_impl::<false>(irs[0], c0, c1, with_sinks, s0),
-                self.row_impl::<false>(irs[1], c0, c1, with_sinks, s1),
-            ]
-        }
+        unsafe { self.walks_impl::<false, G>(walks, c0, c1) }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn row_pair_avx2(
-        &self,
-        irs: [usize; 2],
-        c0: usize,
-        c1: usize,
-        with_sinks: bool,
-        sc: [&mut Scratch; 2],
-    ) -> [(f32, f32); 2] {
-        unsafe { self.rows_impl::<true, 2>(irs, c0, c1, with_sinks, sc) }
+    unsafe fn walks_avx2<const G: usize>(&self, walks: &mut [Walk<'_, G>], c0: usize, c1: usize) {
+        unsafe { self.walks_impl::<true, G>(walks, c0, c1) }
     }
 
-    /// Online softmax of `G` query rows that share their K and V rows, walked once: per row
-    /// exactly [`Self::row`]'s operations in its order (each K row converted once for all).
+    /// A walk of rows `irs` (sharing their K and V rows) before its first position: q rows
+    /// rounded to f16, accumulators cleared.
+    ///
+    /// # Safety
+    /// As [`Self::walk_rows`].
     #[inline(always)]
-    unsafe fn rows_impl<const SIMD: bool, const G: usize>(
+    unsafe fn walk_start<'s, const G: usize>(
         &self,
         irs: [usize; G],
-        c0: usize,
-        c1: usize,
-        with_sinks: bool,
-        mut sc: [&mut Scratch; G],
-    ) -> [(f32, f32); G] {
-        let [dk, n_q, n_head, _] = self.q.ne;
-        let dv = self.dv();
-        let head = |ir: usize| {
-            let iq3 = ir / (n_head * n_q);
-            let iq2 = (ir - iq3 * n_head * n_q) / n_q;
-            (iq3, iq2, ir - iq3 * n_head * n_q - iq2 * n_q)
-        };
-        let slope: [f32; G] = std::array::from_fn(|g| self.slope(head(irs[g]).1));
-        // ggml folds the softcap into the scale: softcap · tanh(s · scale / softcap)
-        let scale = if self.softcap != 0.0 {
-            self.scale / self.softcap
-        } else {
-            self.scale
-        };
+        mut sc: [&'s mut Scratch; G],
+    ) -> Walk<'s, G> {
+        let dk = self.dk();
         let q = &self.q;
         for (g, s) in sc.iter_mut().enumerate() {
-            let (iq3, iq2, iq1) = head(irs[g]);
+            let (iq3, iq2, iq1) = self.head(irs[g]);
             // SAFETY (all raw reads below): in bounds per the caller's contract.
             let qrow = unsafe {
                 std::slice::from_raw_parts(
@@ -348,81 +346,129 @@ impl FlashAttn {
             f32_row_to_f16(qrow, &mut s.q16);
             s.vkq16.fill(0);
         }
-        let (k, v) = (&self.k, &self.v);
         let (k_base, v_base) = self.kv_bases(irs[0]);
-        let mask_row: [Option<*const u8>; G] = std::array::from_fn(|g| {
-            let (iq3, iq2, iq1) = head(irs[g]);
-            self.mask.map(|m| unsafe {
-                m.ptr
-                    .add(iq1 * m.nb[1] + (iq2 % m.ne[2]) * m.nb[2] + (iq3 % m.ne[3]) * m.nb[3])
-            })
+        Walk {
+            irs,
+            slope: std::array::from_fn(|g| self.slope(self.head(irs[g]).1)),
+            mask_row: std::array::from_fn(|g| {
+                let (iq3, iq2, iq1) = self.head(irs[g]);
+                self.mask.map(|m| unsafe {
+                    m.ptr
+                        .add(iq1 * m.nb[1] + (iq2 % m.ne[2]) * m.nb[2] + (iq3 % m.ne[3]) * m.nb[3])
+                })
+            }),
+            k_base,
+            v_base,
+            s_sum: [0.0; G],
+            m_max: [f32::NEG_INFINITY; G],
+            sc,
+        }
+    }
+
+    /// (i3, head, query position) of query row `ir`.
+    fn head(&self, ir: usize) -> (usize, usize, usize) {
+        let [_, n_q, n_head, _] = self.q.ne;
+        let iq3 = ir / (n_head * n_q);
+        let iq2 = (ir - iq3 * n_head * n_q) / n_q;
+        (iq3, iq2, ir - iq3 * n_head * n_q - iq2 * n_q)
+    }
+
+    /// One KV position of a walk.
+    ///
+    /// # Safety
+    /// As [`Self::walk_rows`]; `ic < n_kv`.
+    #[inline(always)]
+    unsafe fn walk_step<const SIMD: bool, const G: usize>(&self, w: &mut Walk<'_, G>, ic: usize) {
+        let (dk, dv) = (self.dk(), self.dv());
+        // ggml folds the softcap into the scale: softcap · tanh(s · scale / softcap)
+        let scale = if self.softcap != 0.0 {
+            self.scale / self.softcap
+        } else {
+            self.scale
+        };
+        let (k, v) = (&self.k, &self.v);
+        let mv: [f32; G] = std::array::from_fn(|g| match w.mask_row[g] {
+            Some(p) => {
+                w.slope[g] * fp16_to_f32(unsafe { (p.add(ic * 2) as *const u16).read_unaligned() })
+            }
+            None => 0.0,
         });
-        let mut s_sum = [0.0f32; G];
-        let mut m_max = [f32::NEG_INFINITY; G];
-        for ic in c0..c1 {
-            let mv: [f32; G] = std::array::from_fn(|g| match mask_row[g] {
-                Some(p) => {
-                    slope[g]
-                        * fp16_to_f32(unsafe { (p.add(ic * 2) as *const u16).read_unaligned() })
+        if mv.iter().all(|&m| m == f32::NEG_INFINITY) {
+            return;
+        }
+        if SIMD {
+            // the rows of a few positions ahead: K/V rows lie a cache row's stride apart,
+            // a pattern the hardware prefetcher follows too late
+            prefetch_rows(w.k_base.wrapping_add((ic + AHEAD) * k.nb[1]), dk * 2);
+            prefetch_rows(w.v_base.wrapping_add((ic + AHEAD) * v.nb[1]), dv * 2);
+        }
+        // SAFETY (the raw reads): in bounds per the caller's contract.
+        let krow =
+            unsafe { std::slice::from_raw_parts(w.k_base.add(ic * k.nb[1]) as *const u16, dk) };
+        let sc = &mut w.sc;
+        let dots: [f32; G] = if SIMD && G == 2 {
+            let [a, b] = simd_dot2(krow, [&sc[0].q16, &sc[1].q16]);
+            std::array::from_fn(|g| if g == 0 { a } else { b })
+        } else {
+            std::array::from_fn(|g| {
+                if SIMD {
+                    simd_dot(krow, &sc[g].q16)
+                } else {
+                    dot_f16_portable(krow, &sc[g].q16)
                 }
-                None => 0.0,
-            });
-            if mv.iter().all(|&m| m == f32::NEG_INFINITY) {
+            })
+        };
+        let vrow =
+            unsafe { std::slice::from_raw_parts(w.v_base.add(ic * v.nb[1]) as *const u16, dv) };
+        for g in 0..G {
+            if mv[g] == f32::NEG_INFINITY {
                 continue;
             }
-            if SIMD {
-                // the rows of a few positions ahead: K/V rows lie a cache row's stride apart,
-                // a pattern the hardware prefetcher follows too late
-                prefetch_rows(k_base.wrapping_add((ic + AHEAD) * k.nb[1]), dk * 2);
-                prefetch_rows(v_base.wrapping_add((ic + AHEAD) * v.nb[1]), dv * 2);
+            let mut s = dots[g] * scale;
+            if self.softcap != 0.0 {
+                s = self.softcap * tanhf(s);
             }
-            let krow =
-                unsafe { std::slice::from_raw_parts(k_base.add(ic * k.nb[1]) as *const u16, dk) };
-            let dots: [f32; G] = if SIMD && G == 2 {
-                let [a, b] = simd_dot2(krow, [&sc[0].q16, &sc[1].q16]);
-                std::array::from_fn(|g| if g == 0 { a } else { b })
-            } else {
-                std::array::from_fn(|g| {
-                    if SIMD {
-                        simd_dot(krow, &sc[g].q16)
-                    } else {
-                        dot_f16_portable(krow, &sc[g].q16)
-                    }
-                })
-            };
-            let vrow =
-                unsafe { std::slice::from_raw_parts(v_base.add(ic * v.nb[1]) as *const u16, dv) };
-            for g in 0..G {
-                if mv[g] == f32::NEG_INFINITY {
-                    continue;
-                }
-                let mut s = dots[g] * scale;
-                if self.softcap != 0.0 {
-                    s = self.softcap * tanhf(s);
-                }
-                s += mv[g];
-                let m_old = m_max[g];
-                let mut ms = 1.0f32;
-                let mut vs = 1.0f32;
-                if s > m_max[g] {
-                    m_max[g] = s;
-                    ms = (m_old - m_max[g]).exp();
-                    if SIMD {
-                        simd_scale(&mut sc[g].vkq16, ms);
-                    } else {
-                        scale_f16_portable(&mut sc[g].vkq16, ms);
-                    }
-                } else {
-                    vs = (s - m_max[g]).exp();
-                }
+            s += mv[g];
+            let m_old = w.m_max[g];
+            let mut ms = 1.0f32;
+            let mut vs = 1.0f32;
+            if s > w.m_max[g] {
+                w.m_max[g] = s;
+                ms = (m_old - s).exp();
                 if SIMD {
-                    simd_mad(&mut sc[g].vkq16, vrow, vs);
+                    simd_scale(&mut sc[g].vkq16, ms);
                 } else {
-                    mad_f16_portable(&mut sc[g].vkq16, vrow, vs);
+                    scale_f16_portable(&mut sc[g].vkq16, ms);
                 }
-                s_sum[g] = s_sum[g].mul_add(ms, vs);
+            } else {
+                vs = (s - w.m_max[g]).exp();
             }
+            if SIMD {
+                simd_mad(&mut sc[g].vkq16, vrow, vs);
+            } else {
+                mad_f16_portable(&mut sc[g].vkq16, vrow, vs);
+            }
+            w.s_sum[g] = w.s_sum[g].mul_add(ms, vs);
         }
+    }
+
+    /// The end of a walk: accumulators widened to f32 in `vkq32`, sinks merged when
+    /// `with_sinks`; (M, S) per row.
+    ///
+    /// # Safety
+    /// As [`Self::walk_rows`].
+    unsafe fn walk_finish<const G: usize>(
+        &self,
+        w: Walk<'_, G>,
+        with_sinks: bool,
+    ) -> [(f32, f32); G] {
+        let Walk {
+            irs,
+            mut sc,
+            m_max,
+            s_sum,
+            ..
+        } = w;
         std::array::from_fn(|g| {
             let s = &mut sc[g];
             for (o, h) in s.vkq32.iter_mut().zip(&s.vkq16) {
@@ -430,7 +476,8 @@ impl FlashAttn {
             }
             let (mut m_max, mut s_sum) = (m_max[g], s_sum[g]);
             if let (Some(sinks), true) = (self.sinks, with_sinks) {
-                let sv = unsafe { sinks.add(head(irs[g]).1).read_unaligned() };
+                // SAFETY: sinks holds one value per head, per the caller's contract.
+                let sv = unsafe { sinks.add(self.head(irs[g]).1).read_unaligned() };
                 let mut ms = 1.0f32;
                 let mut vs = 1.0f32;
                 if sv > m_max {
@@ -498,23 +545,14 @@ impl FlashAttn {
         let nr = self.n_rows();
         let (dk, dv, n_kv) = (self.dk(), self.dv(), self.n_kv());
         let work = |r0: usize, r1: usize| {
-            let (mut sc, mut sc2) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
-            let mut ir = r0;
-            while ir < r1 {
-                // SAFETY: per this function's contract; rows are disjoint between threads.
-                unsafe {
-                    if ir + 1 < r1 && self.share_kv(ir, ir + 1) {
-                        let [(_, s), (_, s2)] =
-                            self.row_pair([ir, ir + 1], 0, n_kv, true, [&mut sc, &mut sc2]);
-                        self.write_row(self.out_index(ir), &sc.vkq32, s);
-                        self.write_row(self.out_index(ir + 1), &sc2.vkq32, s2);
-                        ir += 2;
-                        continue;
-                    }
-                    let (_, s) = self.row(ir, 0, n_kv, true, &mut sc);
-                    self.write_row(self.out_index(ir), &sc.vkq32, s);
+            let rows: Vec<usize> = (r0..r1).collect();
+            let mut scratch: Vec<Scratch> = rows.iter().map(|_| Scratch::new(dk, dv)).collect();
+            // SAFETY: per this function's contract; rows are disjoint between threads.
+            unsafe {
+                let results = self.walk_rows(&rows, 0, n_kv, true, &mut scratch);
+                for ((ir, sc), (_, s)) in rows.iter().zip(&scratch).zip(results) {
+                    self.write_row(self.out_index(*ir), &sc.vkq32, s);
                 }
-                ir += 1;
             }
         };
         let threads = self.workers(threads).min(nr).max(1);
@@ -541,39 +579,22 @@ impl FlashAttn {
         // partials[(head * threads + chunk) * stride ..]: M, S, VKQ
         let mut partials = vec![0.0f32; n_head * threads * stride];
         let fill = |t: usize, mine: &mut [(usize, &mut [f32])]| {
-            let (mut sc, mut sc2) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
             let (c0, c1) = (t * chunk, ((t + 1) * chunk).min(n_kv));
-            let keep = |p: &mut [f32], (m, s): (f32, f32), sc: &Scratch| {
+            if c0 >= n_kv {
+                for (_, p) in mine.iter_mut() {
+                    p[0] = f32::NEG_INFINITY;
+                    p[1] = 0.0;
+                }
+                return;
+            }
+            let heads: Vec<usize> = mine.iter().map(|(h, _)| *h).collect();
+            let mut scratch: Vec<Scratch> = heads.iter().map(|_| Scratch::new(dk, dv)).collect();
+            // SAFETY: per run()'s contract.
+            let results = unsafe { self.walk_rows(&heads, c0, c1, c0 == 0, &mut scratch) };
+            for (((_, p), sc), (m, s)) in mine.iter_mut().zip(&scratch).zip(results) {
                 p[0] = m;
                 p[1] = s;
                 p[2..].copy_from_slice(&sc.vkq32);
-            };
-            let mut i = 0;
-            while i < mine.len() {
-                if c0 >= n_kv {
-                    let p = &mut mine[i].1;
-                    p[0] = f32::NEG_INFINITY;
-                    p[1] = 0.0;
-                    i += 1;
-                    continue;
-                }
-                // heads that share a KV head walk the chunk once (GQA)
-                if i + 1 < mine.len() && self.share_kv(mine[i].0, mine[i + 1].0) {
-                    let (head, tail) = mine.split_at_mut(i + 1);
-                    let ((h, p), (h2, p2)) = (&mut head[i], &mut tail[0]);
-                    // SAFETY: per run()'s contract.
-                    let [a, b] =
-                        unsafe { self.row_pair([*h, *h2], c0, c1, c0 == 0, [&mut sc, &mut sc2]) };
-                    keep(p, a, &sc);
-                    keep(p2, b, &sc2);
-                    i += 2;
-                    continue;
-                }
-                let (h, p) = &mut mine[i];
-                // SAFETY: per run()'s contract.
-                let r = unsafe { self.row(*h, c0, c1, c0 == 0, &mut sc) };
-                keep(p, r, &sc);
-                i += 1;
             }
         };
         {
@@ -650,18 +671,20 @@ mod tests {
             .collect()
     }
 
-    /// Two GQA query rows walked at once (the AVX2 pair walk) give
-    /// the bits of two portable rows: scores, running max, sum and the f16-rounded V sums;
-    /// with a mask (holes), a softcap and a sink.
+    /// Query rows walked together (GQA pairs on the AVX2 walk, or single rows), their K and
+    /// V rows interleaved as in a KV cache, give the bits of each row walked alone on the
+    /// portable path: running max, sum and the f16-rounded V sums; with a mask (holes), a
+    /// softcap and a sink.
     #[test]
-    fn row_pairs_give_the_portable_bits() {
+    fn walks_together_give_the_portable_bits() {
         if !use_avx2() {
             return;
         }
         for (dk, dv, n_kv, softcap) in [(64, 64, 300, 0.0), (128, 128, 77, 20.0), (96, 32, 40, 0.0)]
         {
-            let (n_head, n_head_kv) = (4, 2);
+            let (n_head, n_head_kv) = (6, 3);
             let q = noise(dk as u64, dk * n_head);
+            // cache rows: position-major, the KV heads of one position side by side
             let k = f16s(3, dk * n_kv * n_head_kv, 1.5);
             let v = f16s(5, dv * n_kv * n_head_kv, 1.0);
             let mask: Vec<u16> = (0..n_kv)
@@ -675,20 +698,19 @@ mod tests {
                 .collect();
             let sinks = noise(11, n_head);
             let mut out = vec![0.0f32; dv * n_head];
-            let op = |p: *const u8, d: usize, heads: usize, el: usize| Operand {
+            let cache = |p: *const u8, d: usize| Operand {
                 ptr: p,
-                ne: [d, if heads == n_head { 1 } else { n_kv }, heads, 1],
-                nb: [
-                    el,
-                    d * el,
-                    d * el * if heads == n_head { 1 } else { n_kv },
-                    0,
-                ],
+                ne: [d, n_kv, n_head_kv, 1],
+                nb: [2, d * 2 * n_head_kv, d * 2, 0],
             };
             let fa = FlashAttn {
-                q: op(q.as_ptr() as *const u8, dk, n_head, 4),
-                k: op(k.as_ptr() as *const u8, dk, n_head_kv, 2),
-                v: op(v.as_ptr() as *const u8, dv, n_head_kv, 2),
+                q: Operand {
+                    ptr: q.as_ptr() as *const u8,
+                    ne: [dk, 1, n_head, 1],
+                    nb: [4, dk * 4, dk * 4, 0],
+                },
+                k: cache(k.as_ptr() as *const u8, dk),
+                v: cache(v.as_ptr() as *const u8, dv),
                 mask: Some(Operand {
                     ptr: mask.as_ptr() as *const u8,
                     ne: [n_kv, 1, 1, 1],
@@ -702,32 +724,31 @@ mod tests {
                 softcap,
                 kv_f32: false,
             };
-            for irs in [[0, 1], [2, 3]] {
-                let (mut a0, mut a1) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
-                let (mut b0, mut b1) = (Scratch::new(dk, dv), Scratch::new(dk, dv));
-                // SAFETY: every pointer spans its operand; rows 0/1 and 2/3 share a KV head.
-                let fast = unsafe { fa.row_pair(irs, 0, n_kv, true, [&mut a0, &mut a1]) };
-                let slow = unsafe {
-                    [
-                        fa.row_impl::<false>(irs[0], 0, n_kv, true, &mut b0),
-                        fa.row_impl::<false>(irs[1], 0, n_kv, true, &mut b1),
-                    ]
-                };
-                let bits = |r: (f32, f32), s: &Scratch| {
-                    let mut b = vec![r.0.to_bits(), r.1.to_bits()];
-                    b.extend(s.vkq32.iter().map(|x| x.to_bits()));
-                    b
-                };
-                assert_eq!(
-                    bits(fast[0], &a0),
-                    bits(slow[0], &b0),
-                    "dk {dk} rows {irs:?}"
-                );
-                assert_eq!(
-                    bits(fast[1], &a1),
-                    bits(slow[1], &b1),
-                    "dk {dk} rows {irs:?}"
-                );
+            let bits = |r: (f32, f32), s: &Scratch| {
+                let mut b = vec![r.0.to_bits(), r.1.to_bits()];
+                b.extend(s.vkq32.iter().map(|x| x.to_bits()));
+                b
+            };
+            // all six rows (three GQA pairs), and three rows (odd: single walks)
+            for rows in [&[0, 1, 2, 3, 4, 5][..], &[1, 2, 5][..]] {
+                let mut fast_sc: Vec<Scratch> = rows.iter().map(|_| Scratch::new(dk, dv)).collect();
+                // SAFETY: every pointer spans its operand.
+                let fast = unsafe { fa.walk_rows(rows, 0, n_kv, true, &mut fast_sc) };
+                for (i, &ir) in rows.iter().enumerate() {
+                    let mut sc = Scratch::new(dk, dv);
+                    // SAFETY: as above.
+                    let slow = unsafe {
+                        let mut walk = [fa.walk_start([ir], [&mut sc])];
+                        fa.walks_impl::<false, 1>(&mut walk, 0, n_kv);
+                        let [w] = walk;
+                        fa.walk_finish(w, true)[0]
+                    };
+                    assert_eq!(
+                        bits(fast[i], &fast_sc[i]),
+                        bits(slow, &sc),
+                        "dk {dk} rows {rows:?} row {ir}"
+                    );
+                }
             }
         }
     }
