@@ -556,12 +556,11 @@ pub(crate) type DirectFn =
     unsafe fn(&[u8], usize, usize, usize, usize, &Converted, *mut f32, usize);
 
 #[allow(clippy::too_many_arguments)]
-/// Runs the rows over up to `threads` threads, each chunk of weight rows computed into the
-/// thread's scratch (`[rows][n]`) and scattered into `out` (`[n][m]`) by the same thread, or,
-/// with a `direct` function, written straight into `out`.
+/// Runs the plan's rows over up to `threads` threads, each chunk of weight rows computed into
+/// the thread's scratch (`[rows][n]`) and scattered into `out` (`[n][m]`) by the same thread,
+/// or, with a direct function, written straight into `out`.
 pub(crate) fn run_rows(
-    f: RowsFn,
-    direct: Option<DirectFn>,
+    plan: &RowsPlan,
     w: &[u8],
     stride: usize,
     m: usize,
@@ -569,9 +568,11 @@ pub(crate) fn run_rows(
     row_bytes: usize,
     act: &Converted,
     threads: usize,
-    gemm: bool,
     out: &mut [f32],
 ) {
+    let RowsPlan {
+        f, gemm, direct, ..
+    } = *plan;
     let n = act.rows;
     assert_eq!(out.len(), m * n);
     let by_size = (m * row_bytes * n.min(8) / MIN_BYTES_PER_THREAD).max(1);
@@ -593,8 +594,12 @@ pub(crate) fn run_rows(
         m.div_ceil(threads * CHUNKS_PER_THREAD)
             .next_multiple_of(TILE_ROWS)
     };
-    // chunks whose results fit the kept scratch
-    let per = per.min((SCRATCH_KEEP / n.max(1)).next_multiple_of(TILE_ROWS));
+    // chunks whose results fit the kept scratch (a direct function uses none)
+    let per = if direct.is_some() {
+        per
+    } else {
+        per.min((SCRATCH_KEEP / n.max(1)).next_multiple_of(TILE_ROWS))
+    };
     let shared = SharedOut {
         ptr: out.as_mut_ptr(),
         m,
@@ -642,16 +647,38 @@ pub(crate) enum Layout {
     Q8Tiles(bool),
 }
 
-/// The per-thread rows function for `n` activation rows against `m` weight rows of a supported
-/// type, and whether it follows llamafile's order (then float weights take
-/// [`gemm_float`], whose activations must be widened with
-/// [`gemm_float::widen_activations`]).
-pub(crate) fn rows_for(
-    type_id: u32,
-    m: usize,
-    n: usize,
-    llamafile: bool,
-) -> (RowsFn, bool, Layout) {
+/// How one matmul runs, chosen once by [`rows_for`].
+#[derive(Clone, Copy)]
+pub(crate) struct RowsPlan {
+    /// The per-thread rows function.
+    f: RowsFn,
+    /// It follows llamafile's order (tinyBLAS), not vec_dot's.
+    gemm: bool,
+    /// The activation layout `f` reads.
+    layout: Layout,
+    /// Widened float tiles: the function that writes straight into the output instead.
+    direct: Option<DirectFn>,
+}
+
+/// The plan for `n` activation rows against `m` weight rows of a supported type: float
+/// weights in llamafile's order take [`gemm_float`], whose activations must be widened with
+/// [`gemm_float::widen_activations`] and which may store straight into the output.
+pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> RowsPlan {
+    let (f, gemm, layout) = rows_and_layout(type_id, m, n, llamafile);
+    let direct = match layout {
+        Layout::Widened => gemm_float::direct_fn(type_id, n),
+        _ => None,
+    };
+    RowsPlan {
+        f,
+        gemm,
+        layout,
+        direct,
+    }
+}
+
+/// [`rows_for`]'s choice of rows function, order and layout.
+fn rows_and_layout(type_id: u32, m: usize, n: usize, llamafile: bool) -> (RowsFn, bool, Layout) {
     // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
     // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
     let gemm = match type_id {
@@ -714,10 +741,9 @@ pub fn matmul_converted(
     if m == 0 || act.rows == 0 {
         return Ok(());
     }
-    let n = act.rows;
-    let (f, gemm, layout) = rows_for(type_id, m, n, llamafile);
+    let plan = rows_for(type_id, m, act.rows, llamafile);
     let prepared;
-    let act = match layout {
+    let act = match plan.layout {
         Layout::Rows => act,
         Layout::Widened => {
             prepared = gemm_float::widen_activations(act, info.act, k);
@@ -736,13 +762,7 @@ pub fn matmul_converted(
             &prepared
         }
     };
-    let direct = match layout {
-        Layout::Widened => gemm_float::direct_fn(type_id, n),
-        _ => None,
-    };
-    run_rows(
-        f, direct, w, row_stride, m, k, row_bytes, act, threads, gemm, out,
-    );
+    run_rows(&plan, w, row_stride, m, k, row_bytes, act, threads, out);
     Ok(())
 }
 
@@ -763,14 +783,11 @@ pub fn matmul_quant(
         .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
     let row_bytes = check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
     let n = x.len() / k.max(1);
-    let (f, gemm, layout) = rows_for(type_id, m, n, llamafile);
-    if layout == Layout::Widened && m > 0 && n > 0 {
+    let plan = rows_for(type_id, m, n, llamafile);
+    if plan.layout == Layout::Widened && m > 0 && n > 0 {
         // straight to the widened rows tinyBLAS's order runs on
         let wide = gemm_float::widen_rows(info.act, x, k, threads);
-        let direct = gemm_float::direct_fn(type_id, n);
-        run_rows(
-            f, direct, w, row_stride, m, k, row_bytes, &wide, threads, gemm, out,
-        );
+        run_rows(&plan, w, row_stride, m, k, row_bytes, &wide, threads, out);
         return Ok(());
     }
     let act = Converted::new_par(info.act, x, k, threads);
