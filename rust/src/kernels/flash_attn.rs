@@ -12,6 +12,12 @@
 //! (`ggml_flash_attn_ext_reduce_partials`); the result depends on the thread count, so this
 //! kernel does the same with its own thread count (the reference's `-t` when they match).
 //!
+//! All the query rows one thread owns walk the KV positions together, position by position:
+//! the K (and V) rows of every KV head at one position are one cache row (2 KiB for 8 heads of
+//! 128), read once and in order, where walking one head after another would stride over the
+//! whole cache once per head (a decode step's attention at 1792 positions, 16 layers of 16
+//! heads: 15.5 -> 10.6 ms on one thread). Each row's operations and their order are unchanged.
+//!
 //! The cost is proportional to the KV positions the graph passes (`n_kv`), never to the cache.
 
 use super::f16vec::{
