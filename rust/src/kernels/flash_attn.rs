@@ -244,9 +244,9 @@ impl FlashAttn {
     ) -> Vec<(f32, f32)> {
         let paired =
             rows.len().is_multiple_of(2) && rows.chunks_exact(2).all(|r| self.share_kv(r[0], r[1]));
-        // SAFETY (walk_start, walks, walk_finish): per this function's contract.
+        // SAFETY (walk_start, walks_to_end): per this function's contract.
         if paired {
-            let mut walks: Vec<Walk<'_, 2>> = rows
+            let walks: Vec<Walk<'_, 2>> = rows
                 .chunks_exact(2)
                 .zip(scratch.chunks_exact_mut(2))
                 .map(|(r, s)| {
@@ -254,23 +254,34 @@ impl FlashAttn {
                     unsafe { self.walk_start([r[0], r[1]], [a, b]) }
                 })
                 .collect();
-            unsafe { self.walks(&mut walks, c0, c1) };
-            walks
-                .into_iter()
-                .flat_map(|w| unsafe { self.walk_finish(w, with_sinks) })
-                .collect()
+            unsafe { self.walks_to_end(walks, c0, c1, with_sinks) }
         } else {
-            let mut walks: Vec<Walk<'_, 1>> = rows
+            let walks: Vec<Walk<'_, 1>> = rows
                 .iter()
                 .zip(scratch.iter_mut())
                 .map(|(r, s)| unsafe { self.walk_start([*r], [s]) })
                 .collect();
-            unsafe { self.walks(&mut walks, c0, c1) };
-            walks
-                .into_iter()
-                .flat_map(|w| unsafe { self.walk_finish(w, with_sinks) })
-                .collect()
+            unsafe { self.walks_to_end(walks, c0, c1, with_sinks) }
         }
+    }
+
+    /// `walks` over positions `c0..c1`, then finished: (M, S) per row, in order.
+    ///
+    /// # Safety
+    /// As [`Self::walk_rows`].
+    unsafe fn walks_to_end<const G: usize>(
+        &self,
+        mut walks: Vec<Walk<'_, G>>,
+        c0: usize,
+        c1: usize,
+        with_sinks: bool,
+    ) -> Vec<(f32, f32)> {
+        // SAFETY: per this function's contract.
+        unsafe { self.walks(&mut walks, c0, c1) };
+        walks
+            .into_iter()
+            .flat_map(|w| unsafe { self.walk_finish(w, with_sinks) })
+            .collect()
     }
 
     /// K and V bases of query row `ir` (its KV head).
