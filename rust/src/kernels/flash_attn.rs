@@ -139,6 +139,8 @@ impl Scratch {
 struct Walk<'s, const G: usize> {
     irs: [usize; G],
     sc: [&'s mut Scratch; G],
+    /// The score scale, the softcap folded in (ggml: softcap · tanh(s · scale / softcap)).
+    scale: f32,
     slope: [f32; G],
     /// Each row's mask row (position 0), if there is a mask.
     mask_row: [Option<*const u8>; G],
@@ -366,6 +368,11 @@ impl FlashAttn {
         let (k_base, v_base) = self.kv_bases(irs[0]);
         Walk {
             irs,
+            scale: if self.softcap != 0.0 {
+                self.scale / self.softcap
+            } else {
+                self.scale
+            },
             slope: std::array::from_fn(|g| self.slope(self.head(irs[g]).1)),
             mask_row: std::array::from_fn(|g| {
                 let (iq3, iq2, iq1) = self.head(irs[g]);
@@ -397,12 +404,6 @@ impl FlashAttn {
     #[inline(always)]
     unsafe fn walk_step<const SIMD: bool, const G: usize>(&self, w: &mut Walk<'_, G>, ic: usize) {
         let (dk, dv) = (self.dk(), self.dv());
-        // ggml folds the softcap into the scale: softcap · tanh(s · scale / softcap)
-        let scale = if self.softcap != 0.0 {
-            self.scale / self.softcap
-        } else {
-            self.scale
-        };
         let (k, v) = (&self.k, &self.v);
         let mv: [f32; G] = std::array::from_fn(|g| match w.mask_row[g] {
             Some(p) => {
@@ -441,7 +442,7 @@ impl FlashAttn {
             if mv[g] == f32::NEG_INFINITY {
                 continue;
             }
-            let mut s = dots[g] * scale;
+            let mut s = dots[g] * w.scale;
             if self.softcap != 0.0 {
                 s = self.softcap * tanhf(s);
             }
