@@ -31,6 +31,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_commands": ("unit",),
     "test_concurrency": ("unit",),
     "test_derived_cache": ("unit",),
+    "test_device_inline": ("unit",),
     "test_faults": ("unit",),
     "test_fuzz_corpus": ("unit",),
     "test_fuzz_session": ("unit",),

@@ -66,6 +66,7 @@ __all__ = [
     "set_avx512_kernels",
     "fma_flops",
     "NativeStep",
+    "pool_rest",
     "run_steps",
     "native_ops_portable",
     "flash_attn_ext_step",
@@ -353,6 +354,9 @@ class NativeStep:
 
     # pyo3 exposes __call__ as (*args, **kwargs); it takes none and raises on any
     def __call__(self, /, *args: object, **kwargs: object) -> None: ...
+
+def pool_rest() -> None:
+    """Park the kernel pool's spinning workers now (a plan is done)."""
 
 def run_steps(steps: list[NativeStep]) -> None:
     """Run consecutive steps in one call with the GIL released; IndexError on a bad row index."""

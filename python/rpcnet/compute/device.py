@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -14,6 +15,10 @@ import numpy as np
 from rpcnet.compute.backend import CPU, Backend
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
+
+# A plan whose last run took at most this long runs on the submitting thread when the worker is
+# idle; the event loop stalls that long at most (a decode step, never a prefill).
+INLINE_MAX_SECONDS = 0.1
 
 
 def physical_memory() -> int:
@@ -46,6 +51,9 @@ class Device:
     def __post_init__(self) -> None:
         # One worker per device: plans of all clients run in FIFO order, never concurrently.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rpcnet-{self.name}")
+        self._exclusive = threading.Lock()  # held by whichever thread runs this device's work
+        self._queued = 0  # jobs handed to the worker and not finished
+        self._queued_lock = threading.Lock()
         limit = self.derived_limit if self.derived_limit is not None else self.memory.capacity // 4
         self.derived = DerivedCache(self.memory, limit)
         from rpcnet.compute.scratch import ScratchBudget, default_max_scratch
@@ -79,14 +87,49 @@ class Device:
         self.memory.release(nbytes)
 
     def submit(self, fn: Callable[[], None]) -> Future[None]:
-        return self._worker.submit(fn)
+        """Run `fn` after the device's other work; its future ends when it is done.
+
+        A short plan (`short(INLINE_MAX_SECONDS)`, a decode step) that finds the worker idle runs
+        right here on the calling thread: that saves the hand-off to the worker and the wake-up
+        of the event loop after it, ~0.3 ms of a 10 ms decode step on a 2-core host."""
+        short = getattr(fn, "short", None)
+        if short is not None and short(INLINE_MAX_SECONDS) and self._queued == 0:
+            if self._exclusive.acquire(blocking=False):
+                done: Future[None] = Future()
+                try:
+                    fn()
+                except BaseException as exc:  # noqa: BLE001 - the job's outcome, for its waiter
+                    done.set_exception(exc)
+                else:
+                    done.set_result(None)
+                finally:
+                    self._exclusive.release()
+                return done
+        with self._queued_lock:
+            self._queued += 1
+        try:
+            return self._worker.submit(self._run_queued, fn)
+        except BaseException:
+            self._finished_queued()
+            raise
+
+    def _run_queued(self, fn: Callable[[], None]) -> None:
+        try:
+            with self._exclusive:
+                fn()
+        finally:
+            self._finished_queued()
+
+    def _finished_queued(self) -> None:
+        with self._queued_lock:
+            self._queued -= 1
 
     def plan_work(self, plan: Any, owner: object) -> Callable[[], None]:
-        """What the worker runs for `plan` launched by `owner` (a session): the plan itself, or
-        on a GPU the device's runner (stream, CUDA-graph replay, error policy)."""
+        """What the worker runs for `plan` launched by `owner` (a session): the plan itself (a
+        callable), or on a GPU the device's runner (stream, CUDA-graph replay, error policy)."""
         runner = self.runner
         if runner is None:
-            return plan.run
+            return plan
         return functools.partial(runner.run, plan, owner)
 
     def launch(self, plan: Any, owner: object) -> Future[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,7 @@ class Plan:
     scratch: Any = None  # rpcnet.compute.scratch.ScratchLease, released when the plan is dropped
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
     uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
+    last_seconds: float | None = None  # how long the last run took (None: never run)
 
     def release(self) -> None:
         """Return the plan's scratch reservation and footprint to the device now."""
@@ -79,11 +81,21 @@ class Plan:
     def run(self) -> None:
         for buf in self.written:
             buf.touched()  # derived caches of these buffers are stale from here on
+        started = time.perf_counter()
         if profile.enabled():
             profile.timed_plan(self.steps)
-            return
-        for step in self.steps:
-            step()
+        else:
+            for step in self.steps:
+                step()
+        _native.pool_rest()  # no kernel follows soon: the cores go to the response and client
+        self.last_seconds = time.perf_counter() - started
+
+    def __call__(self) -> None:
+        self.run()
+
+    def short(self, limit: float) -> bool:
+        """Whether its last run took at most `limit` seconds (a decode step, not a prefill)."""
+        return self.last_seconds is not None and self.last_seconds <= limit
 
 
 def needs_compute(node: Tensor) -> bool:

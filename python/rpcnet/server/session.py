@@ -414,6 +414,8 @@ class Session:
         return future
 
     def has_pending(self) -> bool:
+        """Whether launched work is unfinished or failed (a short plan may have run inline)."""
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
         return bool(self._pending)
 
     def take_pending(self) -> list[Future[None]]:

@@ -4,7 +4,8 @@
 //!
 //! A call publishes one job (tasks `0..n`), the caller works on it too, and returns once every
 //! task has finished. Workers spin briefly after a job (the next kernel call of the same graph
-//! usually follows within microseconds), then park on a condvar. Which thread runs which task
+//! usually follows within microseconds), then park on a condvar; [`rest`] parks them at once
+//! when no job can follow soon (a whole plan is done). Which thread runs which task
 //! never matters: callers split work the same way for any thread count.
 //!
 //! The pool serves one job at a time; a call that finds it busy (another device, or a task
@@ -76,6 +77,8 @@ impl Job {
 struct Shared {
     /// Bumped (under `slot`) for every published job.
     generation: AtomicU64,
+    /// Bumped by [`rest`]: spinning workers park now.
+    rests: AtomicU64,
     slot: Mutex<Option<Arc<Job>>>,
     wake: Condvar,
     sleepers: AtomicUsize,
@@ -87,11 +90,13 @@ struct Pool {
     busy: Mutex<usize>,
 }
 
+static POOL: OnceLock<Pool> = OnceLock::new();
+
 fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| Pool {
         shared: Arc::new(Shared {
             generation: AtomicU64::new(0),
+            rests: AtomicU64::new(0),
             slot: Mutex::new(None),
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
@@ -103,7 +108,11 @@ fn pool() -> &'static Pool {
 fn worker(shared: Arc<Shared>, index: usize) {
     let mut seen = shared.generation.load(Ordering::Acquire);
     loop {
-        spin_until(|| shared.generation.load(Ordering::Acquire) != seen);
+        let rests = shared.rests.load(Ordering::Relaxed);
+        spin_until(|| {
+            shared.generation.load(Ordering::Acquire) != seen
+                || shared.rests.load(Ordering::Relaxed) != rests
+        });
         let mut slot = shared.slot.lock().unwrap_or_else(|p| p.into_inner());
         while shared.generation.load(Ordering::Acquire) == seen {
             shared.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -182,6 +191,15 @@ pub fn run(threads: usize, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Parks the spinning workers now instead of after [`SPIN`]: called when a whole plan is done,
+/// the cores go to the client and the event loop (on a 2-core host the spin held one of them
+/// through the response and the client's next request).
+pub fn rest() {
+    if let Some(p) = POOL.get() {
+        p.shared.rests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Hands each item to `f(index, item)` on up to `threads` threads (see [`run`]).
 pub fn for_each<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(usize, T) + Sync) {
     let cells: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
@@ -238,6 +256,22 @@ mod tests {
             }
         });
         assert_eq!(total.load(Ordering::Relaxed), 3 * 50 * 4 * 3);
+    }
+
+    #[test]
+    fn parked_workers_wake_for_the_next_job() {
+        for _ in 0..20 {
+            let hits = AtomicUsize::new(0);
+            run(3, 6, &|_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+            rest();
+            std::thread::sleep(Duration::from_micros(50));
+            run(3, 6, &|_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(hits.load(Ordering::Relaxed), 12);
+        }
     }
 
     #[test]

@@ -82,6 +82,12 @@ pub fn run_steps(py: Python<'_>, steps: Vec<Py<NativeStep>>) -> PyResult<()> {
     }
 }
 
+/// Park the kernel pool's spinning workers now (a plan is done; see `pool::rest`).
+#[pyfunction]
+pub fn pool_rest() {
+    crate::kernels::pool::rest();
+}
+
 fn elem_of(type_id: u32, what: &str) -> PyResult<Elem> {
     match type_id {
         0 => Ok(Elem::F32),
