@@ -4,7 +4,8 @@ The REAL v8 llama.cpp client (probe ``bench/probes/engine_speed.py``, llama-benc
 puts every layer and the output head on the server, 2 threads each side. Sections:
 
 - ``speed``: prefill pp64 / pp256 (one batch) and decode tg32 (single tokens), in interleaved
-  rounds (reference, rpcnet, ...) on one fresh server of each kind; medians and ratios;
+  rounds (reference then rpcnet, then rpcnet then reference, ...: ABBA, so that a drift of a
+  shared host's speed favours neither) on one fresh server of each kind; medians and ratios;
 - ``depth``: in the same probe runs, a prompt of ``--depth`` (1536) tokens and tg32 after it,
   flash attention off and on (KV cache f16);
 - ``memory``: a fresh server of each kind, one client loads the model and runs pp64 + tg32:
@@ -14,7 +15,8 @@ puts every layer and the output head on the server, 2 threads each side. Section
 - ``multi``: N clients (3) load the same model into one rpcnet server and decode at once (they
   start their timed decodes together, ``--multi-tg`` 128 tokens each, so that the sharing is
   measured rather than the start and stop skew of a one-second run); the slowest client's
-  speed × N / the solo speed (the same decodes, one client, median of ``--reps``).
+  speed × N / the solo speed (the same decodes, one client, median of ``--reps``; measured
+  before and after the shared run, the mean of the two).
 Achieved GB/s (decode) and GFLOP/s (prefill) are set against the machine's measured copy
 bandwidth and AVX2 FMA peak (``engine_machine.py``). Models: random llamas (336 M and ~1 B)
 in f16, quantized by the REAL quantizer; GGUFs are cached in ``--model-cache``.
@@ -127,7 +129,9 @@ class Bench:
             engine_servers.running("ours", a.threads) as ours,
         ):
             for rnd in range(a.rounds):
-                for server in (ref, ours):
+                # ABBA: each side goes first in every other round, so a drift of the host's
+                # speed over the minutes of a section (a shared VM) does not favour either
+                for server in (ref, ours) if rnd % 2 == 0 else (ours, ref):
                     r = probe(
                         model,
                         server.endpoint,
@@ -215,7 +219,7 @@ class Bench:
         with engine_servers.running("ours", a.threads) as s:
             tg = a.multi_tg
             solo_args = ("--pp", "", "--tg", tg, "--threads", a.threads, "--reps", a.reps)
-            solo = probe(model, s.endpoint, *solo_args)["tg"]
+            solo_before = probe(model, s.endpoint, *solo_args)["tg"]
             with tempfile.TemporaryDirectory() as barrier:
                 with concurrent.futures.ThreadPoolExecutor(n) as pool:
                     jobs = [
@@ -238,8 +242,19 @@ class Bench:
                     ]
                     each = [job.result()["tg"] for job in jobs]
             peak = engine_servers.peak_rss_mib(s.proc.pid)
+            # solo again after: the mean of both brackets the shared run in time
+            solo_after = probe(model, s.endpoint, *solo_args)["tg"]
+        solo = (solo_before + solo_after) / 2
         ratio = min(each) * n / solo
-        out = {"n": n, "tg": tg, "solo": solo, "each": each, "ratio": ratio, "peak_mib": peak}
+        out = {
+            "n": n,
+            "tg": tg,
+            "solo": solo,
+            "solo_runs": [solo_before, solo_after],
+            "each": each,
+            "ratio": ratio,
+            "peak_mib": peak,
+        }
         self.log("multi", json.dumps(out))
         return out
 

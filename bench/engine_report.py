@@ -122,6 +122,11 @@ def _multi_cell(entry: dict) -> str:
         + ": "
         + ", ".join(f"{v:.1f}" for v in multi["each"])
         + f" vs solo {multi['solo']:.1f} tok/s"
+        + (
+            " (before / after: " + " / ".join(f"{v:.1f}" for v in multi["solo_runs"]) + ")"
+            if "solo_runs" in multi
+            else ""
+        )
         + (f"; peak RSS {multi['peak_mib']:.0f} MiB" if "peak_mib" in multi else "")
         + ")"
     )
@@ -255,7 +260,8 @@ def render(results: dict) -> str:
         "prefill, single-token decode steps) with every layer and the output head on the server; "
         f"{config['threads']} threads each side; speeds from "
         f"{_rounds(results) or 'no'} interleaved rounds "
-        "(reference, rpcnet) on fresh servers, medians"
+        "(ABBA: reference then rpcnet in odd rounds, rpcnet then reference in even ones) on "
+        "fresh servers, medians"
         + (
             f" (each round the median of {config['reps']} repetitions of every pp/tg measurement,"
             " each on a cleared KV cache, the decodes after a deep prompt on the cache cut back"
