@@ -3,9 +3,10 @@
 The REAL v8 llama.cpp client (probe ``bench/probes/engine_speed.py``, llama-bench's method)
 puts every layer and the output head on the server, 2 threads each side. Sections:
 
-- ``speed``: prefill pp64 / pp256 (one batch) and decode tg32 (single tokens), in interleaved
-  rounds (reference then rpcnet, then rpcnet then reference, ...: ABBA, so that a drift of a
-  shared host's speed favours neither) on one fresh server of each kind; medians and ratios;
+- ``speed``: prefill pp64 / pp256 (one batch) and decode tg32 (single tokens), in rounds on one
+  fresh server of each kind; in each round both probes run at once and take turns, every timed
+  repetition of one side between two of the other's (a drift of a shared host's speed hits
+  both alike), who goes first alternating by round; medians and ratios;
 - ``depth``: in the same probe runs, a prompt of ``--depth`` (1536) tokens and tg32 after it,
   flash attention off and on (KV cache f16);
 - ``memory``: a fresh server of each kind, one client loads the model and runs pp64 + tg32:
@@ -129,22 +130,37 @@ class Bench:
             engine_servers.running("ours", a.threads) as ours,
         ):
             for rnd in range(a.rounds):
-                # ABBA: each side goes first in every other round, so a drift of the host's
-                # speed over the minutes of a section (a shared VM) does not favour either
-                for server in (ref, ours) if rnd % 2 == 0 else (ours, ref):
-                    r = probe(
-                        model,
-                        server.endpoint,
-                        "--pp",
-                        self.pp,
-                        "--tg",
-                        a.tg,
-                        "--threads",
-                        a.threads,
-                        "--reps",
-                        a.reps,
-                        *extra,
-                    )
+                # Both probes run at once and take turns: every timed repetition of one side
+                # sits between two of the other's, seconds apart, so a drift of a shared host's
+                # speed hits both alike. Who goes first alternates by round (ABBA).
+                order = (ref, ours) if rnd % 2 == 0 else (ours, ref)
+                with (
+                    tempfile.TemporaryDirectory() as turns,
+                    concurrent.futures.ThreadPoolExecutor(2) as pool,
+                ):
+                    jobs = [
+                        pool.submit(
+                            probe,
+                            model,
+                            server.endpoint,
+                            "--pp",
+                            self.pp,
+                            "--tg",
+                            a.tg,
+                            "--threads",
+                            a.threads,
+                            "--reps",
+                            a.reps,
+                            "--turns",
+                            turns,
+                            "--turn-id",
+                            turn_id,
+                            *extra,
+                        )
+                        for turn_id, server in enumerate(order)
+                    ]
+                    results = [job.result() for job in jobs]
+                for server, r in zip(order, results, strict=True):
                     self.log(f"speed round {rnd + 1}/{a.rounds}", server.side, json.dumps(r))
                     into = runs[server.side]
                     for n, v in r["pp"].items():
@@ -372,7 +388,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.models = (args.models or ("336m" if quick else "336m,1b")).split(",")
     args.types = (args.types or ("q8_0" if quick else "q8_0,Q4_K_M,f16")).split(",")
     args.sections = (args.sections or ("speed" if quick else ",".join(SECTIONS))).split(",")
-    args.rounds = args.rounds or (1 if quick else 3)
+    args.rounds = args.rounds or (1 if quick else 4)
     args.pp = [int(x) for x in (args.pp or ("64" if quick else "64,256")).split(",") if x]
     args.warm_prompt_ctx = 8  # the probe's warm-up prompt before the timed decodes
     for name in args.models:

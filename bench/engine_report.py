@@ -259,9 +259,10 @@ def render(results: dict) -> str:
         "REAL v8 llama.cpp client (llama-bench method through the Python bindings: one batch per "
         "prefill, single-token decode steps) with every layer and the output head on the server; "
         f"{config['threads']} threads each side; speeds from "
-        f"{_rounds(results) or 'no'} interleaved rounds "
-        "(ABBA: reference then rpcnet in odd rounds, rpcnet then reference in even ones) on "
-        "fresh servers, medians"
+        f"{_rounds(results) or 'no'} rounds on fresh servers, medians; in each round the two "
+        "probes run at once and take turns, every timed repetition of one side between two of "
+        "the other's, seconds apart (a drift of the shared host's speed hits both alike), the "
+        "reference first in odd rounds, rpcnet in even ones"
         + (
             f" (each round the median of {config['reps']} repetitions of every pp/tg measurement,"
             " each on a cleared KV cache, the decodes after a deep prompt on the cache cut back"

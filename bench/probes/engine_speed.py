@@ -2,7 +2,7 @@
 
     engine_speed.py MODEL HOST:PORT [--pp 64,256] [--tg 32] [--depth 1536 --depth-fa 0,1]
                     [--threads 2] [--warm-prompt 8] [--barrier DIR --barrier-n N] [--no-plain]
-                    [--reps 1]
+                    [--reps 1] [--turns DIR --turn-id 0|1]
 
 Every layer (and the output head) on the endpoint. Measurements, each on a cleared KV cache:
 - ``pp N``: one batch of N tokens (logits for the last), timed after a warm-up batch of N;
@@ -15,7 +15,10 @@ With ``--reps R``, each ``pp`` and ``tg`` measurement runs R times (each on a cl
 as llama-bench's repetitions; the decodes after ``--depth`` on the cache cut back to the
 prompt) and the median is reported. With ``--barrier DIR``, the timed
 decodes start only once ``--barrier-n`` probes have written their ready file into DIR (several
-clients decoding at once). Prints one JSON line:
+clients decoding at once). With ``--turns DIR``, two probes (``--turn-id`` 0 and 1, same
+arguments, each on its own server) take turns: every timed step (one repetition, a model load, a
+context) runs while the other probe waits, so the two servers are measured alternately seconds
+apart and a drift of a shared host's speed hits both alike. Prints one JSON line:
 {"load_s": s, "pp": {"64": tok/s}, "tg": tok/s, "depth": {"fa0": {"pp": tok/s, "tg": tok/s}}}
 """
 
@@ -45,6 +48,40 @@ def _wait_barrier(directory: Path, n: int, timeout: float = 900.0) -> None:
         time.sleep(0.01)
 
 
+class Turns:
+    """Alternation with one other probe through the file DIR/turn (the id whose turn it is;
+    absent: probe 0's). Both probes enter the same number of turns."""
+
+    def __init__(self, directory: Path | None, me: int, timeout: float = 1800.0) -> None:
+        self.path = None if directory is None else directory / "turn"
+        self.me, self.timeout = me, timeout
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def _holder(self) -> int:
+        assert self.path is not None
+        try:
+            return int(self.path.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def __enter__(self) -> None:
+        if self.path is None:
+            return
+        deadline = time.monotonic() + self.timeout
+        while self._holder() != self.me:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"turns {self.path}: the other probe never passed the turn")
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(f".{self.me}")
+        tmp.write_text(str(1 - self.me))
+        tmp.replace(self.path)  # atomic: the other probe never reads a half-written file
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -65,7 +102,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=1, help="repetitions; the median is kept")
     parser.add_argument("--barrier", type=Path)
     parser.add_argument("--barrier-n", type=int, default=1)
+    parser.add_argument("--turns", type=Path, help="take turns with another probe (see above)")
+    parser.add_argument("--turn-id", type=int, choices=(0, 1), default=0)
     args = parser.parse_args(argv)
+    turn = Turns(args.turns, args.turn_id)
     pp_sizes = _ints(args.pp)
     reps = max(args.reps, 1)
 
@@ -87,8 +127,9 @@ def main(argv: list[str]) -> int:
         "ggml_backend_dev_t[]", [*rpc_devices([args.endpoint], include_local=False), ffi.NULL]
     )
     params.devices = keep
-    t0 = time.perf_counter()
-    model = lib.llama_model_load_from_file(args.model.encode(), params)
+    with turn:
+        t0 = time.perf_counter()
+        model = lib.llama_model_load_from_file(args.model.encode(), params)
     if model == ffi.NULL:
         raise RuntimeError("load failed")
     n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
@@ -139,50 +180,62 @@ def main(argv: list[str]) -> int:
     result: dict = {"pp": {}, "depth": {}}
     if not args.no_plain and (pp_sizes or args.tg):
         warm = max(args.warm_prompt, 1)
-        ctx = context(
-            max(pp_sizes + [warm]) + args.tg + 16, max(pp_sizes + [warm]), max(pp_sizes + [warm]), 0
-        )
-        result["load_s"] = round(time.perf_counter() - t0, 3)
+        with turn:
+            ctx = context(
+                max(pp_sizes + [warm]) + args.tg + 16,
+                max(pp_sizes + [warm]),
+                max(pp_sizes + [warm]),
+                0,
+            )
+            result["load_s"] = round(time.perf_counter() - t0, 3)
         mem = lib.llama_get_memory(ctx)
         for n in pp_sizes:
-            lib.llama_memory_clear(mem, True)
-            decode(ctx, tokens(n, 1), 0)  # warm-up: graphs built and cached on both sides
             speeds = []
-            for _ in range(reps):
-                lib.llama_memory_clear(mem, True)
-                t1 = time.perf_counter()
-                decode(ctx, tokens(n, 2), 0)
-                speeds.append(n / (time.perf_counter() - t1))
+            for rep in range(reps):
+                with turn:
+                    if rep == 0:  # warm-up: graphs built and cached on both sides
+                        lib.llama_memory_clear(mem, True)
+                        decode(ctx, tokens(n, 1), 0)
+                    lib.llama_memory_clear(mem, True)
+                    t1 = time.perf_counter()
+                    decode(ctx, tokens(n, 2), 0)
+                    speeds.append(n / (time.perf_counter() - t1))
             result["pp"][str(n)] = round(_median(speeds), 3)
         if args.tg:
             speeds = []
             for rep in range(reps):
-                lib.llama_memory_clear(mem, True)
-                decode(ctx, tokens(warm, 3), 0)
-                speeds.append(timed_decodes(ctx, warm, barrier=rep == 0))
+                with turn:
+                    lib.llama_memory_clear(mem, True)
+                    decode(ctx, tokens(warm, 3), 0)
+                    speeds.append(timed_decodes(ctx, warm, barrier=rep == 0))
             result["tg"] = round(_median(speeds), 3)
-        lib.llama_free(ctx)
+        with turn:
+            lib.llama_free(ctx)
     if args.depth:
         for fa in _ints(args.depth_fa):
-            ctx = context(args.depth + args.tg + 16, args.depth, UBATCH_DEPTH, fa)
-            mem = lib.llama_get_memory(ctx)
-            decode(ctx, tokens(min(UBATCH_DEPTH, args.depth), 4), 0)
-            lib.llama_memory_clear(mem, True)
-            t1 = time.perf_counter()
-            decode(ctx, tokens(args.depth, 5), 0)
-            depth_pp = round(args.depth / (time.perf_counter() - t1), 3)
+            with turn:
+                ctx = context(args.depth + args.tg + 16, args.depth, UBATCH_DEPTH, fa)
+                mem = lib.llama_get_memory(ctx)
+                decode(ctx, tokens(min(UBATCH_DEPTH, args.depth), 4), 0)
+                lib.llama_memory_clear(mem, True)
+                t1 = time.perf_counter()
+                decode(ctx, tokens(args.depth, 5), 0)
+                depth_pp = round(args.depth / (time.perf_counter() - t1), 3)
             entry = {"pp": depth_pp}
             if args.tg:
                 speeds = []
                 for rep in range(reps):
-                    if rep:  # back to the prompt alone: every repetition decodes at this depth
-                        lib.llama_memory_seq_rm(mem, 0, args.depth, -1)
-                    speeds.append(timed_decodes(ctx, args.depth, barrier=False))
+                    with turn:
+                        if rep:  # back to the prompt alone: every repetition decodes at this depth
+                            lib.llama_memory_seq_rm(mem, 0, args.depth, -1)
+                        speeds.append(timed_decodes(ctx, args.depth, barrier=False))
                 entry["tg"] = round(_median(speeds), 3)
             result["depth"][f"fa{fa}"] = entry
-            lib.llama_free(ctx)
+            with turn:
+                lib.llama_free(ctx)
     result.setdefault("load_s", round(time.perf_counter() - t0, 3))
-    lib.llama_model_free(model)
+    with turn:
+        lib.llama_model_free(model)
     print(json.dumps(result))
     return 0
 
