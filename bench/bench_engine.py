@@ -16,8 +16,9 @@ puts every layer and the output head on the server, 2 threads each side. Section
 - ``multi``: N clients (3) load the same model into one rpcnet server and decode at once (they
   start their timed decodes together, ``--multi-tg`` 128 tokens each, so that the sharing is
   measured rather than the start and stop skew of a one-second run); the slowest client's
-  speed × N / the solo speed (the same decodes, one client, median of ``--reps``; measured
-  before and after the shared run, the mean of the two).
+  speed × N / the solo speed (the same decodes, one client, median of ``--reps``; the mean of
+  the solo runs right before and after). ``--multi-runs`` (3) shared runs, each between two solo
+  runs; the median run by that ratio is shown.
 Achieved GB/s (decode) and GFLOP/s (prefill) are set against the machine's measured copy
 bandwidth and AVX2 FMA peak (``engine_machine.py``). Models: random llamas (336 M and ~1 B)
 in f16, quantized by the REAL quantizer; GGUFs are cached in ``--model-cache``.
@@ -235,44 +236,56 @@ class Bench:
         with engine_servers.running("ours", a.threads) as s:
             tg = a.multi_tg
             solo_args = ("--pp", "", "--tg", tg, "--threads", a.threads, "--reps", a.reps)
-            solo_before = probe(model, s.endpoint, *solo_args)["tg"]
-            with tempfile.TemporaryDirectory() as barrier:
-                with concurrent.futures.ThreadPoolExecutor(n) as pool:
-                    jobs = [
-                        pool.submit(
-                            probe,
-                            model,
-                            s.endpoint,
-                            "--pp",
-                            "",
-                            "--tg",
-                            tg,
-                            "--threads",
-                            a.threads,
-                            "--barrier",
-                            barrier,
-                            "--barrier-n",
-                            n,
-                        )
-                        for _ in range(n)
-                    ]
-                    each = [job.result()["tg"] for job in jobs]
+            solos = [probe(model, s.endpoint, *solo_args)["tg"]]
+            shared: list[list[float]] = []
+            for _ in range(a.multi_runs):
+                shared.append(self.shared_decodes(model, s.endpoint, n, tg))
+                # a solo run after each shared one: each shared run is bracketed in time
+                solos.append(probe(model, s.endpoint, *solo_args)["tg"])
             peak = engine_servers.peak_rss_mib(s.proc.pid)
-            # solo again after: the mean of both brackets the shared run in time
-            solo_after = probe(model, s.endpoint, *solo_args)["tg"]
-        solo = (solo_before + solo_after) / 2
-        ratio = min(each) * n / solo
+        runs = [
+            {"each": each, "solo": (solos[i] + solos[i + 1]) / 2} for i, each in enumerate(shared)
+        ]
+        for run in runs:
+            run["ratio"] = min(run["each"]) * n / run["solo"]
+        # the median run by ratio (runs are odd in number by default)
+        median = sorted(runs, key=lambda run: run["ratio"])[len(runs) // 2]
         out = {
             "n": n,
             "tg": tg,
-            "solo": solo,
-            "solo_runs": [solo_before, solo_after],
-            "each": each,
-            "ratio": ratio,
+            "solo": median["solo"],
+            "solo_runs": solos,
+            "each": median["each"],
+            "ratio": median["ratio"],
+            "ratios": [run["ratio"] for run in runs],
             "peak_mib": peak,
         }
         self.log("multi", json.dumps(out))
         return out
+
+    def shared_decodes(self, model: Path, endpoint: str, n: int, tg: int) -> list[float]:
+        """tok/s of each of `n` clients decoding `tg` tokens at once on one server."""
+        with tempfile.TemporaryDirectory() as barrier:
+            with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                jobs = [
+                    pool.submit(
+                        probe,
+                        model,
+                        endpoint,
+                        "--pp",
+                        "",
+                        "--tg",
+                        tg,
+                        "--threads",
+                        self.args.threads,
+                        "--barrier",
+                        barrier,
+                        "--barrier-n",
+                        n,
+                    )
+                    for _ in range(n)
+                ]
+                return [job.result()["tg"] for job in jobs]
 
     def run_type(self, base: ModelSpec, kind: str) -> dict:
         a = self.args
@@ -359,6 +372,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=1536)
     p.add_argument("--clients", type=int, default=3)
     p.add_argument(
+        "--multi-runs",
+        type=int,
+        default=3,
+        help="shared runs of the multi section, each between two solo runs; the median is shown",
+    )
+    p.add_argument(
         "--multi-tg",
         type=int,
         default=128,
@@ -441,6 +460,7 @@ def main(argv: list[str]) -> int:
             "depth": args.depth,
             "clients": args.clients,
             "multi_tg": args.multi_tg,
+            "multi_runs": args.multi_runs,
             "sections": args.sections,
         },
         "machine": machine_doc,

@@ -123,8 +123,12 @@ def _multi_cell(entry: dict) -> str:
         + ", ".join(f"{v:.1f}" for v in multi["each"])
         + f" vs solo {multi['solo']:.1f} tok/s"
         + (
-            " (before / after: " + " / ".join(f"{v:.1f}" for v in multi["solo_runs"]) + ")"
-            if "solo_runs" in multi
+            f" (the median of {len(multi['ratios'])} shared runs: "
+            + ", ".join(f"{v:.2f}×" for v in multi["ratios"])
+            + "; solo runs between them: "
+            + " / ".join(f"{v:.1f}" for v in multi["solo_runs"])
+            + ")"
+            if "ratios" in multi
             else ""
         )
         + (f"; peak RSS {multi['peak_mib']:.0f} MiB" if "peak_mib" in multi else "")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from rpcnet.compute.device import INLINE_MAX_SECONDS, Device, cpu_device
+from rpcnet.compute.device import INLINE_MAX_SECONDS, Device, OwnedPlan, cpu_device
 from rpcnet.compute.graph import Plan
 
 
@@ -83,3 +83,16 @@ def test_an_inline_failure_is_the_futures_outcome(device: Device):
         failed.result()
     # the device is free again: the next job is not blocked by the failed one
     assert device.submit(lambda: None).result(5) is None
+
+
+def test_a_device_shared_by_two_clients_runs_their_plans_on_the_worker(device: Device):
+    seen: list[str] = []
+    plan = recording_plan(seen)
+    first, second = object(), object()  # two sessions
+    device.submit(OwnedPlan(plan, first)).result(5)
+    device.submit(OwnedPlan(plan, first)).result(5)
+    assert seen[-1] == threading.current_thread().name  # alone: inline
+    device.submit(OwnedPlan(plan, second)).result(5)
+    device.submit(OwnedPlan(plan, first)).result(5)
+    # both launched within the window: served by the worker, in arrival order
+    assert [name.startswith("rpcnet-CPU") for name in seen[-2:]] == [True, True]

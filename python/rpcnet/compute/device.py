@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from rpcnet.compute.memory import MemoryPool
 # A plan whose last run took at most this long runs on the submitting thread when the worker is
 # idle; the event loop stalls that long at most (a decode step, never a prefill).
 INLINE_MAX_SECONDS = 0.1
+# Only a device one client has had to itself this long runs plans inline: clients sharing it are
+# served by the worker, in the order their graphs arrived (inline runs block the event loop, and
+# the clients whose requests pile up meanwhile would be served in poll order, not arrival order).
+SHARED_WINDOW_SECONDS = 1.0
 
 
 def physical_memory() -> int:
@@ -26,6 +31,20 @@ def physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 8 << 30
+
+
+class OwnedPlan:
+    """A plan as one session launched it: calling it runs the plan; `short` and `owner` let the
+    device decide whether it may run inline (see `Device.submit`)."""
+
+    def __init__(self, plan: Any, owner: object) -> None:
+        self.plan, self.owner = plan, owner
+
+    def __call__(self) -> None:
+        self.plan.run()
+
+    def short(self, limit: float) -> bool:
+        return bool(self.plan.short(limit))
 
 
 @dataclass
@@ -54,6 +73,7 @@ class Device:
         self._exclusive = threading.Lock()  # held by whichever thread runs this device's work
         self._queued = 0  # jobs handed to the worker and not finished
         self._queued_lock = threading.Lock()
+        self._recent_owners: dict[int, float] = {}  # id(owner) -> when it last launched a plan
         limit = self.derived_limit if self.derived_limit is not None else self.memory.capacity // 4
         self.derived = DerivedCache(self.memory, limit)
         from rpcnet.compute.scratch import ScratchBudget, default_max_scratch
@@ -93,7 +113,8 @@ class Device:
         right here on the calling thread: that saves the hand-off to the worker and the wake-up
         of the event loop after it, ~0.3 ms of a 10 ms decode step on a 2-core host."""
         short = getattr(fn, "short", None)
-        if short is not None and short(INLINE_MAX_SECONDS) and self._queued == 0:
+        alone = self._alone(getattr(fn, "owner", None))
+        if short is not None and short(INLINE_MAX_SECONDS) and alone and self._queued == 0:
             if self._exclusive.acquire(blocking=False):
                 done: Future[None] = Future()
                 try:
@@ -113,6 +134,18 @@ class Device:
             self._finished_queued()
             raise
 
+    def _alone(self, owner: object) -> bool:
+        """Record a launch by `owner`; whether no other owner launched within the window."""
+        if owner is None:
+            return True
+        now = time.monotonic()
+        with self._queued_lock:
+            recent = self._recent_owners
+            recent[id(owner)] = now
+            for key in [k for k, t in recent.items() if now - t > SHARED_WINDOW_SECONDS]:
+                del recent[key]
+            return len(recent) == 1
+
     def _run_queued(self, fn: Callable[[], None]) -> None:
         try:
             with self._exclusive:
@@ -129,7 +162,7 @@ class Device:
         callable), or on a GPU the device's runner (stream, CUDA-graph replay, error policy)."""
         runner = self.runner
         if runner is None:
-            return plan
+            return OwnedPlan(plan, owner)
         return functools.partial(runner.run, plan, owner)
 
     def launch(self, plan: Any, owner: object) -> Future[Any]:
