@@ -158,8 +158,9 @@ class Device:
             self._queued -= 1
 
     def plan_work(self, plan: Any, owner: object) -> Callable[[], None]:
-        """What the worker runs for `plan` launched by `owner` (a session): the plan itself (a
-        callable), or on a GPU the device's runner (stream, CUDA-graph replay, error policy)."""
+        """What the worker runs for `plan` launched by `owner` (a session): the plan with its
+        owner (`OwnedPlan`, which `submit` may run inline), or on a GPU the device's runner
+        (stream, CUDA-graph replay, error policy)."""
         runner = self.runner
         if runner is None:
             return OwnedPlan(plan, owner)
