@@ -21,6 +21,7 @@ docs/e2e.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rpcnet.compute import device as device_module
 from rpcnet.compute.device import cpu_device
 from support import refenv, require
 from support.fakebackend import FakeStagedBackend
@@ -511,3 +513,37 @@ def test_two_clients_decode_at_once(e2e: E2E) -> None:
         outputs = list(pool.map(e2e.remote, cases, [f"concurrent/{c.model}" for c in cases]))
     for case, ref, (got, _) in zip(cases, refs, outputs, strict=True):
         e2e.compare(f"concurrent/{case.model}", case, ref, got)
+
+
+@pytest.mark.parametrize("model", ["llama256-q8_0", "llama256-Q4_K_M", "llama-mha-f16"])
+def test_clients_of_one_model_decode_as_one(
+    e2e: E2E, servers: dict, model: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Three client processes that loaded the same model decode at once: the server runs their
+    decode steps as one pass over the weights (compute/joint.py), and each client gets bit for
+    bit the logits it gets with the server to itself (and within the bound of its local run)."""
+    # the worker waits for a client whose step is due, so that steps join on a slow host too
+    monkeypatch.setattr(device_module, "JOIN_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(device_module, "JOIN_WAIT_SHARE", 1e6)
+    n = 3
+    tokens = ",".join(str(7 + 13 * i) for i in range(24))  # ids < 320, 20 decode steps
+    case = Case(model, servers=("v8-joint",), opts=("--tokens", tokens, "--prefill", "4"))
+    ref = e2e.baseline(case)
+    alone, _ = e2e.remote(case, f"joint-alone/{model}")
+    device = servers["started"]["v8-joint"].server.devices[0]
+    before = device.joint_plans
+    barrier = (
+        "--barrier",
+        str(tmp_path / "barrier"),
+        "--barrier-n",
+        str(n),
+    )
+    together = dataclasses.replace(case, rpc_opts=barrier)
+    with ThreadPoolExecutor(n) as pool:
+        outputs = list(pool.map(e2e.remote, [together] * n, [f"joint/{model}"] * n))
+    joined = device.joint_plans - before
+    # most of the 3 × 20 decode steps ran joined (the first of each client's may not)
+    assert joined >= 2 * 15, f"only {joined} of {n * 20} decode steps ran joined"
+    for got, _ in outputs:
+        assert np.array_equal(got, alone), np.abs(got - alone).max()
+        e2e.compare(f"joint/{model}", case, ref, got)

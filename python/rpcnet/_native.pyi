@@ -68,6 +68,8 @@ __all__ = [
     "NativeStep",
     "pool_rest",
     "run_steps",
+    "run_joint",
+    "same_weights",
     "native_ops_portable",
     "flash_attn_ext_step",
     "rms_norm_step",
@@ -305,6 +307,7 @@ def matmul_quant(
     out: _ArrayBuffer,
     threads: int = 1,
     llamafile: bool = False,
+    each_row: bool = False,
 ) -> None:
     """out[n, m] = sum_k w[m, k] * x[n, k] for weights of ggml type ``type_id`` in block form.
 
@@ -314,7 +317,9 @@ def matmul_quant(
     writable C-contiguous float32 (N, M). Weight rows split over up to ``threads`` threads.
     ``llamafile``: follow ggml's MUL_MAT dispatch, where f32/f16/bf16 weights with N >= 2 and
     M % 4 == 0 go to llamafile's tinyBLAS (one 8-lane FMA accumulator per output); leave False
-    for MUL_MAT_ID. ValueError on an unsupported type or inconsistent shapes or sizes.
+    for MUL_MAT_ID. ``each_row``: every row by the single-row kernels over cached weight tiles
+    (each row's bits as alone; the joint decode of several clients). ValueError on an
+    unsupported type or inconsistent shapes or sizes.
     """
 
 def matmul_quant_supports(type_id: int) -> bool:
@@ -360,6 +365,14 @@ def pool_rest() -> None:
 
 def run_steps(steps: list[NativeStep]) -> None:
     """Run consecutive steps in one call with the GIL released; IndexError on a bad row index."""
+
+def run_joint(plans: list[list[NativeStep]], joint: list[int]) -> list[bool]:
+    """Run several clients' plans (step lists of equal length) together, the single-row
+    MUL_MATs at the `joint` indices (weights vouched equal by `same_weights`) as one product;
+    per plan, whether it ran to the end."""
+
+def same_weights(a: NativeStep, b: NativeStep) -> bool:
+    """Whether both steps are single-row MUL_MATs of one layout over equal weight bytes."""
 
 def native_ops_portable(on: bool) -> None:
     """Force (True) or release (False) the portable build of the native non-matmul ops."""

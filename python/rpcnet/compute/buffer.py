@@ -6,12 +6,15 @@ the device's backend (`compute/backend.py`): the server never slices the raw arr
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotation only: device -> derived -> tensor -> buffer at run time
     from rpcnet.compute.backend import HostSink
     from rpcnet.compute.device import Device
+
+_SERIALS = itertools.count(1)
 
 
 @dataclass(eq=False)
@@ -23,6 +26,8 @@ class DeviceBuffer:
     array: Any  # uint8 device array of `size` bytes (what the backend allocated)
     generation: int = 0  # rises on every write; derived caches compare against it
     derived_keys: set = field(default_factory=set)
+    # never reused in this process (handles are per connection, ids of freed objects recur)
+    serial: int = field(default_factory=lambda: next(_SERIALS))
 
     def touched(self) -> None:
         self.generation += 1

@@ -6,13 +6,15 @@ import functools
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rpcnet.compute import joint
 from rpcnet.compute.backend import CPU, Backend
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
@@ -24,6 +26,13 @@ INLINE_MAX_SECONDS = 0.1
 # served by the worker, in the order their graphs arrived (inline runs block the event loop, and
 # the clients whose requests pile up meanwhile would be served in poll order, not arrival order).
 SHARED_WINDOW_SECONDS = 1.0
+# Decode steps of clients with the same weights run as one (compute/joint.py). The worker waits
+# for a client whose last step could have joined, but at most this long and this share of the
+# step's own last run: a client whose answer is on its way sends its next step within ~1 ms.
+JOIN_WAIT_SECONDS = 0.004
+JOIN_WAIT_SHARE = 0.25
+# Plans run side by side at most (their products' rows go 7 at a time anyway).
+MAX_JOINT_PLANS = 8
 
 
 def physical_memory() -> int:
@@ -46,6 +55,26 @@ class OwnedPlan:
     def short(self, limit: float) -> bool:
         return bool(self.plan.short(limit))
 
+    @property
+    def joinable(self) -> bool:
+        return self.plan.joint is not None
+
+
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[[], None]
+    future: Future[None]
+
+    @property
+    def owner(self) -> object:
+        return getattr(self.fn, "owner", None)
+
+    @property
+    def plan(self) -> OwnedPlan | None:
+        """The plan when this job may run with others' (an all-native decode-capable plan)."""
+        fn = self.fn
+        return fn if isinstance(fn, OwnedPlan) and fn.joinable else None
+
 
 @dataclass
 class Device:
@@ -60,7 +89,6 @@ class Device:
     alignment: int = 32
     max_size: int = (1 << 64) - 1
     threads: int = 1
-    _worker: ThreadPoolExecutor = field(init=False, repr=False)
 
     runner: Any = None  # runs plans instead of plan.run (cuda: stream, replay cache, errors)
     live_memory: Callable[[], tuple[int, int]] | None = None  # (free, total) the device reports
@@ -68,12 +96,21 @@ class Device:
     max_scratch: int | None = None  # compute scratch per plan; default min(1 GiB, capacity / 10)
 
     def __post_init__(self) -> None:
-        # One worker per device: plans of all clients run in FIFO order, never concurrently.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rpcnet-{self.name}")
+        # One worker per device: plans of all clients run in FIFO order, never concurrently
+        # (decode steps of clients with the same weights as one joint run).
         self._exclusive = threading.Lock()  # held by whichever thread runs this device's work
         self._queued = 0  # jobs handed to the worker and not finished
         self._queued_lock = threading.Lock()
+        self._wakeup = threading.Condition(self._queued_lock)
+        self._jobs: deque[_Job] = deque()
+        self._closing = False
         self._recent_owners: dict[int, float] = {}  # id(owner) -> when it last launched a plan
+        self._joiners: dict[int, float] = {}  # id(owner) -> when it last launched a joinable plan
+        self.joint_index = joint.JointIndex()
+        self.joint_runs = 0  # joint runs so far, and the plans they ran (for tests and metrics)
+        self.joint_plans = 0
+        self._thread = threading.Thread(target=self._work, name=f"rpcnet-{self.name}", daemon=True)
+        self._thread.start()
         limit = self.derived_limit if self.derived_limit is not None else self.memory.capacity // 4
         self.derived = DerivedCache(self.memory, limit)
         from rpcnet.compute.scratch import ScratchBudget, default_max_scratch
@@ -126,13 +163,16 @@ class Device:
                 finally:
                     self._exclusive.release()
                 return done
-        with self._queued_lock:
+        job = _Job(fn, Future())
+        with self._wakeup:
+            if self._closing:
+                raise RuntimeError(f"device {self.name} is shut down")
             self._queued += 1
-        try:
-            return self._worker.submit(self._run_queued, fn)
-        except BaseException:
-            self._finished_queued()
-            raise
+            self._jobs.append(job)
+            if job.plan is not None and job.owner is not None:
+                self._joiners[id(job.owner)] = time.monotonic()
+            self._wakeup.notify()
+        return job.future
 
     def _alone(self, owner: object) -> bool:
         """Record a launch by `owner`; whether no other owner launched within the window."""
@@ -146,16 +186,107 @@ class Device:
                 del recent[key]
             return len(recent) == 1
 
-    def _run_queued(self, fn: Callable[[], None]) -> None:
-        try:
-            with self._exclusive:
-                fn()
-        finally:
-            self._finished_queued()
+    # ------------------------------------------------------------------ the worker
 
-    def _finished_queued(self) -> None:
-        with self._queued_lock:
-            self._queued -= 1
+    def _work(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._jobs and not self._closing:
+                    self._wakeup.wait()
+                if not self._jobs:
+                    return
+                batch = self._take_batch()
+            try:
+                with self._exclusive:
+                    self._run_batch(batch)
+            finally:
+                with self._queued_lock:
+                    self._queued -= len(batch)
+            # drop the jobs now, not when the next one arrives: a plan of a closed connection
+            # holds its scratch until it is gone
+            del batch
+
+    def _take_batch(self) -> list[_Job]:
+        """The next job, and queued joinable plans of other clients with the same weights.
+        Waits (the lock released) for clients whose steps usually join but are not queued yet.
+        Called with the lock held."""
+        head = self._jobs.popleft()
+        plan = head.plan
+        if plan is None or head.future.cancelled():
+            return [head]
+        batch = [head]
+        deadline = time.monotonic() + min(
+            JOIN_WAIT_SECONDS, JOIN_WAIT_SHARE * (plan.plan.last_seconds or 0.0)
+        )
+        while True:
+            self._join_queued(batch)
+            missing = self._missing_joiners(batch)
+            left = deadline - time.monotonic()
+            if not missing or left <= 0 or len(batch) >= MAX_JOINT_PLANS or self._closing:
+                return batch
+            self._wakeup.wait(left)
+
+    def _join_queued(self, batch: list[_Job]) -> None:
+        """Move queued plans that can join `batch` into it: each its owner's next job (so no
+        client's work is reordered), of an owner not in the batch, sharing weights with the
+        head. Jobs of no known owner end the search (they may be anyone's)."""
+        head = batch[0].plan
+        assert head is not None
+        owners = {id(job.owner) for job in batch}
+        for job in list(self._jobs):
+            if len(batch) >= MAX_JOINT_PLANS:
+                return
+            owner = job.owner
+            if owner is None:
+                return
+            first_of_owner = id(owner) not in owners
+            owners.add(id(owner))
+            plan = job.plan
+            if not first_of_owner or plan is None or job.future.cancelled():
+                continue
+            if self.joint_index.shared(head.plan, plan.plan):
+                self._jobs.remove(job)
+                batch.append(job)
+
+    def _missing_joiners(self, batch: list[_Job]) -> bool:
+        """Whether a client outside `batch` with nothing queued launched a joinable plan within
+        the shared window (its next step is likely on its way)."""
+        now = time.monotonic()
+        inside = {id(job.owner) for job in (*batch, *self._jobs)}
+        for key, at in list(self._joiners.items()):
+            if now - at > SHARED_WINDOW_SECONDS:
+                del self._joiners[key]
+            elif key not in inside:
+                return True
+        return False
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        jobs = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if not jobs:
+            return
+        if len(jobs) == 1:
+            job = jobs[0]
+            try:
+                job.fn()
+            except BaseException as exc:  # noqa: BLE001 - the job's outcome, for its waiter
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(None)
+            return
+        plans = [job.fn.plan for job in jobs if isinstance(job.fn, OwnedPlan)]
+        try:
+            ok = joint.run_together(plans, joint.joint_positions(plans, self.joint_index))
+        except BaseException as exc:  # noqa: BLE001 - every job's outcome, for its waiter
+            for job in jobs:
+                job.future.set_exception(exc)
+            return
+        self.joint_runs += 1
+        self.joint_plans += len(jobs)
+        for job, finished in zip(jobs, ok, strict=True):
+            if finished:
+                job.future.set_result(None)
+            else:
+                job.future.set_exception(ValueError("row index out of range"))
 
     def plan_work(self, plan: Any, owner: object) -> Callable[[], None]:
         """What the worker runs for `plan` launched by `owner` (a session): the plan with its
@@ -175,6 +306,9 @@ class Device:
             self._later(lambda: self.runner.buffer_freed(handle))
 
     def owner_closed(self, owner: object) -> None:
+        with self._queued_lock:  # the worker waits for no step of a client that left
+            self._joiners.pop(id(owner), None)
+            self._recent_owners.pop(id(owner), None)
         if self.runner is not None:
             self._later(lambda: self.runner.owner_closed(owner))
 
@@ -193,7 +327,16 @@ class Device:
         return free, total
 
     def shutdown(self) -> None:
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        """Cancel the queued jobs, let the running one finish, stop the worker."""
+        with self._wakeup:
+            self._closing = True
+            while self._jobs:
+                job = self._jobs.popleft()
+                self._queued -= 1
+                job.future.cancel()
+            self._wakeup.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
 
 def limit_blas_threads(n_threads: int) -> None:

@@ -16,8 +16,9 @@ from rpcnet.compute import (
     scratch,
 )
 from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.joint import JointForm, WeightSite
 from rpcnet.compute.kernels import registry
-from rpcnet.compute.ops import VIEW_OPS, op_name
+from rpcnet.compute.ops import VIEW_OPS, Op, op_name
 from rpcnet.compute.tensor import Tensor
 
 # (wire tensor) -> (buffer or None, byte offset in it); raises for invalid tensors.
@@ -72,6 +73,7 @@ class Plan:
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
     uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
     last_seconds: float | None = None  # how long the last run took (None: never run)
+    joint: JointForm | None = None  # how it may run with other clients' plans (compute/joint.py)
 
     def release(self) -> None:
         """Return the plan's scratch reservation and footprint to the device now."""
@@ -109,6 +111,7 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
     steps = []
     handles: set[int] = set()
     need, needy = 0, None  # largest per-node scratch bound, and that node
+    sites: list[WeightSite] = []  # single-row products over weights this plan never writes
     for node in nodes:
         for t in (node, *node.src):
             if t is not None and t.buffer is not None:
@@ -134,15 +137,40 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
             shapes = [tuple(s.ne) for s in node.src if s is not None]
             step = profile.timed(profile.label(base, kernel.name, shapes), step)
         steps.append(step)
+        site = weight_site(node, step, len(steps) - 1)
+        if site is not None:
+            sites.append(site)
+    joint = None
     if not profile.enabled():  # a profile times every node on its own
+        joint = joint_form(steps, sites)
         steps = batch_native_steps(steps)
-    plan = Plan(steps, frozenset(handles), len(nodes), tuple(written.values()))
+    plan = Plan(steps, frozenset(handles), len(nodes), tuple(written.values()), joint=joint)
     plan.footprint = scratch.plan_footprint(nodes)
     if budget is not None:
         what = registry.describe_node(needy) if needy is not None else "no node"
         plan.scratch = budget.admit(need, plan.footprint, what)
         plan.scratch.bind(plan)
     return plan
+
+
+def weight_site(node: Tensor, step: Callable[[], None], index: int) -> WeightSite | None:
+    """Where a native decode-shaped MUL_MAT at `index` reads weights no node of its plan writes
+    (a product another client's plan may share; the native side checks the shapes again)."""
+    w, x = node.src[0], node.src[1] if len(node.src) > 1 else None
+    if node.op != Op.MUL_MAT or not isinstance(step, _native.NativeStep):
+        return None
+    if w is None or x is None or w.buffer is None or not w.stable:
+        return None
+    if w.ne[2] * w.ne[3] != 1 or x.ne[1] * x.ne[2] * x.ne[3] != 1:
+        return None
+    return WeightSite(index, w.buffer, w.offset, w.nbytes)
+
+
+def joint_form(steps: list[Callable[[], None]], sites: list[WeightSite]) -> JointForm | None:
+    """The plan's form for joint runs: only plans of native steps with some product to share."""
+    if not sites or not all(isinstance(step, _native.NativeStep) for step in steps):
+        return None
+    return JointForm(list(steps), tuple(sites))
 
 
 def batch_native_steps(steps: list[Callable[[], None]]) -> list[Callable[[], None]]:

@@ -794,6 +794,38 @@ pub fn matmul_quant(
     matmul_converted(type_id, w, row_stride, m, k, &act, out, threads, llamafile)
 }
 
+/// Few activation rows, each computed by the single-row kernels (`dot_simd`, and its two- and
+/// four-row forms that keep each row's bits) over tiles of weight rows that stay in cache while
+/// every row meets them: the weights are read from memory once, and each row's result has the
+/// bits one row alone gets (vec_dot order; never the prefill tiles).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_each_row(
+    type_id: u32,
+    w: &[u8],
+    row_stride: usize,
+    m: usize,
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), KernelError> {
+    let info = type_info(type_id)
+        .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
+    let row_bytes = check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
+    if m == 0 || x.is_empty() {
+        return Ok(());
+    }
+    let plan = RowsPlan {
+        f: for_type!(type_id, D => rows_fn::<D>(), unreachable!()),
+        gemm: false,
+        layout: Layout::Rows,
+        direct: None,
+    };
+    let act = Converted::new_par(info.act, x, k, threads);
+    run_rows(&plan, w, row_stride, m, k, row_bytes, &act, threads, out);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

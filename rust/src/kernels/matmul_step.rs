@@ -231,6 +231,61 @@ impl MulMat {
         self.spread(n2 * n3, threads, batch);
     }
 
+    /// Whether this is a decode-shaped product (one weight matrix, one activation row) that
+    /// [`run_joint`] may compute together with others of the same layout.
+    pub fn single_row(&self) -> bool {
+        let (w, x) = (&self.w, &self.x);
+        w.ne[2] == 1 && w.ne[3] == 1 && x.ne[1] == 1 && x.ne[2] == 1 && x.ne[3] == 1
+    }
+
+    /// Same weight type, shape and strides as `other` (the bytes are the caller's business).
+    pub fn same_layout(&self, other: &MulMat) -> bool {
+        self.type_id == other.type_id && self.w.ne == other.w.ne && self.w.nb == other.w.nb
+    }
+
+    /// The bytes of the weight matrix.
+    ///
+    /// # Safety
+    /// Per [`Self::run`].
+    pub unsafe fn weight_bytes(&self) -> &[u8] {
+        unsafe { self.weights(0, 0) }
+    }
+}
+
+/// Activation rows computed together meet their weights in one call of at most this many rows:
+/// under [`MERGE_MIN_ROWS`] every supported type keeps each row's vec_dot order, so each row's
+/// result has the bits it has alone.
+pub const JOINT_MAX_ROWS: usize = MERGE_MIN_ROWS - 1;
+
+/// Several single-row products whose weight matrices hold the same bytes (clients that loaded
+/// the same model), computed with one read of the first one's weights: each output row gets the
+/// bits its own [`MulMat::run`] gives it.
+///
+/// # Safety
+/// Every step as per [`MulMat::run`], all [`MulMat::single_row`] and of the same layout, and
+/// their weight matrices equal byte for byte.
+pub unsafe fn run_joint(mms: &[&MulMat], threads: usize) {
+    let Some(first) = mms.first() else { return };
+    let (k, m) = (first.k(), first.w.ne[1]);
+    let w = unsafe { first.weights(0, 0) };
+    let mut xs = Vec::with_capacity(mms.len() * k);
+    for mm in mms {
+        unsafe { mm.gather(0, 0, &mut xs) };
+    }
+    let mut res = vec![0.0f32; mms.len() * m];
+    for (x, out) in xs
+        .chunks(JOINT_MAX_ROWS * k)
+        .zip(res.chunks_mut(JOINT_MAX_ROWS * m))
+    {
+        let r = matmul::matmul_each_row(first.type_id, w, first.w.nb[1], m, k, x, out, threads);
+        debug_assert!(r.is_ok(), "{r:?}");
+    }
+    for (mm, row) in mms.iter().zip(res.chunks_exact(m)) {
+        unsafe { mm.scatter(0, 0, row) };
+    }
+}
+
+impl MulMat {
     /// `part(p, threads)` for each of `parts` independent parts: attention-sized matrices take
     /// whole parts per thread (each one's result is the same whichever thread computes it),
     /// larger ones one part after another, each split over the threads.
@@ -240,6 +295,84 @@ impl MulMat {
             pool::run(threads, parts, &|p| part(p, 1));
         } else {
             (0..parts).for_each(|p| part(p, threads));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_util::{noise, weights};
+
+    const TYPES: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39];
+
+    fn step(
+        type_id: u32,
+        w: &[u8],
+        row: usize,
+        m: usize,
+        k: usize,
+        x: &[f32],
+        out: &mut [f32],
+    ) -> MulMat {
+        let info = matmul::type_info(type_id).unwrap();
+        let blocks = k / info.block;
+        MulMat {
+            type_id,
+            w: Operand {
+                ptr: w.as_ptr(),
+                ne: [blocks, m, 1, 1],
+                nb: [info.block_bytes, row, row * m, row * m],
+            },
+            x: Operand {
+                ptr: x.as_ptr() as *const u8,
+                ne: [k, 1, 1, 1],
+                nb: [4, 4 * k, 4 * k, 4 * k],
+            },
+            out: out.as_mut_ptr() as *mut u8,
+            out_nb: [4, 4 * m, 4 * m, 4 * m],
+            llamafile: true,
+        }
+    }
+
+    /// Clients' single-row products over equal weights computed together give each client the
+    /// bits its own step gives, for every type, at any number of clients (more than one call's
+    /// worth of rows included) and thread count.
+    #[test]
+    fn joint_rows_keep_each_steps_bits() {
+        for &t in &TYPES {
+            let (m, k) = (36, 512);
+            let info = matmul::type_info(t).unwrap();
+            let row = k / info.block * info.block_bytes;
+            let w = weights(t, m, k, 40 + t as u64);
+            for n in [2usize, 3, 7, 9] {
+                let copies: Vec<Vec<u8>> = (0..n).map(|_| w.clone()).collect();
+                let xs: Vec<Vec<f32>> = (0..n).map(|c| noise(90 + c as u64, k)).collect();
+                let mut alone = vec![vec![0.0f32; m]; n];
+                let mut joint = vec![vec![0.0f32; m]; n];
+                for c in 0..n {
+                    let s = step(t, &copies[c], row, m, k, &xs[c], &mut alone[c]);
+                    assert!(s.single_row());
+                    unsafe { s.run(2) };
+                }
+                for threads in [1, 2] {
+                    let steps: Vec<MulMat> = joint
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(c, out)| step(t, &copies[c], row, m, k, &xs[c], out))
+                        .collect();
+                    assert!(steps.iter().all(|s| s.same_layout(&steps[0])));
+                    let refs: Vec<&MulMat> = steps.iter().collect();
+                    unsafe { run_joint(&refs, threads) };
+                    for c in 0..n {
+                        let (a, b): (Vec<u32>, Vec<u32>) = (
+                            alone[c].iter().map(|v| v.to_bits()).collect(),
+                            joint[c].iter().map(|v| v.to_bits()).collect(),
+                        );
+                        assert_eq!(a, b, "type {t}, {n} clients, client {c}, {threads} threads");
+                    }
+                }
+            }
         }
     }
 }

@@ -25,8 +25,10 @@ fn matrix_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize)> {
 /// `out[n, m] = Σ_k w[m, k] · x[n, k]` for weights of ggml type `type_id` (rows `row_stride`
 /// bytes apart, in block form) against float32 activations converted like ggml's CPU backend
 /// (quantized to the type's vec_dot type); weight rows split over `threads` threads.
+/// `each_row`: every activation row by the single-row kernels (`matmul::matmul_each_row`, the
+/// joint decode of several clients), `llamafile` ignored.
 #[pyfunction]
-#[pyo3(signature = (type_id, w, row_stride, x, out, threads = 1, llamafile = false))]
+#[pyo3(signature = (type_id, w, row_stride, x, out, threads = 1, llamafile = false, each_row = false))]
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_quant(
     py: Python<'_>,
@@ -37,6 +39,7 @@ pub fn matmul_quant(
     out: &Bound<'_, PyAny>,
     threads: usize,
     llamafile: bool,
+    each_row: bool,
 ) -> PyResult<()> {
     let w = ByteView::new(w)?;
     let x = PyBuffer::<f32>::get(x)?;
@@ -59,9 +62,13 @@ pub fn matmul_quant(
     // the weight buffer during the call; `w` keeps the export (and the memory) alive.
     let wb = unsafe { w.raw_slice() };
     py.detach(|| {
-        matmul::matmul_quant(
-            type_id, wb, row_stride, m, k, &xs, &mut res, threads, llamafile,
-        )
+        if each_row {
+            matmul::matmul_each_row(type_id, wb, row_stride, m, k, &xs, &mut res, threads)
+        } else {
+            matmul::matmul_quant(
+                type_id, wb, row_stride, m, k, &xs, &mut res, threads, llamafile,
+            )
+        }
     })
     .map_err(|e| PyValueError::new_err(e.reason))?;
     out.copy_from_slice(py, &res)

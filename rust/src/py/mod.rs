@@ -68,6 +68,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::fma_flops, m)?)?;
     m.add_class::<native_ops::NativeStep>()?;
     m.add_function(wrap_pyfunction!(native_ops::run_steps, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::run_joint, m)?)?;
+    m.add_function(wrap_pyfunction!(native_ops::same_weights, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::pool_rest, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::native_ops_portable, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::flash_attn_ext_step, m)?)?;

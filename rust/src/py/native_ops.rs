@@ -82,6 +82,96 @@ pub fn run_steps(py: Python<'_>, steps: Vec<Py<NativeStep>>) -> PyResult<()> {
     }
 }
 
+impl NativeStep {
+    /// The product when this step is a decode-shaped MUL_MAT (see [`MulMat::single_row`]).
+    fn single_row_mul_mat(&self) -> Option<&MulMat> {
+        match &self.kernel {
+            Kernel::MulMat(mm) if mm.single_row() => Some(mm),
+            _ => None,
+        }
+    }
+}
+
+/// Whether steps `a` and `b` are decode-shaped MUL_MATs of the same layout whose weight
+/// matrices hold the same bytes now (compared with the interpreter detached).
+#[pyfunction]
+pub fn same_weights(py: Python<'_>, a: Py<NativeStep>, b: Py<NativeStep>) -> bool {
+    let (Some(x), Some(y)) = (a.get().single_row_mul_mat(), b.get().single_row_mul_mat()) else {
+        return false;
+    };
+    if !x.same_layout(y) {
+        return false;
+    }
+    // SAFETY: both steps hold exports of their buffers, checked at build
+    py.detach(|| unsafe { x.weight_bytes() == y.weight_bytes() })
+}
+
+/// Run several plans' native steps (lists of equal length, from different clients) together:
+/// step `i` of each plan after step `i - 1` of it, and at each index in `joint` the plans'
+/// MUL_MATs as one product (`matmul_step::run_joint`). The caller vouches, via
+/// [`same_weights`] on data no step writes, that the weights at those indices are equal.
+/// Returns per plan whether it ran to the end (a plan stops at a step with an out-of-range row
+/// index, the others go on).
+#[pyfunction]
+pub fn run_joint(
+    py: Python<'_>,
+    plans: Vec<Vec<Py<NativeStep>>>,
+    joint: Vec<usize>,
+) -> PyResult<Vec<bool>> {
+    let len = plans.first().map_or(0, Vec::len);
+    if plans.iter().any(|p| p.len() != len) {
+        return Err(PyValueError::new_err("run_joint: plans differ in length"));
+    }
+    let plans: Vec<Vec<&NativeStep>> = plans
+        .iter()
+        .map(|p| p.iter().map(|s| s.get()).collect())
+        .collect();
+    let mut at_joint = vec![false; len];
+    for i in joint {
+        if i >= len {
+            return Err(PyValueError::new_err("run_joint: joint index out of range"));
+        }
+        at_joint[i] = true;
+    }
+    Ok(py.detach(|| {
+        let mut ok = vec![true; plans.len()];
+        for i in 0..len {
+            if at_joint[i] && joint_step(&plans, &ok, i) {
+                continue;
+            }
+            for (c, plan) in plans.iter().enumerate() {
+                if ok[c] && !plan[i].run() {
+                    ok[c] = false;
+                }
+            }
+        }
+        ok
+    }))
+}
+
+/// Step `i` of the live plans as one product; false (nothing run) unless every one is a
+/// single-row MUL_MAT of the first one's layout.
+fn joint_step(plans: &[Vec<&NativeStep>], ok: &[bool], i: usize) -> bool {
+    let live: Vec<&NativeStep> = plans
+        .iter()
+        .zip(ok)
+        .filter(|(_, ok)| **ok)
+        .map(|(p, _)| p[i])
+        .collect();
+    let mms: Option<Vec<&MulMat>> = live.iter().map(|s| s.single_row_mul_mat()).collect();
+    let Some(mms) = mms else { return false };
+    let Some(first) = mms.first() else {
+        return true;
+    };
+    if !mms.iter().all(|mm| mm.same_layout(first)) {
+        return false;
+    }
+    // SAFETY: each step's operands were checked at build and are held by it; the caller of
+    // run_joint vouched for the weights being equal
+    unsafe { crate::kernels::matmul_step::run_joint(&mms, live[0].threads) };
+    true
+}
+
 /// Park the kernel pool's spinning workers now (a plan is done; see `pool::rest`).
 #[pyfunction]
 pub fn pool_rest() {

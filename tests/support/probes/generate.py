@@ -6,9 +6,11 @@ Runs under the reference env::
               "--tokens", "1,5,9,300", "--out", out_dir)
 
 ``--endpoint local`` runs the same evaluation on the local CPU backend (the baseline to compare
-against). ``--endpoint A,B`` uses several RPC servers at once (one device each, layers split
-between them by their free memory, or by ``--tensor-split 1,1``; ``--split-mode tensor`` splits
-every weight across two servers instead, which needs ``--flash-attn 1``). The model is loaded with
+against). ``--barrier DIR --barrier-n N``: start evaluating only when N probes are ready
+(clients that share a server at once). ``--endpoint A,B`` uses several RPC servers at once (one
+device each, layers split between them by their free memory, or by ``--tensor-split 1,1``;
+``--split-mode tensor`` splits every weight across two servers instead, which needs
+``--flash-attn 1``). The model is loaded with
 ``n_gpu_layers`` (default 999: all layers and the output head) on the RPC device(s); the KV
 cache follows (``offload_kqv``). Tokens are evaluated teacher-forced, logits requested for every
 position: the first ``--prefill`` tokens (default: all) as one ``llama_decode`` batch, the
@@ -73,8 +75,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--pooling", choices=sorted(POOLING), default=None, help="embeddings instead of logits"
     )
+    parser.add_argument(
+        "--barrier",
+        default=None,
+        help="directory: evaluate only once --barrier-n probes have written a ready file there",
+    )
+    parser.add_argument("--barrier-n", type=int, default=1)
     parser.add_argument("--verbose", action="store_true", help="keep llama.cpp's log output")
     return parser.parse_args(argv)
+
+
+def wait_barrier(directory: str, n: int, timeout: float = 120.0) -> None:
+    """Several probes start evaluating together (clients sharing a server at once)."""
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, f"ready-{os.getpid()}"), "w").close()
+    deadline = time.monotonic() + timeout
+    while sum(name.startswith("ready-") for name in os.listdir(directory)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {directory}: fewer than {n} probes ready")
+        time.sleep(0.005)
 
 
 def main(argv: list[str]) -> int:
@@ -151,6 +170,8 @@ def main(argv: list[str]) -> int:
     chunks = [tokens[:prefill]] if prefill else []
     chunks += [[t] for t in tokens[prefill:]]
     rows = []
+    if args.barrier:
+        wait_barrier(args.barrier, args.barrier_n)
     t0 = time.perf_counter()
     pos = 0
     for chunk in chunks:
