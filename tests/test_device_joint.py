@@ -7,11 +7,13 @@ so what joins is decided, not raced."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from rpcnet import _native
+from rpcnet.compute import device as device_module
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.device import Device, OwnedPlan, cpu_device
 from rpcnet.compute.graph import Plan
@@ -185,3 +187,38 @@ def test_a_failed_plan_fails_alone(device: Device):
     fb.result(10)
     assert device.joint_runs == 1
     assert b.results() == expected
+
+
+def test_the_worker_waits_for_a_client_whose_step_is_due(
+    device: Device, monkeypatch: pytest.MonkeyPatch
+):
+    """A client that decoded with the head's weights a moment ago has its next step on the way:
+    the worker holds the head back (up to the wait) so both run as one."""
+    monkeypatch.setattr(device_module, "JOIN_WAIT_SECONDS", 2.0)
+    first, second = q8_0_weights(1), q8_0_weights(2)
+    a, b = Client(device, first, second, 70), Client(device, first, second, 71)
+    expected = [a.alone(), b.alone()]
+    run_queued(device, [OwnedPlan(a.plan, owner=a), OwnedPlan(b.plan, owner=b)])
+    assert device.joint_runs == 1
+    a.plan.last_seconds = b.plan.last_seconds = 100.0  # the wait's share: not the limit
+    fa = device.submit(OwnedPlan(a.plan, owner=a))
+    time.sleep(0.05)
+    assert not fa.done()  # held back for b
+    device.submit(OwnedPlan(b.plan, owner=b)).result(5)
+    fa.result(5)
+    assert device.joint_runs == 2
+    assert [a.results(), b.results()] == expected
+
+
+def test_a_client_with_other_weights_is_not_waited_for(
+    device: Device, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(device_module, "JOIN_WAIT_SECONDS", 2.0)
+    a = Client(device, q8_0_weights(1), q8_0_weights(2), 80)
+    b = Client(device, q8_0_weights(3), q8_0_weights(4), 81)  # another model
+    run_queued(device, [OwnedPlan(a.plan, owner=a), OwnedPlan(b.plan, owner=b)])
+    assert device.joint_runs == 0
+    a.plan.last_seconds = 100.0
+    started = time.monotonic()
+    device.submit(OwnedPlan(a.plan, owner=a)).result(5)
+    assert time.monotonic() - started < 1.0  # b decoded just now, but could never join

@@ -149,6 +149,9 @@ def test_metrics_and_status_follow_a_real_client(tmp_path, tiny_model):
         # All buffers were released when the client left.
         assert m[("rpcnet_device_memory_held_bytes", (("device", "CPU"),))] == 0
         assert m[("rpcnet_device_memory_capacity_bytes", (("device", "CPU"),))] == 2 << 30
+        # one client: no decode step ran joined with another's
+        assert m[("rpcnet_joint_runs_total", (("device", "CPU"),))] == 0
+        assert m[("rpcnet_joint_plans_total", (("device", "CPU"),))] == 0
         assert not [k for k in m if k[0] == "rpcnet_client_buffer_bytes"]
 
         table = subprocess.run(

@@ -6,6 +6,7 @@ import functools
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -105,7 +106,8 @@ class Device:
         self._jobs: deque[_Job] = deque()
         self._closing = False
         self._recent_owners: dict[int, float] = {}  # id(owner) -> when it last launched a plan
-        self._joiners: dict[int, float] = {}  # id(owner) -> when it last launched a joinable plan
+        # id(owner) -> (when it last launched a joinable plan, that plan): whose step is due
+        self._joiners: dict[int, tuple[float, weakref.ref[Any]]] = {}
         self.joint_index = joint.JointIndex()
         self.joint_runs = 0  # joint runs so far, and the plans they ran (for tests and metrics)
         self.joint_plans = 0
@@ -169,8 +171,9 @@ class Device:
                 raise RuntimeError(f"device {self.name} is shut down")
             self._queued += 1
             self._jobs.append(job)
-            if job.plan is not None and job.owner is not None:
-                self._joiners[id(job.owner)] = time.monotonic()
+            plan = job.plan
+            if plan is not None and job.owner is not None:
+                self._joiners[id(job.owner)] = (time.monotonic(), weakref.ref(plan.plan))
             self._wakeup.notify()
         return job.future
 
@@ -220,7 +223,7 @@ class Device:
         )
         while True:
             self._join_queued(batch)
-            missing = self._missing_joiners(batch)
+            missing = self._missing_joiners(batch, plan.plan)
             left = deadline - time.monotonic()
             if not missing or left <= 0 or len(batch) >= MAX_JOINT_PLANS or self._closing:
                 return batch
@@ -248,15 +251,16 @@ class Device:
                 self._jobs.remove(job)
                 batch.append(job)
 
-    def _missing_joiners(self, batch: list[_Job]) -> bool:
-        """Whether a client outside `batch` with nothing queued launched a joinable plan within
-        the shared window (its next step is likely on its way)."""
+    def _missing_joiners(self, batch: list[_Job], head: Any) -> bool:
+        """Whether a client outside `batch` with nothing queued launched, within the shared
+        window, a plan that could have joined `head` (its next step is likely on its way)."""
         now = time.monotonic()
         inside = {id(job.owner) for job in (*batch, *self._jobs)}
-        for key, at in list(self._joiners.items()):
-            if now - at > SHARED_WINDOW_SECONDS:
+        for key, (at, ref) in list(self._joiners.items()):
+            last = ref()
+            if now - at > SHARED_WINDOW_SECONDS or last is None:
                 del self._joiners[key]
-            elif key not in inside:
+            elif key not in inside and self.joint_index.shared(head, last):
                 return True
         return False
 

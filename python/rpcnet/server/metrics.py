@@ -163,6 +163,16 @@ class ServerCollector:
         scratch = GaugeMetricFamily(
             "rpcnet_scratch_bytes", "Compute scratch memory held", labels=["device"]
         )
+        joint_runs = CounterMetricFamily(
+            "rpcnet_joint_runs",
+            "Decode passes that ran several clients' steps over one read of equal weights",
+            labels=["device"],
+        )
+        joint_plans = CounterMetricFamily(
+            "rpcnet_joint_plans",
+            "Client decode steps that ran inside joint passes",
+            labels=["device"],
+        )
         for dev in self.server.devices:
             mem = dev.memory
             fams["held"].add_metric([dev.name], mem.held)
@@ -170,9 +180,13 @@ class ServerCollector:
             fams["free"].add_metric([dev.name], mem.free)
             derived.add_metric([dev.name], dev.derived.held)
             scratch.add_metric([dev.name], _scratch_bytes(dev))
+            joint_runs.add_metric([dev.name], dev.joint_runs)
+            joint_plans.add_metric([dev.name], dev.joint_plans)
         yield from fams.values()
         yield derived
         yield scratch
+        yield joint_runs
+        yield joint_plans
 
     def _clients(self) -> Iterator[Any]:
         held = GaugeMetricFamily(
