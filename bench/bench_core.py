@@ -1,6 +1,7 @@
 """Core transport benchmark: rpcnet vs the REAL reference rpc-server, same run, printed as ratios.
 
-Measures SET_TENSOR and GET_TENSOR throughput (1 MiB, 64 MiB, 512 MiB), the median round trip of
+Measures, in rounds where the two servers take turns (medians reported), SET_TENSOR and
+GET_TENSOR throughput (1 MiB, 64 MiB, 512 MiB), the median round trip of
 a small command, FNV-1a GB/s next to a C loop, and the load time of a real llama.cpp client for a
 model with > 10 MiB tensors, without and with a warm hash cache.
 
@@ -11,6 +12,7 @@ Needs the reference env (tools/refenv.sh). Both servers run as separate processe
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -71,6 +74,22 @@ def transfer_rates(port: int, size: int, reps: int) -> tuple[float, float]:
         conn.close()
 
 
+def interleaved(
+    measure: Callable[[int], tuple[float, ...]], ports: tuple[int, int], rounds: int
+) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+    """`measure(port)` of the reference and rpcnet in `rounds` rounds, who goes first alternating:
+    a drift of the shared host's speed hits both sides alike."""
+    out: tuple[list[tuple[float, ...]], list[tuple[float, ...]]] = ([], [])
+    for r in range(rounds):
+        for side in (0, 1) if r % 2 == 0 else (1, 0):
+            out[side].append(measure(ports[side]))
+    return out
+
+
+def median_of(values: list[tuple[float, ...]], i: int) -> float:
+    return statistics.median(v[i] for v in values)
+
+
 def round_trip_us(port: int, n: int) -> float:
     conn = RawConn(port)
     try:
@@ -112,10 +131,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer reps")
     parser.add_argument("--out", type=Path, help="write a markdown table here")
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="rounds, the servers taking turns (default 5)"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     sizes = [1 * MiB, 64 * MiB] + ([] if args.quick else [512 * MiB])
     reps = 3 if args.quick else 5
+    rounds = args.rounds or (3 if args.quick else 5)
     rows: list[tuple[str, float, float, str]] = []
     tmp = Path(tempfile.mkdtemp(prefix="rpcnet-bench-"))
     try:
@@ -123,17 +146,20 @@ def main() -> int:
         ref = start_reference(ref_port, tmp / "ref-cache")
         ours = start_rpcnet(our_port, tmp / "our-cache")
         try:
+            ports = (ref_port, our_port)
             for size in sizes:
-                r_set, r_get = transfer_rates(ref_port, size, reps)
-                o_set, o_get = transfer_rates(our_port, size, reps)
-                rows.append((f"SET_TENSOR {size // MiB} MiB (GB/s)", r_set, o_set, "higher"))
-                rows.append((f"GET_TENSOR {size // MiB} MiB (GB/s)", r_get, o_get, "higher"))
-            n = 500 if args.quick else 3000
+                rates = functools.partial(transfer_rates, size=size, reps=reps)
+                ref_v, our_v = interleaved(rates, ports, rounds)
+                for i, what in enumerate(("SET", "GET")):
+                    name = f"{what}_TENSOR {size // MiB} MiB (GB/s)"
+                    rows.append((name, median_of(ref_v, i), median_of(our_v, i), "higher"))
+            n = (500 if args.quick else 3000) // rounds
+            ref_v, our_v = interleaved(lambda port: (round_trip_us(port, n),), ports, rounds)
             rows.append(
                 (
                     "round trip GET_ALIGNMENT (µs, median)",
-                    round_trip_us(ref_port, n),
-                    round_trip_us(our_port, n),
+                    median_of(ref_v, 0),
+                    median_of(our_v, 0),
                     "lower",
                 )
             )
@@ -150,20 +176,20 @@ def main() -> int:
                 n_ff=2816,
                 dtype="f32",
             )
-            for label, warm in (("cold cache", False), ("warm cache", True)):
-                if not warm:
-                    shutil.rmtree(tmp / "ref-cache", ignore_errors=True)
-                    shutil.rmtree(tmp / "our-cache", ignore_errors=True)
-                    (tmp / "ref-cache").mkdir()
-                    (tmp / "our-cache").mkdir()
-                rows.append(
-                    (
-                        f"real client model load, {label} (s)",
-                        model_load(model, f"127.0.0.1:{ref_port}"),
-                        model_load(model, f"127.0.0.1:{our_port}"),
-                        "lower",
-                    )
-                )
+            loads: dict[str, tuple[list[float], list[float]]] = {"cold": ([], []), "warm": ([], [])}
+            for r in range(rounds):
+                shutil.rmtree(tmp / "ref-cache", ignore_errors=True)
+                shutil.rmtree(tmp / "our-cache", ignore_errors=True)
+                (tmp / "ref-cache").mkdir()
+                (tmp / "our-cache").mkdir()
+                for label in ("cold", "warm"):
+                    order = (0, 1) if r % 2 == 0 else (1, 0)  # who goes first alternates
+                    for side in order:
+                        endpoint = f"127.0.0.1:{ports[side]}"
+                        loads[label][side].append(model_load(model, endpoint))
+            for label, (ref_s, our_s) in loads.items():
+                name = f"real client model load, {label} cache (s)"
+                rows.append((name, statistics.median(ref_s), statistics.median(our_s), "lower"))
         finally:
             refenv.stop_process(ref)
             ours.terminate()
