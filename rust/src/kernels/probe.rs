@@ -41,7 +41,8 @@ mod tests {
     #[test]
     fn fma_probe_counts_something() {
         if let Some(f) = super::fma_flops(1_000_000) {
-            assert!(f > 1e9, "{f}");
+            // loose: CI runs this unoptimized (debug), where a slow 2-core VM measured 0.9e9
+            assert!(f.is_finite() && f > 1e7, "{f}");
         }
     }
 }
