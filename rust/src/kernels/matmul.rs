@@ -766,6 +766,24 @@ pub fn matmul_converted(
     Ok(())
 }
 
+/// The type's info and its row bytes, once the sizes are checked ([`check`]).
+fn checked(
+    type_id: u32,
+    w: &[u8],
+    row_stride: usize,
+    m: usize,
+    k: usize,
+    x_len: usize,
+    out_len: usize,
+) -> Result<(TypeInfo, usize), KernelError> {
+    let info = type_info(type_id)
+        .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
+    Ok((
+        info,
+        check(info, w.len(), row_stride, m, k, x_len, out_len)?,
+    ))
+}
+
 /// [`matmul_converted`] from float32 activations `x` (`n × k` row-major), converted here.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_quant(
@@ -779,9 +797,7 @@ pub fn matmul_quant(
     threads: usize,
     llamafile: bool,
 ) -> Result<(), KernelError> {
-    let info = type_info(type_id)
-        .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
-    let row_bytes = check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
+    let (info, row_bytes) = checked(type_id, w, row_stride, m, k, x.len(), out.len())?;
     let n = x.len() / k.max(1);
     let plan = rows_for(type_id, m, n, llamafile);
     if plan.layout == Layout::Widened && m > 0 && n > 0 {
@@ -809,9 +825,7 @@ pub fn matmul_each_row(
     out: &mut [f32],
     threads: usize,
 ) -> Result<(), KernelError> {
-    let info = type_info(type_id)
-        .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
-    let row_bytes = check(info, w.len(), row_stride, m, k, x.len(), out.len())?;
+    let (info, row_bytes) = checked(type_id, w, row_stride, m, k, x.len(), out.len())?;
     if m == 0 || x.is_empty() {
         return Ok(());
     }
