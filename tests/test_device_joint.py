@@ -222,3 +222,39 @@ def test_a_client_with_other_weights_is_not_waited_for(
     started = time.monotonic()
     device.submit(OwnedPlan(a.plan, owner=a)).result(5)
     assert time.monotonic() - started < 1.0  # b decoded just now, but could never join
+
+
+def test_a_first_comparison_does_not_hold_up_submit(
+    device: Device, monkeypatch: pytest.MonkeyPatch
+):
+    """The first comparison of two clients' weights reads both models (0.1-0.3 s at real
+    sizes): the worker makes it with the queue unlocked, so a submit meanwhile (the event
+    loop's) returns at once, and the plans still run as one."""
+    first, second = q8_0_weights(1), q8_0_weights(2)
+    a, b = Client(device, first, second, 90), Client(device, first, second, 91)
+    expected = [a.alone(), b.alone()]
+    comparing, submitted = threading.Event(), threading.Event()
+    real = _native.same_weights
+
+    def slow_same(x: object, y: object) -> bool:
+        comparing.set()
+        submitted.wait(5)  # until the submit below returned (5 s if it cannot)
+        return bool(real(x, y))
+
+    monkeypatch.setattr(_native, "same_weights", slow_same)
+    release, started = threading.Event(), threading.Event()
+    device.submit(lambda: (started.set(), release.wait(5)))
+    assert started.wait(5)
+    fa = device.submit(OwnedPlan(a.plan, owner=a))
+    fb = device.submit(OwnedPlan(b.plan, owner=b))
+    release.set()
+    assert comparing.wait(5)
+    t0 = time.monotonic()
+    later = device.submit(lambda: None)
+    waited = time.monotonic() - t0
+    submitted.set()
+    for f in (fa, fb, later):
+        f.result(10)
+    assert waited < 1.0
+    assert (device.joint_runs, device.joint_plans) == (1, 2)
+    assert [a.results(), b.results()] == expected

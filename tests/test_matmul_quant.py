@@ -172,6 +172,29 @@ def test_portable_and_simd_builds_agree_bitwise(name, real_weights):
         _native.set_portable_kernels(False)
 
 
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_each_row_keeps_every_rows_single_row_bits(name, real_weights):
+    """`each_row` (what a joint decode pass runs: several clients' rows over weights read once)
+    gives every row the bits of its own single-row product, for every type, on both builds."""
+    type_id = TYPES[name]
+    rng = np.random.default_rng(7)
+    try:
+        for portable in (False, True):
+            _native.set_portable_kernels(portable)
+            for k in k_values(type_id):
+                _, wq = real_weights[(type_id, k)]
+                x = (rng.standard_normal((5, k)) * rng.uniform(0.1, 10, (5, 1))).astype(np.float32)
+                together = np.full((5, M), np.nan, np.float32)
+                _native.matmul_quant(type_id, wq, wq.shape[1], x, together, 2, False, True)
+                alone = np.concatenate(
+                    [run_kernel(type_id, wq, wq.shape[1], x[r : r + 1]) for r in range(5)]
+                )
+                assert np.array_equal(together.view(np.uint32), alone.view(np.uint32)), (name, k)
+                assert np.isfinite(alone).all() and len(np.unique(alone)) > M  # not vacuous
+    finally:
+        _native.set_portable_kernels(False)
+
+
 # ---- the reference rpc-server ----------------------------------------------------------------
 
 # ggml's MUL_MAT at N >= 8 runs its tiled kernel for the K-quants and IQ4_XS, at N >= 2

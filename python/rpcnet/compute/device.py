@@ -222,12 +222,32 @@ class Device:
             JOIN_WAIT_SECONDS, JOIN_WAIT_SHARE * (plan.plan.last_seconds or 0.0)
         )
         while True:
+            self._compare_unlocked(plan.plan)
             self._join_queued(batch)
             missing = self._missing_joiners(batch, plan.plan)
             left = deadline - time.monotonic()
             if not missing or left <= 0 or len(batch) >= MAX_JOINT_PLANS or self._closing:
                 return batch
             self._wakeup.wait(left)
+
+    def _compare_unlocked(self, head: Any) -> None:
+        """Compare the weight bytes of `head` and of every queued or due joinable plan that the
+        index has not compared yet, with the queue unlocked: the first comparison of two
+        clients' models reads both (0.1-0.3 s), and `submit` on the event loop must not wait
+        for it. Called with the lock held; returns with it held. Plans that arrive meanwhile
+        are compared on a later pass (until then they do not join)."""
+        queued = [job.plan.plan for job in self._jobs if job.plan is not None]
+        due = [ref() for _, ref in self._joiners.values()]
+        index = self.joint_index
+        todo = [p for p in (*queued, *due) if p is not None and index.pending(head, p)]
+        if not todo:
+            return
+        self._wakeup.release()
+        try:
+            for other in todo:
+                index.shared(head, other)
+        finally:
+            self._wakeup.acquire()
 
     def _join_queued(self, batch: list[_Job]) -> None:
         """Move queued plans that can join `batch` into it: each its owner's next job (so no
@@ -247,7 +267,7 @@ class Device:
             plan = job.plan
             if not first_of_owner or plan is None or job.future.cancelled():
                 continue
-            if self.joint_index.shared(head.plan, plan.plan):
+            if self.joint_index.shared(head.plan, plan.plan, compare=False):
                 self._jobs.remove(job)
                 batch.append(job)
 
@@ -260,7 +280,7 @@ class Device:
             last = ref()
             if now - at > SHARED_WINDOW_SECONDS or last is None:
                 del self._joiners[key]
-            elif key not in inside and self.joint_index.shared(head, last):
+            elif key not in inside and self.joint_index.shared(head, last, compare=False):
                 return True
         return False
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.joint import JointForm, WeightSite
 from rpcnet.compute.kernels import registry
 from rpcnet.compute.ops import VIEW_OPS, Op, op_name
+from rpcnet.compute.plan_run import plan_run
 from rpcnet.compute.tensor import Tensor
 
 # (wire tensor) -> (buffer or None, byte offset in it); raises for invalid tensors.
@@ -81,16 +81,12 @@ class Plan:
             self.scratch.release()
 
     def run(self) -> None:
-        for buf in self.written:
-            buf.touched()  # derived caches of these buffers are stale from here on
-        started = time.perf_counter()
-        if profile.enabled():
-            profile.timed_plan(self.steps)
-        else:
-            for step in self.steps:
-                step()
-        _native.pool_rest()  # no kernel follows soon: the cores go to the response and client
-        self.last_seconds = time.perf_counter() - started
+        with plan_run((self,)):
+            if profile.enabled():
+                profile.timed_plan(self.steps)
+            else:
+                for step in self.steps:
+                    step()
 
     def __call__(self) -> None:
         self.run()
