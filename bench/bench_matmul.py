@@ -1,7 +1,8 @@
 """Native MUL_MAT (`_native.matmul_quant`), every weight type: decode GB/s, prefill GFLOP/s.
 
 Decode (N = 1): weight bytes read per second, against the host's measured read bandwidth (a
-NumPy reduction over 512 MiB). Prefill (N = 64, 256): 2·M·K·N / time. Weights are random block
+NumPy reduction over 512 MiB). Prefill (N = 64, 256): 2·M·K·N / time, in the order ggml's
+MUL_MAT uses for that many rows (llamafile's for the float types). Weights are random block
 bytes with sane f16 scales (timing does not depend on the values).
 
 Usage: PYTHONPATH=python python bench/bench_matmul.py [--threads 2] [--types q8_0,q4_K]
@@ -70,9 +71,11 @@ def main() -> None:
             w = weights(t, m, k, rng)
             x = rng.standard_normal((n, k), dtype=np.float32)
             out = np.empty((n, m), np.float32)
+            # N >= 2 in ggml's order, as a client's MUL_MAT runs (llamafile's tinyBLAS for the
+            # float types and IQ4_NL; without it the float types take the vec_dot rows)
             s = best_s(
-                lambda t=t, w=w, x=x, out=out: _native.matmul_quant(
-                    t, w, w.shape[1], x, out, args.threads
+                lambda t=t, w=w, x=x, out=out, n=n: _native.matmul_quant(
+                    t, w, w.shape[1], x, out, args.threads, n >= 2
                 ),
                 args.repeat if n == 1 else max(1, args.repeat // 2),
             )

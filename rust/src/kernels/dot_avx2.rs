@@ -343,20 +343,58 @@ pub unsafe fn f16(w: &[u8], x: &[u8], k: usize) -> f32 {
         }
         i += 32;
     }
-    f16_finish(&s, wp, xp, np, k)
+    f16_finish(&s, np, k, |i| {
+        (f16_at(wp.add(2 * i)), f16_at(xp.add(2 * i)))
+    })
+}
+
+/// [`f16`] with the activations already widened to f32 (`x`: `k` f32 values as bytes, read
+/// unaligned): one conversion per 8 values instead of two, the same FMAs, sums and tail (the
+/// same bits; see [`super::f16_rows`]).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_wide(w: &[u8], x: &[u8], k: usize) -> f32 {
+    assert!(w.len() >= 2 * k && x.len() >= 4 * k);
+    let (wp, xp) = (w.as_ptr(), x.as_ptr() as *const f32);
+    let np = k & !31;
+    let mut s = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    let pf = prefetch_f16_rows();
+    while i < np {
+        if pf {
+            prefetch_ahead(wp.add(2 * i));
+        }
+        for (j, sj) in s.iter_mut().enumerate() {
+            let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * j)) as *const __m128i));
+            let b = _mm256_loadu_ps(xp.add(i + 8 * j));
+            *sj = _mm256_fmadd_ps(a, b, *sj);
+        }
+        i += 32;
+    }
+    f16_finish(&s, np, k, |i| {
+        (f16_at(wp.add(2 * i)), xp.add(i).read_unaligned())
+    })
 }
 
 /// ggml_vec_dot_f16's end: the four accumulators reduced, then the elements from `np` to `k`
-/// added one by one in f64.
+/// (`at(i)`: weight and activation) multiplied in f32 and added one by one in f64.
 #[inline(always)]
-unsafe fn f16_finish(s: &[__m256; 4], wp: *const u8, xp: *const u8, np: usize, k: usize) -> f32 {
+unsafe fn f16_finish(
+    s: &[__m256; 4],
+    np: usize,
+    k: usize,
+    at: impl Fn(usize) -> (f32, f32),
+) -> f32 {
     let r = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
     let mut a = [0.0f32; 8];
     _mm256_storeu_ps(a.as_mut_ptr(), r);
     let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
     let mut sumf = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
     for i in np..k {
-        sumf += (f16_at(wp.add(2 * i)) * f16_at(xp.add(2 * i))) as f64;
+        let (wv, xv) = at(i);
+        sumf += (wv * xv) as f64;
     }
     sumf as f32
 }
@@ -386,7 +424,11 @@ pub unsafe fn f16x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
         }
         i += 32;
     }
-    [0, 1].map(|r| f16_finish(&s[r], wp, xp[r], np, k))
+    [0, 1].map(|r| {
+        f16_finish(&s[r], np, k, |i| {
+            (f16_at(wp.add(2 * i)), f16_at(xp[r].add(2 * i)))
+        })
+    })
 }
 
 /// [`f16x2`] twice (four activation rows; sixteen accumulators would not fit the registers).

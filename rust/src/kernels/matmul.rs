@@ -645,6 +645,8 @@ pub(crate) enum Layout {
     Q4kPaired,
     /// Laid out for [`gemm_q8`]'s tiles ([`gemm_q8::pack`]); true: its AVX-512 VNNI ones.
     Q8Tiles(bool),
+    /// f16 rows widened to f32 for [`super::f16_rows`] ([`super::f16_rows::widen`]).
+    F16Wide,
 }
 
 /// How one matmul runs, chosen once by [`rows_for`].
@@ -701,6 +703,9 @@ fn rows_and_layout(type_id: u32, m: usize, n: usize, llamafile: bool) -> (RowsFn
     if !gemm && super::q4k_paired::serves(type_id, n) {
         let f = rows_fn::<super::q4k_paired::Q4KPaired>();
         return (f, false, Layout::Q4kPaired);
+    }
+    if !gemm && type_id == 1 && super::f16_rows::serves() {
+        return (super::f16_rows::rows, false, Layout::F16Wide);
     }
     let layout = if gemm && gemm_kquant::serves(type_id) {
         Layout::KquantLanes
@@ -759,6 +764,10 @@ pub fn matmul_converted(
         }
         Layout::Q4kPaired => {
             prepared = super::q4k_paired::pack(act, k);
+            &prepared
+        }
+        Layout::F16Wide => {
+            prepared = super::f16_rows::widen(act, k);
             &prepared
         }
     };

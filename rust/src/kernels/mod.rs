@@ -17,6 +17,7 @@ pub mod dot;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_avx2;
 pub mod expf8;
+pub mod f16_rows;
 pub mod f16vec;
 pub mod flash_attn;
 pub mod gemm_float;

@@ -1,0 +1,108 @@
+//! f16 weights against one or a few activation rows (decode), in `ggml_vec_dot_f16`'s order,
+//! with the activations widened to f32 once per call. ggml converts both operands
+//! (`vcvtph2ps`) at every step of every weight row; the widened activation is the same value,
+//! so every FMA and the final sum keep their bits, and a weight row costs one conversion per 8
+//! values instead of two. On an AVX2-only Zen 3 VM, where one 8-lane conversion takes several
+//! cycles, f16 decode was bound by the conversions rather than by memory.
+
+use super::matmul::{simd_active, Converted};
+
+/// Whether the widened rows serve f16 vec_dot products on this CPU (the portable build keeps
+/// the f16 rows and the row dots).
+pub fn serves() -> bool {
+    cfg!(target_arch = "x86_64") && simd_active()
+}
+
+/// The f16 activation rows of `act` (`k` values each) widened to f32 rows (exact).
+pub fn widen(act: &Converted, k: usize) -> Converted {
+    let mut data = vec![0u8; act.rows * k * 4];
+    let mut half = vec![0u16; k];
+    let mut wide = vec![0.0f32; k];
+    for (r, dst) in data.chunks_exact_mut(k * 4).enumerate() {
+        for (h, b) in half.iter_mut().zip(act.row(r).chunks_exact(2)) {
+            *h = u16::from_le_bytes([b[0], b[1]]);
+        }
+        super::f16vec::f16_row_to_f32(&half, &mut wide);
+        for (d, v) in dst.chunks_exact_mut(4).zip(&wide) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    Converted {
+        data,
+        row_bytes: k * 4,
+        rows: act.rows,
+    }
+}
+
+/// The rows function ([`super::matmul::RowsFn`]) over [`widen`]ed activations: weight rows
+/// `first..first + out.len() / n`, `out[(i - first) * n + r]`; each weight row is met by every
+/// activation row while it is in L1.
+pub fn rows(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+    _gemm: bool,
+) {
+    let n = act.rows;
+    assert!(act.row_bytes == k * 4 && act.data.len() >= n * k * 4);
+    assert!(serves(), "f16_rows needs AVX2, FMA and F16C");
+    if n == 0 {
+        return;
+    }
+    for (i, dst) in out.chunks_exact_mut(n).enumerate() {
+        let at = (first + i) * stride;
+        let wr = &w[at..at + 2 * k];
+        for (r, o) in dst.iter_mut().enumerate() {
+            #[cfg(target_arch = "x86_64")]
+            {
+                // SAFETY: AVX2, FMA and F16C checked above; the sizes are asserted inside.
+                *o = unsafe { super::dot_avx2::f16_wide(wr, act.row(r), k) };
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = (wr, r, o);
+                unreachable!("f16_rows serves x86-64 only");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::dot::{RowDot, F16};
+    use super::super::matmul::{matmul_quant, Converted};
+    use super::super::test_util::{noise, weights};
+    use crate::kernels::act::ActFormat;
+
+    /// Widened rows give the f16 row dot's bits (odd K: the tail added one by one), for one and
+    /// several activation rows, through the matmul that chooses them.
+    #[test]
+    fn widened_rows_keep_the_row_dots_bits() {
+        if !super::serves() {
+            return;
+        }
+        for (k, n) in [(1, 1), (31, 1), (32, 2), (87, 3), (1000, 1), (4096, 5)] {
+            let m = 13;
+            let w = weights(1, m, k, k as u64);
+            let x: Vec<f32> = noise(7 + k as u64, n * k).iter().map(|v| v * 4.0).collect();
+            let act = Converted::new(ActFormat::F16, &x, k);
+            let mut got = vec![0.0f32; n * m];
+            matmul_quant(1, &w, 2 * k, m, k, &x, &mut got, 2, false).unwrap();
+            for i in 0..m {
+                for r in 0..n {
+                    // SAFETY: serves() checked AVX2, FMA and F16C.
+                    let want =
+                        unsafe { F16::dot_simd(&w[i * 2 * k..(i + 1) * 2 * k], act.row(r), k) };
+                    assert_eq!(
+                        got[r * m + i].to_bits(),
+                        want.to_bits(),
+                        "k={k} n={n} row {i}"
+                    );
+                }
+            }
+        }
+    }
+}
