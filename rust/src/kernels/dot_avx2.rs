@@ -378,6 +378,40 @@ pub unsafe fn f16_wide(w: &[u8], x: &[u8], k: usize) -> f32 {
     })
 }
 
+/// [`f16_wide`] of one weight row against two widened activation rows: each weight vector
+/// converted once for both, each row's accumulators, reduction and tail as in [`f16_wide`]
+/// (same bits).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_wide_x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
+    assert!(w.len() >= 2 * k && xs.iter().all(|x| x.len() >= 4 * k));
+    let wp = w.as_ptr();
+    let xp = xs.map(|x| x.as_ptr() as *const f32);
+    let np = k & !31;
+    let mut s = [[_mm256_setzero_ps(); 4]; 2];
+    let mut i = 0;
+    let pf = prefetch_f16_rows();
+    while i < np {
+        if pf {
+            prefetch_ahead(wp.add(2 * i));
+        }
+        for j in 0..4 {
+            let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * j)) as *const __m128i));
+            for (sr, x) in s.iter_mut().zip(xp) {
+                sr[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i + 8 * j)), sr[j]);
+            }
+        }
+        i += 32;
+    }
+    [0, 1].map(|r| {
+        f16_finish(&s[r], np, k, |i| {
+            (f16_at(wp.add(2 * i)), xp[r].add(i).read_unaligned())
+        })
+    })
+}
+
 /// ggml_vec_dot_f16's end: the four accumulators reduced, then the elements from `np` to `k`
 /// (`at(i)`: weight and activation) multiplied in f32 and added one by one in f64.
 #[inline(always)]

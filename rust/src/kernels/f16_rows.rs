@@ -55,17 +55,26 @@ pub fn rows(
     for (i, dst) in out.chunks_exact_mut(n).enumerate() {
         let at = (first + i) * stride;
         let wr = &w[at..at + 2 * k];
-        for (r, o) in dst.iter_mut().enumerate() {
-            #[cfg(target_arch = "x86_64")]
-            {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // activation rows in pairs: each weight vector converted once for both
+            let mut r = 0;
+            while r + 2 <= n {
+                let xs = [act.row(r), act.row(r + 1)];
                 // SAFETY: AVX2, FMA and F16C checked above; the sizes are asserted inside.
-                *o = unsafe { super::dot_avx2::f16_wide(wr, act.row(r), k) };
+                let pair = unsafe { super::dot_avx2::f16_wide_x2(wr, xs, k) };
+                dst[r..r + 2].copy_from_slice(&pair);
+                r += 2;
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                let _ = (wr, r, o);
-                unreachable!("f16_rows serves x86-64 only");
+            if r < n {
+                // SAFETY: as above.
+                dst[r] = unsafe { super::dot_avx2::f16_wide(wr, act.row(r), k) };
             }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (wr, dst);
+            unreachable!("f16_rows serves x86-64 only");
         }
     }
 }

@@ -838,6 +838,18 @@ pub fn matmul_each_row(
     if m == 0 || x.is_empty() {
         return Ok(());
     }
+    if type_id == 1 && super::f16_rows::serves() {
+        // f16 rows against widened activations: the single-row product's bits (f16_rows)
+        let plan = RowsPlan {
+            f: super::f16_rows::rows,
+            gemm: false,
+            layout: Layout::F16Wide,
+            direct: None,
+        };
+        let act = super::f16_rows::widen(&Converted::new_par(info.act, x, k, threads), k);
+        run_rows(&plan, w, row_stride, m, k, row_bytes, &act, threads, out);
+        return Ok(());
+    }
     let plan = RowsPlan {
         f: for_type!(type_id, D => rows_fn::<D>(), unreachable!()),
         gemm: false,
