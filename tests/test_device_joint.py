@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,8 +76,9 @@ class Client:
         return got
 
 
-def run_queued(device: Device, jobs: list) -> list:
-    """Submit `jobs` while the worker is held by a gate, then let it go; their futures."""
+def submit_held(device: Device, jobs: list) -> tuple[list, threading.Event]:
+    """Submit `jobs` while the worker is held by a gate job (so that they queue together);
+    their futures, and the event that lets the worker go."""
     release, started = threading.Event(), threading.Event()
 
     def gate() -> None:
@@ -85,7 +87,12 @@ def run_queued(device: Device, jobs: list) -> list:
 
     device.submit(gate)
     assert started.wait(5)
-    futures = [device.submit(job) for job in jobs]
+    return [device.submit(job) for job in jobs], release
+
+
+def run_queued(device: Device, jobs: list) -> list:
+    """Submit `jobs` while the worker is held by a gate, then let it go; their futures."""
+    futures, release = submit_held(device, jobs)
     release.set()
     for f in futures:
         f.result(10)
@@ -176,11 +183,9 @@ def test_a_failed_plan_fails_alone(device: Device):
     # the same candidate positions: the first is no product now, the second still shared
     a.plan.joint = JointForm(steps_a, a.plan.joint.sites)
     a.plan.steps = steps_a
-    release, started = threading.Event(), threading.Event()
-    device.submit(lambda: (started.set(), release.wait(5)))
-    assert started.wait(5)
-    fa = device.submit(OwnedPlan(a.plan, owner=a))
-    fb = device.submit(OwnedPlan(b.plan, owner=b))
+    (fa, fb), release = submit_held(
+        device, [OwnedPlan(a.plan, owner=a), OwnedPlan(b.plan, owner=b)]
+    )
     release.set()
     with pytest.raises(ValueError, match="out of range"):
         fa.result(10)
@@ -236,17 +241,15 @@ def test_a_first_comparison_does_not_hold_up_submit(
     comparing, submitted = threading.Event(), threading.Event()
     real = _native.same_weights
 
-    def slow_same(x: object, y: object) -> bool:
+    def slow_same(x: Any, y: Any) -> bool:
         comparing.set()
         submitted.wait(5)  # until the submit below returned (5 s if it cannot)
         return bool(real(x, y))
 
     monkeypatch.setattr(_native, "same_weights", slow_same)
-    release, started = threading.Event(), threading.Event()
-    device.submit(lambda: (started.set(), release.wait(5)))
-    assert started.wait(5)
-    fa = device.submit(OwnedPlan(a.plan, owner=a))
-    fb = device.submit(OwnedPlan(b.plan, owner=b))
+    (fa, fb), release = submit_held(
+        device, [OwnedPlan(a.plan, owner=a), OwnedPlan(b.plan, owner=b)]
+    )
     release.set()
     assert comparing.wait(5)
     t0 = time.monotonic()
