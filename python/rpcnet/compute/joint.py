@@ -68,17 +68,16 @@ class JointIndex:
     def shared(self, a: Plan, b: Plan, compare: bool = True) -> tuple[int, ...]:
         """Positions where plans `a` and `b` multiply by equal weights (empty: none, or the
         plans differ in form). Without `compare`, bytes never compared count as different."""
-        fa, fb = a.joint, b.joint
-        if fa is None or fb is None:
+        forms = _comparable(a, b)
+        if forms is None:
             return ()
+        fa, fb = forms
         gens = fa.generations() + fb.generations()
         key = (a.uid, b.uid)
         hit = self._pairs.get(key)
         if hit is not None and hit[0] == gens:
             return hit[1]
-        if len(fa.steps) != len(fb.steps) or fa.positions != fb.positions:
-            return ()
-        if not compare and self.pending(a, b):
+        if not compare and self._uncompared(fa, fb):
             return ()
         pairs = zip(fa.sites, fb.sites, strict=True)
         shared = tuple(sa.index for sa, sb in pairs if self._same(fa, sa, fb, sb))
@@ -90,14 +89,17 @@ class JointIndex:
     def pending(self, a: Plan, b: Plan) -> bool:
         """Whether `shared(a, b)` would have to compare weight bytes not compared yet (the first
         time two clients' models meet: a read of both, 0.1-0.3 s for a few hundred MB)."""
-        fa, fb = a.joint, b.joint
-        if fa is None or fb is None or len(fa.steps) != len(fb.steps):
+        forms = _comparable(a, b)
+        if forms is None:
             return False
-        if fa.positions != fb.positions:
-            return False
+        fa, fb = forms
         hit = self._pairs.get((a.uid, b.uid))
         if hit is not None and hit[0] == fa.generations() + fb.generations():
             return False
+        return self._uncompared(fa, fb)
+
+    def _uncompared(self, fa: JointForm, fb: JointForm) -> bool:
+        """Whether some pair of the forms' weight regions has no verdict yet."""
         verdicts = self._verdicts
         pairs = zip(fa.sites, fb.sites, strict=True)
         return any(sa.nbytes == sb.nbytes and _key(sa, sb) not in verdicts for sa, sb in pairs)
@@ -113,6 +115,14 @@ class JointIndex:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
         return verdict
+
+
+def _comparable(a: Plan, b: Plan) -> tuple[JointForm, JointForm] | None:
+    """The two plans' joint forms if they have the same steps and candidate positions."""
+    fa, fb = a.joint, b.joint
+    if fa is None or fb is None or len(fa.steps) != len(fb.steps):
+        return None
+    return (fa, fb) if fa.positions == fb.positions else None
 
 
 def _key(sa: WeightSite, sb: WeightSite) -> tuple[object, ...]:
