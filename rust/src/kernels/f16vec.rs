@@ -118,18 +118,20 @@ pub unsafe fn dot_f16_avx2(x: &[u16], y: &[u16]) -> f32 {
     sum as f32
 }
 
-/// [`dot_f16_avx2`] of `x` against two rows `ys`: each `x` vector converted once, each row's
-/// accumulators and reduction unchanged (same bits).
+/// [`dot_f16_avx2`] of `x` against `R` f16 rows widened to f32 beforehand (exactly: the
+/// values `vcvtph2ps` gives): each `x` vector converted once for all rows and no row converted
+/// at all, each row's accumulators, reduction and tail unchanged (same bits).
 ///
 /// # Safety
 /// AVX2, FMA and F16C present.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot2_f16_avx2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
+#[inline]
+pub unsafe fn dot_f16_wide_avx2<const R: usize>(x: &[u16], ys: [&[f32]; R]) -> [f32; R] {
     use std::arch::x86_64::*;
-    let n = x.len().min(ys[0].len()).min(ys[1].len());
+    let n = ys.iter().fold(x.len(), |n, y| n.min(y.len()));
     let np = n & !(STEP - 1);
-    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
     let xp = x.as_ptr();
     let yp = ys.map(|y| y.as_ptr());
     let mut i = 0;
@@ -139,9 +141,7 @@ pub unsafe fn dot2_f16_avx2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
             unsafe {
                 let vx = _mm256_cvtph_ps(_mm_loadu_si128(xp.add(i + j * LANES) as *const __m128i));
                 for (a, y) in acc.iter_mut().zip(yp) {
-                    let vy =
-                        _mm256_cvtph_ps(_mm_loadu_si128(y.add(i + j * LANES) as *const __m128i));
-                    a[j] = _mm256_fmadd_ps(vx, vy, a[j]);
+                    a[j] = _mm256_fmadd_ps(vx, _mm256_loadu_ps(y.add(i + j * LANES)), a[j]);
                 }
             }
         }
@@ -154,7 +154,7 @@ pub unsafe fn dot2_f16_avx2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
         let t1 = _mm_hadd_ps(t0, t0);
         let mut sum = f64::from(_mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
         for p in np..n {
-            sum += f64::from(fp16_to_f32(x[p]) * fp16_to_f32(ys[r][p]));
+            sum += f64::from(fp16_to_f32(x[p]) * ys[r][p]);
         }
         sum as f32
     })
@@ -337,6 +337,16 @@ mod tests {
             // SAFETY: use_avx2() checked the features.
             let fast = unsafe { dot_f16_avx2(&x, &y) };
             assert_eq!(fast.to_bits(), dot_f16_portable(&x, &y).to_bits(), "n={n}");
+            let (y2, mut w, mut w2) = (halves(5, n), vec![0.0; n], vec![0.0; n]);
+            f16_row_to_f32(&y, &mut w);
+            f16_row_to_f32(&y2, &mut w2);
+            let [one] = unsafe { dot_f16_wide_avx2(&x, [&w]) };
+            let two = unsafe { dot_f16_wide_avx2(&x, [&w, &w2]) };
+            assert_eq!(one.to_bits(), fast.to_bits(), "n={n}");
+            assert_eq!(
+                two.map(f32::to_bits),
+                [&y, &y2].map(|r| dot_f16_portable(&x, r).to_bits())
+            );
             let (mut a, mut b) = (y.clone(), y.clone());
             unsafe { mad_f16_avx2(&mut a, &x, 0.37) };
             mad_f16_portable(&mut b, &x, 0.37);

@@ -20,47 +20,39 @@
 //!
 //! The cost is proportional to the KV positions the graph passes (`n_kv`), never to the cache.
 
+use super::expf_libm::expf;
 use super::f16vec::{
-    dot_f16_portable, f32_row_to_f16, mad_f16_portable, scale_f16_portable, use_avx2,
+    dot_f16_portable, f16_row_to_f32, f32_row_to_f16, mad_f16_portable, scale_f16_portable,
+    use_avx2,
 };
 
 // The AVX2 primitives, callable from `row_impl::<true>` (compiled with the same features); on
 // other targets the SIMD variant is never chosen.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
+fn simd_dots<const G: usize>(x: &[u16], ys: [&[f32]; G]) -> [f32; G] {
     // SAFETY: only reached from row_avx2, after feature detection.
-    unsafe { super::f16vec::dot_f16_avx2(x, y) }
-}
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn simd_dot2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
-    // SAFETY: as simd_dot.
-    unsafe { super::f16vec::dot2_f16_avx2(x, ys) }
+    unsafe { super::f16vec::dot_f16_wide_avx2(x, ys) }
 }
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
-    // SAFETY: as simd_dot.
+    // SAFETY: as simd_dots.
     unsafe { super::f16vec::mad_f16_avx2(y, x, v) }
 }
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn simd_scale(y: &mut [u16], v: f32) {
-    // SAFETY: as simd_dot.
+    // SAFETY: as simd_dots.
     unsafe { super::f16vec::scale_f16_avx2(y, v) }
 }
 #[cfg(not(target_arch = "x86_64"))]
-fn simd_dot(x: &[u16], y: &[u16]) -> f32 {
-    dot_f16_portable(x, y)
+fn simd_dots<const G: usize>(_: &[u16], _: [&[f32]; G]) -> [f32; G] {
+    unreachable!("the SIMD walk runs on x86-64 only")
 }
 #[cfg(not(target_arch = "x86_64"))]
-fn simd_dot2(x: &[u16], ys: [&[u16]; 2]) -> [f32; 2] {
-    ys.map(|y| dot_f16_portable(x, y))
-}
-#[cfg(not(target_arch = "x86_64"))]
-fn simd_mad(y: &mut [u16], x: &[u16], v: f32) {
-    mad_f16_portable(y, x, v)
+fn simd_mad(_: &mut [u16], _: &[u16], _: f32) {
+    unreachable!("the SIMD walk runs on x86-64 only")
 }
 #[cfg(not(target_arch = "x86_64"))]
 fn simd_scale(y: &mut [u16], v: f32) {
@@ -121,6 +113,9 @@ type ChunkJob<'a> = (usize, Vec<(usize, &'a mut [f32])>);
 /// Per-thread scratch for one row.
 struct Scratch {
     q16: Vec<u16>,
+    /// `q16` widened back to f32 (exact), for the SIMD dots: K rows are the only operand
+    /// converted per position.
+    q32: Vec<f32>,
     vkq16: Vec<u16>,
     vkq32: Vec<f32>,
 }
@@ -129,6 +124,7 @@ impl Scratch {
     fn new(dk: usize, dv: usize) -> Self {
         Self {
             q16: vec![0; dk],
+            q32: vec![0.0; dk],
             vkq16: vec![0; dv],
             vkq32: vec![0.0; dv],
         }
@@ -363,6 +359,7 @@ impl FlashAttn {
                 )
             };
             f32_row_to_f16(qrow, &mut s.q16);
+            f16_row_to_f32(&s.q16, &mut s.q32);
             s.vkq16.fill(0);
         }
         let (k_base, v_base) = self.kv_bases(irs[0]);
@@ -424,17 +421,10 @@ impl FlashAttn {
         let krow =
             unsafe { std::slice::from_raw_parts(w.k_base.add(ic * k.nb[1]) as *const u16, dk) };
         let sc = &mut w.sc;
-        let dots: [f32; G] = if SIMD && G == 2 {
-            let [a, b] = simd_dot2(krow, [&sc[0].q16, &sc[1].q16]);
-            std::array::from_fn(|g| if g == 0 { a } else { b })
+        let dots: [f32; G] = if SIMD {
+            simd_dots(krow, std::array::from_fn(|g| &sc[g].q32[..]))
         } else {
-            std::array::from_fn(|g| {
-                if SIMD {
-                    simd_dot(krow, &sc[g].q16)
-                } else {
-                    dot_f16_portable(krow, &sc[g].q16)
-                }
-            })
+            std::array::from_fn(|g| dot_f16_portable(krow, &sc[g].q16))
         };
         let vrow =
             unsafe { std::slice::from_raw_parts(w.v_base.add(ic * v.nb[1]) as *const u16, dv) };
@@ -452,14 +442,22 @@ impl FlashAttn {
             let mut vs = 1.0f32;
             if s > w.m_max[g] {
                 w.m_max[g] = s;
-                ms = (m_old - s).exp();
+                ms = if SIMD {
+                    expf(m_old - s)
+                } else {
+                    (m_old - s).exp()
+                };
                 if SIMD {
                     simd_scale(&mut sc[g].vkq16, ms);
                 } else {
                     scale_f16_portable(&mut sc[g].vkq16, ms);
                 }
             } else {
-                vs = (s - w.m_max[g]).exp();
+                vs = if SIMD {
+                    expf(s - w.m_max[g])
+                } else {
+                    (s - w.m_max[g]).exp()
+                };
             }
             if SIMD {
                 simd_mad(&mut sc[g].vkq16, vrow, vs);

@@ -8,6 +8,7 @@
 //! * [`q4k_paired`] — its one-row Q4_K path with AVX-512 (activations re-laid per call)
 //! * [`gemm_float`] — its many-row path for float weights, in llamafile tinyBLAS's order
 //! * [`expf8`] — ggml's vector expf on eight lanes (soft max, SwiGLU)
+//! * [`expf_libm`] — the C library's scalar expf (flash attention's softmax), inline
 //! * [`pool`] — the persistent worker threads every kernel call runs on
 //! * [`f16vec`], [`flash_attn`], [`rowops`] — the non-matmul ops of a decode step, with ggml's
 //!   roundings
@@ -17,6 +18,7 @@ pub mod dot;
 #[cfg(target_arch = "x86_64")]
 pub mod dot_avx2;
 pub mod expf8;
+pub mod expf_libm;
 pub mod f16_rows;
 pub mod f16vec;
 pub mod flash_attn;
