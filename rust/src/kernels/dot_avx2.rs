@@ -314,7 +314,7 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// stream (64 bytes per step) 4–8 % faster (one thread, 336 M sweep); on the Zen 5 VM software
 /// prefetch read it 8–15 % faster (two threads, 280 MB of rows). AVX-512 tells the two apart.
 #[inline(always)]
-fn prefetch_f16_rows() -> bool {
+pub(crate) fn prefetch_f16_rows() -> bool {
     crate::kernels::matmul::avx512_vnni_active()
 }
 
@@ -410,6 +410,68 @@ pub unsafe fn f16_wide_x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
             (f16_at(wp.add(2 * i)), xp[r].add(i).read_unaligned())
         })
     })
+}
+
+/// [`f16_wide`] of eight weight rows (`stride` bytes apart, `k` a multiple of 32: no tail)
+/// against `R` widened activation rows: `out[r][i]` = row `i` · activation `r`. Each dot keeps
+/// its four accumulators and reduction (same bits), but the eight reductions run side by side in
+/// vector registers ([`reduce8`]) instead of one scalar chain each: with attention's short rows
+/// (K = head size) the scalar reductions, not the FMAs, had set the pace (~70 cycles a row).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `w` must be valid for `7 * stride + 2 * k` bytes
+/// and each `xs[r]` for `k` f32 values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_wide_rows8<const R: usize>(
+    w: *const u8,
+    stride: usize,
+    xs: [*const f32; R],
+    k: usize,
+    pf: bool,
+) -> [__m256; R] {
+    debug_assert!(k.is_multiple_of(32));
+    let mut red = [[_mm256_setzero_ps(); 8]; R];
+    for row in 0..8 {
+        let wp = w.add(row * stride);
+        let mut s = [[_mm256_setzero_ps(); 4]; R];
+        let mut i = 0;
+        while i < k {
+            if pf {
+                prefetch_ahead(wp.add(2 * i));
+            }
+            for j in 0..4 {
+                let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * j)) as *const __m128i));
+                for (sr, x) in s.iter_mut().zip(xs) {
+                    sr[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i + 8 * j)), sr[j]);
+                }
+            }
+            i += 32;
+        }
+        for (rr, sr) in red.iter_mut().zip(&s) {
+            rr[row] = _mm256_add_ps(_mm256_add_ps(sr[0], sr[2]), _mm256_add_ps(sr[1], sr[3]));
+        }
+    }
+    red.map(|rr| reduce8(&rr))
+}
+
+/// The horizontal end of [`f16_finish`] for eight registers at once: lane `i` of the result is
+/// `((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))` of register `i`, the
+/// adds of `_mm_hadd_ps` in ggml's `GGML_F32x8_REDUCE`. (Without a tail, its f64 step returns
+/// the same float.)
+#[inline(always)]
+unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
+    // [lo + hi of a | lo + hi of b]
+    let halves = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    let w1 = _mm256_hadd_ps(halves(v[0], v[1]), halves(v[2], v[3]));
+    let w2 = _mm256_hadd_ps(halves(v[4], v[5]), halves(v[6], v[7]));
+    // lanes hold registers 0, 2, 4, 6 | 1, 3, 5, 7
+    let mixed = _mm256_hadd_ps(w1, w2);
+    _mm256_permutevar8x32_ps(mixed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 /// ggml_vec_dot_f16's end: the four accumulators reduced, then the elements from `np` to `k`

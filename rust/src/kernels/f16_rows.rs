@@ -52,7 +52,18 @@ pub fn rows(
     if n == 0 {
         return;
     }
-    for (i, dst) in out.chunks_exact_mut(n).enumerate() {
+    let count = out.len() / n;
+    // rows of whole 32-value steps in eights, their reductions side by side
+    #[cfg(target_arch = "x86_64")]
+    let done = if k.is_multiple_of(32) {
+        // SAFETY: serves() checked the CPU; rows8 checks the sizes.
+        unsafe { rows8(w, stride, first, count, k, act, out) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    for (i, dst) in out.chunks_exact_mut(n).enumerate().skip(done) {
         let at = (first + i) * stride;
         let wr = &w[at..at + 2 * k];
         #[cfg(target_arch = "x86_64")]
@@ -79,6 +90,57 @@ pub fn rows(
     }
 }
 
+/// Weight rows `first..first + count` in whole eights (the number done is returned) for
+/// [`rows`], `k` a multiple of 32: [`super::dot_avx2::f16_wide_rows8`], activation rows in
+/// pairs.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows8(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    count: usize,
+    k: usize,
+    act: &Converted,
+    out: &mut [f32],
+) -> usize {
+    use super::dot_avx2::{f16_wide_rows8, prefetch_f16_rows};
+    use std::arch::x86_64::{__m256, _mm256_storeu_ps};
+    let n = act.rows;
+    let done = count - count % 8;
+    if done == 0 {
+        return 0;
+    }
+    assert!(w.len() >= (first + done - 1) * stride + 2 * k && out.len() >= done * n);
+    let pf = prefetch_f16_rows();
+    let x = |r: usize| act.row(r).as_ptr() as *const f32;
+    let put = |out: &mut [f32], i: usize, r: usize, v: __m256| {
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        for (row, value) in lanes.into_iter().enumerate() {
+            out[(i + row) * n + r] = value;
+        }
+    };
+    for i in (0..done).step_by(8) {
+        let wp = w.as_ptr().add((first + i) * stride);
+        let mut r = 0;
+        while r + 2 <= n {
+            let [a, b] = f16_wide_rows8::<2>(wp, stride, [x(r), x(r + 1)], k, pf);
+            put(out, i, r, a);
+            put(out, i, r + 1, b);
+            r += 2;
+        }
+        if r < n {
+            let [a] = f16_wide_rows8::<1>(wp, stride, [x(r)], k, pf);
+            put(out, i, r, a);
+        }
+    }
+    done
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::dot::{RowDot, F16};
@@ -93,8 +155,19 @@ mod tests {
         if !super::serves() {
             return;
         }
-        for (k, n) in [(1, 1), (31, 1), (32, 2), (87, 3), (1000, 1), (4096, 5)] {
-            let m = 13;
+        // eights of rows side by side where K is whole steps of 32 (attention's K = head size),
+        // the rest one by one
+        let shapes = [
+            (1, 1, 13),
+            (31, 1, 13),
+            (32, 2, 13),
+            (87, 3, 13),
+            (1000, 1, 13),
+        ];
+        for (k, n, m) in shapes
+            .into_iter()
+            .chain([(4096, 5, 13), (64, 4, 45), (128, 3, 24)])
+        {
             let w = weights(1, m, k, k as u64);
             let x: Vec<f32> = noise(7 + k as u64, n * k).iter().map(|v| v * 4.0).collect();
             let act = Converted::new(ActFormat::F16, &x, k);
