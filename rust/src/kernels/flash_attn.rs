@@ -118,6 +118,9 @@ struct Scratch {
     q32: Vec<f32>,
     vkq16: Vec<u16>,
     vkq32: Vec<f32>,
+    /// slope · mask of the row at every KV position (filled by `walk_start` when there is a
+    /// mask): converted once per walk, where each position would convert its value again.
+    mask32: Vec<f32>,
 }
 
 impl Scratch {
@@ -127,6 +130,7 @@ impl Scratch {
             q32: vec![0.0; dk],
             vkq16: vec![0; dv],
             vkq32: vec![0.0; dv],
+            mask32: Vec::new(),
         }
     }
 }
@@ -137,9 +141,9 @@ struct Walk<'s, const G: usize> {
     sc: [&'s mut Scratch; G],
     /// The score scale, the softcap folded in (ggml: softcap · tanh(s · scale / softcap)).
     scale: f32,
-    slope: [f32; G],
     /// Each row's mask row (position 0), if there is a mask.
-    mask_row: [Option<*const u8>; G],
+    /// Whether the rows have a mask (each row's in its scratch's `mask32`).
+    masked: bool,
     k_base: *const u8,
     v_base: *const u8,
     s_sum: [f32; G],
@@ -148,6 +152,9 @@ struct Walk<'s, const G: usize> {
 
 /// Positions ahead whose K and V rows a decode row prefetches.
 const AHEAD: usize = 4;
+
+/// Positions whose K dots a SIMD walk computes together.
+const DOTS_AHEAD: usize = 8;
 
 /// A hint to load `bytes` from `p` (a row of K or V, possibly past the end: never faults).
 #[inline(always)]
@@ -309,12 +316,82 @@ impl FlashAttn {
         c0: usize,
         c1: usize,
     ) {
-        for ic in c0..c1 {
-            for w in walks.iter_mut() {
-                // SAFETY: per this function's contract.
-                unsafe { self.walk_step::<SIMD, G>(w, ic) };
+        let mut ic = c0;
+        #[cfg(target_arch = "x86_64")]
+        if SIMD && self.dk().is_multiple_of(32) {
+            // eight positions' K dots at a time, their reductions side by side (the dots do
+            // not depend on the softmax state, so each keeps its value and place in the walk)
+            // per walk: whether any of its rows sees one of the positions, and the dots
+            let mut dots = vec![(false, [[0.0f32; DOTS_AHEAD]; G]); walks.len()];
+            while ic + DOTS_AHEAD <= c1 {
+                for (w, (live, d)) in walks.iter().zip(dots.iter_mut()) {
+                    *live = (ic..ic + DOTS_AHEAD).any(|p| !self.all_masked(w, p));
+                    if *live {
+                        // SAFETY: per this function's contract; SIMD: features detected.
+                        *d = unsafe { self.dots8(w, ic) };
+                    }
+                }
+                for p in 0..DOTS_AHEAD {
+                    for (w, (live, d)) in walks.iter_mut().zip(&dots) {
+                        if *live {
+                            let at: [f32; G] = std::array::from_fn(|g| d[g][p]);
+                            // SAFETY: per this function's contract.
+                            unsafe { self.walk_step::<SIMD, G>(w, ic + p, Some(at)) };
+                        }
+                    }
+                }
+                ic += DOTS_AHEAD;
             }
         }
+        for ic in ic..c1 {
+            for w in walks.iter_mut() {
+                // SAFETY: per this function's contract.
+                unsafe { self.walk_step::<SIMD, G>(w, ic, None) };
+            }
+        }
+    }
+
+    /// Whether every row of walk `w` is masked out (-inf) at position `ic`.
+    #[inline(always)]
+    fn all_masked<const G: usize>(&self, w: &Walk<'_, G>, ic: usize) -> bool {
+        self.mask_values(w, ic)
+            .iter()
+            .all(|&m| m == f32::NEG_INFINITY)
+    }
+
+    /// slope · mask of each row of walk `w` at position `ic` (0 without a mask).
+    #[inline(always)]
+    fn mask_values<const G: usize>(&self, w: &Walk<'_, G>, ic: usize) -> [f32; G] {
+        std::array::from_fn(|g| if w.masked { w.sc[g].mask32[ic] } else { 0.0 })
+    }
+
+    /// The K dots of walk `w`'s rows at positions `ic..ic + 8` (`dk` a multiple of 32):
+    /// `[row][position]`, each `dot_f16_wide_avx2`'s value.
+    ///
+    /// # Safety
+    /// As [`Self::walk_rows`], `ic + 8 <= n_kv`, AVX2, FMA and F16C present.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn dots8<const G: usize>(&self, w: &Walk<'_, G>, ic: usize) -> [[f32; DOTS_AHEAD]; G] {
+        use std::arch::x86_64::_mm256_storeu_ps;
+        let q = std::array::from_fn(|g| w.sc[g].q32.as_ptr());
+        let k = &self.k;
+        // SAFETY: per this function's contract.
+        let v = unsafe {
+            super::dot_avx2::f16_wide_rows8::<G>(
+                w.k_base.add(ic * k.nb[1]),
+                k.nb[1],
+                q,
+                self.dk(),
+                false,
+            )
+        };
+        let mut out = [[0.0f32; DOTS_AHEAD]; G];
+        for (o, v) in out.iter_mut().zip(v) {
+            // SAFETY: eight floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
+        }
+        out
     }
 
     /// [`Self::walks_impl`] compiled for the detected ISA.
@@ -361,6 +438,27 @@ impl FlashAttn {
             f32_row_to_f16(qrow, &mut s.q16);
             f16_row_to_f32(&s.q16, &mut s.q32);
             s.vkq16.fill(0);
+            if let Some(m) = self.mask {
+                let n_kv = self.n_kv();
+                // SAFETY: the row lies inside the mask (the caller's contract).
+                let at = unsafe {
+                    m.ptr
+                        .add(iq1 * m.nb[1] + (iq2 % m.ne[2]) * m.nb[2] + (iq3 % m.ne[3]) * m.nb[3])
+                };
+                s.mask32.resize(n_kv, 0.0);
+                if (at as usize).is_multiple_of(2) {
+                    // SAFETY: the mask row holds n_kv f16 values (the caller's contract), aligned.
+                    let row = unsafe { std::slice::from_raw_parts(at as *const u16, n_kv) };
+                    f16_row_to_f32(row, &mut s.mask32);
+                } else {
+                    for (i, v) in s.mask32.iter_mut().enumerate() {
+                        // SAFETY: as above; read unaligned.
+                        *v = fp16_to_f32(unsafe { (at.add(2 * i) as *const u16).read_unaligned() });
+                    }
+                }
+                let slope = self.slope(iq2);
+                s.mask32.iter_mut().for_each(|v| *v *= slope);
+            }
         }
         let (k_base, v_base) = self.kv_bases(irs[0]);
         Walk {
@@ -370,14 +468,7 @@ impl FlashAttn {
             } else {
                 self.scale
             },
-            slope: std::array::from_fn(|g| self.slope(self.head(irs[g]).1)),
-            mask_row: std::array::from_fn(|g| {
-                let (iq3, iq2, iq1) = self.head(irs[g]);
-                self.mask.map(|m| unsafe {
-                    m.ptr
-                        .add(iq1 * m.nb[1] + (iq2 % m.ne[2]) * m.nb[2] + (iq3 % m.ne[3]) * m.nb[3])
-                })
-            }),
+            masked: self.mask.is_some(),
             k_base,
             v_base,
             s_sum: [0.0; G],
@@ -399,29 +490,33 @@ impl FlashAttn {
     /// # Safety
     /// As [`Self::walk_rows`]; `ic < n_kv`.
     #[inline(always)]
-    unsafe fn walk_step<const SIMD: bool, const G: usize>(&self, w: &mut Walk<'_, G>, ic: usize) {
+    unsafe fn walk_step<const SIMD: bool, const G: usize>(
+        &self,
+        w: &mut Walk<'_, G>,
+        ic: usize,
+        dots: Option<[f32; G]>,
+    ) {
         let (dk, dv) = (self.dk(), self.dv());
         let (k, v) = (&self.k, &self.v);
-        let mv: [f32; G] = std::array::from_fn(|g| match w.mask_row[g] {
-            Some(p) => {
-                w.slope[g] * fp16_to_f32(unsafe { (p.add(ic * 2) as *const u16).read_unaligned() })
-            }
-            None => 0.0,
-        });
+        let mv = self.mask_values(w, ic);
         if mv.iter().all(|&m| m == f32::NEG_INFINITY) {
             return;
         }
         if SIMD {
             // the rows of a few positions ahead: K/V rows lie a cache row's stride apart,
             // a pattern the hardware prefetcher follows too late
-            prefetch_rows(w.k_base.wrapping_add((ic + AHEAD) * k.nb[1]), dk * 2);
+            // (K rows whose dots came with the call were read a chunk earlier)
+            let k_ahead = if dots.is_some() { DOTS_AHEAD } else { AHEAD };
+            prefetch_rows(w.k_base.wrapping_add((ic + k_ahead) * k.nb[1]), dk * 2);
             prefetch_rows(w.v_base.wrapping_add((ic + AHEAD) * v.nb[1]), dv * 2);
         }
         // SAFETY (the raw reads): in bounds per the caller's contract.
         let krow =
             unsafe { std::slice::from_raw_parts(w.k_base.add(ic * k.nb[1]) as *const u16, dk) };
         let sc = &mut w.sc;
-        let dots: [f32; G] = if SIMD {
+        let dots: [f32; G] = if let Some(dots) = dots {
+            dots
+        } else if SIMD {
             simd_dots(krow, std::array::from_fn(|g| &sc[g].q32[..]))
         } else {
             std::array::from_fn(|g| dot_f16_portable(krow, &sc[g].q16))
@@ -705,7 +800,9 @@ mod tests {
             let v = f16s(5, dv * n_kv * n_head_kv, 1.0);
             let mask: Vec<u16> = (0..n_kv)
                 .map(|i| {
-                    if i % 7 == 3 {
+                    // scattered masked positions, and a masked end (a decode step's
+                    // padding: whole eights of positions no row sees)
+                    if i % 7 == 3 || i + 21 >= n_kv {
                         0xfc00
                     } else {
                         f32_to_fp16(0.25 * (i % 3) as f32)
