@@ -378,6 +378,23 @@ pub unsafe fn f16_wide(w: &[u8], x: &[u8], k: usize) -> f32 {
     })
 }
 
+/// One 32-value step of [`f16_wide`] for `R` widened activation rows at once: each weight
+/// vector converted once, FMA'd into every row's four accumulators.
+#[inline(always)]
+unsafe fn wide_step<const R: usize>(
+    wp: *const u8,
+    xs: [*const f32; R],
+    i: usize,
+    s: &mut [[__m256; 4]; R],
+) {
+    for j in 0..4 {
+        let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * j)) as *const __m128i));
+        for (sr, x) in s.iter_mut().zip(xs) {
+            sr[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i + 8 * j)), sr[j]);
+        }
+    }
+}
+
 /// [`f16_wide`] of one weight row against two widened activation rows: each weight vector
 /// converted once for both, each row's accumulators, reduction and tail as in [`f16_wide`]
 /// (same bits).
@@ -397,12 +414,7 @@ pub unsafe fn f16_wide_x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
         if pf {
             prefetch_ahead(wp.add(2 * i));
         }
-        for j in 0..4 {
-            let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * j)) as *const __m128i));
-            for (sr, x) in s.iter_mut().zip(xp) {
-                sr[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i + 8 * j)), sr[j]);
-            }
-        }
+        wide_step(wp, xp, i, &mut s);
         i += 32;
     }
     [0, 1].map(|r| {
@@ -439,12 +451,7 @@ pub unsafe fn f16_wide_rows8<const R: usize>(
             if pf {
                 prefetch_ahead(wp.add(2 * i));
             }
-            for j in 0..4 {
-                let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * j)) as *const __m128i));
-                for (sr, x) in s.iter_mut().zip(xs) {
-                    sr[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i + 8 * j)), sr[j]);
-                }
-            }
+            wide_step(wp, xs, i, &mut s);
             i += 32;
         }
         for (rr, sr) in red.iter_mut().zip(&s) {

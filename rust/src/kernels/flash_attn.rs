@@ -141,9 +141,6 @@ struct Walk<'s, const G: usize> {
     sc: [&'s mut Scratch; G],
     /// The score scale, the softcap folded in (ggml: softcap · tanh(s · scale / softcap)).
     scale: f32,
-    /// Each row's mask row (position 0), if there is a mask.
-    /// Whether the rows have a mask (each row's in its scratch's `mask32`).
-    masked: bool,
     k_base: *const u8,
     v_base: *const u8,
     s_sum: [f32; G],
@@ -362,7 +359,9 @@ impl FlashAttn {
     /// slope · mask of each row of walk `w` at position `ic` (0 without a mask).
     #[inline(always)]
     fn mask_values<const G: usize>(&self, w: &Walk<'_, G>, ic: usize) -> [f32; G] {
-        std::array::from_fn(|g| if w.masked { w.sc[g].mask32[ic] } else { 0.0 })
+        // with a mask, each row's values are in its scratch (walk_start)
+        let masked = self.mask.is_some();
+        std::array::from_fn(|g| if masked { w.sc[g].mask32[ic] } else { 0.0 })
     }
 
     /// The K dots of walk `w`'s rows at positions `ic..ic + 8` (`dk` a multiple of 32):
@@ -468,7 +467,6 @@ impl FlashAttn {
             } else {
                 self.scale
             },
-            masked: self.mask.is_some(),
             k_base,
             v_base,
             s_sum: [0.0; G],
