@@ -435,10 +435,11 @@ def main(argv: list[str]) -> int:
         print(f"reference env v8 missing: run {refenv.INSTALL_SCRIPT}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    loadavg = os.getloadavg()[0]
     bench = Bench(args)
-    if loadavg >= engine_report.LOAD_IDLE:
-        bench.log(f"warning: 1-minute load average {loadavg:.1f}: timings will be noise")
+    busy = engine_machine.busy_cores()
+    if busy >= engine_report.BUSY_CORES:
+        bench.log(f"warning: {busy:.2f} cores busy before the run: timings will be noise")
+    _, steal0, total0 = engine_machine.cpu_times()
     machine = engine_machine.measure(args.threads)
     machine_doc = {
         **dataclasses.asdict(machine),
@@ -464,9 +465,11 @@ def main(argv: list[str]) -> int:
             "sections": args.sections,
         },
         "machine": machine_doc,
-        "loadavg_start": loadavg,
         "models": {},
     }
+    # one record per invocation (--merge adds to the list): the host's state during it
+    run = {"command": command, "busy_cores_start": round(busy, 3)}
+    runs = [run]
     before = 0.0
     if args.merge and args.json.exists():  # add to an earlier run's results (split runs)
         old = json.loads(args.json.read_text())
@@ -474,12 +477,16 @@ def main(argv: list[str]) -> int:
         results["config"]["commands"] = old["config"].get("commands", []) + [command]
         results["config"]["pp"] = sorted(set(old["config"].get("pp", [])) | set(args.pp))
         before = old.get("duration_min", 0.0)
+        runs = old.get("runs", []) + runs
         for key in ("tg", "depth", "threads"):
             if old["config"].get(key) != results["config"][key]:
                 print(f"warning: --merge with another {key} than the earlier run", file=sys.stderr)
 
     def save() -> None:
         results["duration_min"] = before + (time.monotonic() - t0) / 60
+        _, steal, total = engine_machine.cpu_times()
+        run["steal_share"] = round((steal - steal0) / max(total - total0, 1), 4)
+        results["runs"] = runs
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 
     for name in args.models:

@@ -50,6 +50,23 @@ def copy_bandwidth(threads: int, nbytes: int = COPY_BYTES, repeats: int = 5) -> 
     return 2 * src.nbytes / _best_seconds(run, repeats) / 1e9
 
 
+def cpu_times() -> tuple[int, int, int]:
+    """(busy, steal, total) jiffies of all CPUs since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return user + nice + system + irq + softirq, steal, sum(fields[:8])
+
+
+def busy_cores(seconds: float = 3.0) -> float:
+    """Cores kept busy by other processes (or taken by the hypervisor) while this one sleeps:
+    unlike the 1-minute load average, it does not still count a job that ended a minute ago."""
+    b0, s0, t0 = cpu_times()
+    time.sleep(seconds)
+    b1, s1, t1 = cpu_times()
+    cores = os.cpu_count() or 1
+    return cores * ((b1 - b0) + (s1 - s0)) / max(t1 - t0, 1)
+
+
 def cpu_mhz() -> float | None:
     try:
         text = Path("/proc/cpuinfo").read_text()

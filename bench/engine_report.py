@@ -7,7 +7,8 @@ from pathlib import Path
 
 BEGIN = "<!-- bench_engine:begin -->"
 END = "<!-- bench_engine:end -->"
-LOAD_IDLE = 1.0  # a 1-minute load average above this before the run: someone else is computing
+BUSY_CORES = 0.5  # cores busy before a run above this: someone else is computing
+LOAD_IDLE = 1.0  # the same for results that recorded only the 1-minute load average
 OLD_ENGINE_HEADING = "## Engine — `bench/bench_engine.py`"
 
 
@@ -226,15 +227,37 @@ def detail_table(results: dict) -> list[str]:
     return lines
 
 
+def _run_state(i: int, run: dict) -> str:
+    steal = 100 * run.get("steal_share", 0.0)
+    return f"run {i + 1}: {run['busy_cores_start']:.2f} cores busy, steal {steal:.1f}%"
+
+
 def _load_warning(results: dict) -> list[str]:
-    load = results.get("loadavg_start")
-    if load is None or load < LOAD_IDLE:
-        return []
-    return [
+    runs = results.get("runs")
+    if runs is None:  # older results: the 1-minute load average at the start
+        load = results.get("loadavg_start")
+        if load is None or load < LOAD_IDLE:
+            return []
+        return [
+            "",
+            f"**Warning: the machine was busy (1-minute load average {load:.1f} at the start); "
+            "these ratios are noise. Rerun on an idle machine.**",
+        ]
+    lines = [
         "",
-        f"**Warning: the machine was busy (1-minute load average {load:.1f} at the start); "
-        "these ratios are noise. Rerun on an idle machine.**",
+        "Host during the runs (other processes' busy cores sampled for 3 s before each; the "
+        "share of CPU time the hypervisor took during it, i.e. steal): "
+        + "; ".join(_run_state(i, r) for i, r in enumerate(runs))
+        + ".",
     ]
+    busy = [r["busy_cores_start"] for r in runs if r["busy_cores_start"] >= BUSY_CORES]
+    if busy:
+        lines += [
+            "",
+            f"**Warning: the machine was busy before a run ({max(busy):.2f} cores); these ratios "
+            "are noise. Rerun on an idle machine.**",
+        ]
+    return lines
 
 
 def _rounds(results: dict) -> int:
