@@ -52,9 +52,10 @@ def copy_bandwidth(threads: int, nbytes: int = COPY_BYTES, repeats: int = 5) -> 
 
 def cpu_times() -> tuple[int, int, int]:
     """(busy, steal, total) jiffies of all CPUs since boot, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return user + nice + system + irq + softirq, steal, sum(fields[:8])
+    # the "cpu" line: user nice system idle iowait irq softirq steal (guest time is in user)
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return user + nice + system + irq + softirq, steal, sum(fields)
 
 
 def busy_cores(seconds: float = 3.0) -> float:

@@ -232,7 +232,7 @@ def _run_state(i: int, run: dict) -> str:
     return f"run {i + 1}: {run['busy_cores_start']:.2f} cores busy, steal {steal:.1f}%"
 
 
-def _load_warning(results: dict) -> list[str]:
+def _host_notes(results: dict) -> list[str]:
     runs = results.get("runs")
     if runs is None:  # older results: the 1-minute load average at the start
         load = results.get("loadavg_start")
@@ -250,11 +250,11 @@ def _load_warning(results: dict) -> list[str]:
         + "; ".join(_run_state(i, r) for i, r in enumerate(runs))
         + ".",
     ]
-    busy = [r["busy_cores_start"] for r in runs if r["busy_cores_start"] >= BUSY_CORES]
-    if busy:
+    busiest = max(r["busy_cores_start"] for r in runs)
+    if busiest >= BUSY_CORES:
         lines += [
             "",
-            f"**Warning: the machine was busy before a run ({max(busy):.2f} cores); these ratios "
+            f"**Warning: the machine was busy before a run ({busiest:.2f} cores); these ratios "
             "are noise. Rerun on an idle machine.**",
         ]
     return lines
@@ -309,7 +309,7 @@ def render(results: dict) -> str:
         "--types q8_0` etc. and `--merge` to run it in parts; `--quick` for a smoke test.",
         "",
         *machine_lines(machine, config),
-        *_load_warning(results),
+        *_host_notes(results),
         "",
     ]
     for mname, model in results["models"].items():
