@@ -553,7 +553,7 @@ mod avx512 {
     const PANEL_TILES: usize = 4;
     /// Half of a 2 MiB L2. All the activation rows at once (4 MiB) left the 1 B model's
     /// K = 2048 / 5632 prompts reading them from L3 for every tile: two threads, 256 rows,
-    /// four shapes, 73-92 -> 96-124 GFLOP/s (with the slices below).
+    /// four shapes, 92.5 -> 123-128 GFLOP/s with the slices below (docs/benchmarks.md).
     const XF_BYTES: usize = 1 << 20;
     /// k-steps (of 8 values) per slice of K: a tile's part is ROWS × 8 × 4 bytes per step
     /// (16 KiB at 64 steps), reused by every activation group from L1 (32 steps: 5-10 %
@@ -760,7 +760,11 @@ mod avx512 {
         let tile_len = steps * PAIRS * 16;
         let mut panel_lines = lines(PANEL_TILES * tile_len);
         let panel = panel_lines.as_mut_ptr() as *mut f32;
-        let mut acc_lines = lines(PANEL_TILES * chunk.div_ceil(NR) * ACC_LEN);
+        // accumulators wait between slices for every tile of the panel; with one slice (K up
+        // to 512: attention's K·Q) each tile finishes at once and one tile's worth serves all
+        let one_slice = steps <= KB_STEPS;
+        let acc_tiles = if one_slice { 1 } else { PANEL_TILES };
+        let mut acc_lines = lines(acc_tiles * chunk.div_ceil(NR) * ACC_LEN);
         let accs = acc_lines.as_mut_ptr() as *mut f32;
         let mut tail = [0.0f32; 8];
         let x = act.data.as_ptr() as *const u16;
@@ -804,6 +808,16 @@ mod avx512 {
                 // passes, each slice over all the panel's tiles (its activation part read once
                 // per panel from L2, not once per tile); the accumulators of every tile and
                 // group wait in `accs` between slices (same FMA order per output)
+                let acc_of = |tl: usize, g: usize| {
+                    let tile = if one_slice { 0 } else { tl };
+                    accs.add((tile * groups + g) * ACC_LEN)
+                };
+                let finish_tile = |tl: usize| {
+                    for g in 0..groups {
+                        let res = tile_sums(acc_of(tl, g));
+                        dest.store(&res, t0 + tl * ROWS, t1, c0 + g * NR, c1);
+                    }
+                };
                 for s0 in (0..steps).step_by(KB_STEPS) {
                     let s1 = steps.min(s0 + KB_STEPS);
                     for tl in 0..tiles {
@@ -814,15 +828,15 @@ mod avx512 {
                             let r = c0 + g * NR;
                             let xr: [usize; NR] = std::array::from_fn(|j| (r + j).min(c1 - 1) - c0);
                             let xs = xr.map(|j| xf.add(j * kp) as *const f32);
-                            tile_part(tp, xs, s0, s1, accs.add((tl * groups + g) * ACC_LEN));
+                            tile_part(tp, xs, s0, s1, acc_of(tl, g));
+                        }
+                        if one_slice {
+                            finish_tile(tl);
                         }
                     }
                 }
-                for tl in 0..tiles {
-                    for g in 0..groups {
-                        let res = tile_sums(accs.add((tl * groups + g) * ACC_LEN));
-                        dest.store(&res, t0 + tl * ROWS, t1, c0 + g * NR, c1);
-                    }
+                if !one_slice {
+                    (0..tiles).for_each(finish_tile);
                 }
             }
         }

@@ -259,8 +259,8 @@ unsafe fn tile(
 }
 
 /// [`tile`] with AVX-512 VNNI for biased codes: a register holds the lanes of both groups,
-/// `vpmaddubsw` makes the i16 pairs and `vpdpwssd` multiplies them by the scale and adds them
-/// in one step: the same integers.
+/// `vpdpbusd` sums each 16-code sub-block exactly in i32 (no byte pair to saturate), one
+/// `vpmulld` applies its scale, and the bsum terms use `vpdpwssd`: the same integers.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
 unsafe fn tile_vnni(
@@ -269,36 +269,58 @@ unsafe fn tile_vnni(
     shape: Shape,
 ) -> [[std::arch::x86_64::__m256i; 2]; 8] {
     use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_si512(); 4];
+    let zero = _mm512_setzero_si512();
+    // both groups' 32 bytes at byte offset `at` of their slabs, in one register
+    let pair = |at: usize| unsafe {
+        // SAFETY: the caller's slabs hold `at + 32` bytes.
+        let lo = _mm256_loadu_si256(ys[0].add(at) as *const __m256i);
+        let hi = _mm256_loadu_si256(ys[1].add(at) as *const __m256i);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    };
+    let mut acc = [zero; 4];
     // an opaque trip count keeps the sub-block loop rolled
     for sub in 0..std::hint::black_box(16) {
+        let mut part = [zero; 4];
         for q4 in 0..4 {
             let q = sub * 4 + q4;
-            // SAFETY: quad q of 64 in each packed slab and weight slab.
-            let y = unsafe {
-                let lo = _mm256_loadu_si256(ys[0].add(q * 32) as *const __m256i);
-                let hi = _mm256_loadu_si256(ys[1].add(q * 32) as *const __m256i);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-            };
-            for (a, s) in acc.iter_mut().zip(ws) {
-                // SAFETY: as above.
-                let (u, sc) = unsafe {
-                    (
-                        _mm512_set1_epi32(std::ptr::read_unaligned(
-                            s.ubytes.as_ptr().add(4 * q) as *const i32
-                        )),
-                        _mm512_broadcast_i64x4(_mm256_load_si256(
-                            s.scales[sub].as_ptr() as *const __m256i
-                        )),
-                    )
+            let y = pair(q * 32);
+            for (p, s) in part.iter_mut().zip(ws) {
+                // SAFETY: quad q of 64 in the weight slab.
+                let u =
+                    unsafe { std::ptr::read_unaligned(s.ubytes.as_ptr().add(4 * q) as *const i32) };
+                *p = _mm512_dpbusd_epi32(*p, _mm512_set1_epi32(u), y);
+            }
+        }
+        for ((a, p), s) in acc.iter_mut().zip(part).zip(ws) {
+            let sc = _mm512_set1_epi32(s.scales[sub][0] as i32);
+            *a = _mm512_add_epi32(*a, _mm512_mullo_epi32(p, sc));
+        }
+    }
+    let bias = matches!(shape.codes, Codes::Biased(1..));
+    let mut bsum = [zero; 4];
+    if shape.has_min || bias {
+        for p in 0..8 {
+            let bs = pair(CODES_BYTES + p * 32);
+            for (t, s) in bsum.iter_mut().zip(ws) {
+                // SAFETY: i16 pair p of the 16 bsum weights.
+                let wq = unsafe {
+                    std::ptr::read_unaligned(s.per_bsum.as_ptr().add(2 * p) as *const i32)
                 };
-                *a = _mm512_dpwssd_epi32(*a, _mm512_maddubs_epi16(u, y), sc);
+                *t = _mm512_dpwssd_epi32(*t, bs, _mm512_set1_epi32(wq));
             }
         }
     }
-    let halves = acc.map(|v| [_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)]);
-    // SAFETY: AVX2 is enabled here.
-    unsafe { finish(halves, ws, ys, shape) }
+    let halves = |v: __m512i| [_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)];
+    let mut res = [[_mm256_setzero_si256(); 2]; 8];
+    for i in 0..4 {
+        if shape.has_min {
+            res[i] = halves(acc[i]);
+            res[4 + i] = halves(bsum[i]);
+        } else {
+            res[i] = halves(_mm512_sub_epi32(acc[i], bsum[i]));
+        }
+    }
+    res
 }
 
 /// The tiles' end: `s1` and the bsum terms (`s2`, or the code bias taken off `s1`).
