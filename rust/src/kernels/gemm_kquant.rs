@@ -137,6 +137,12 @@ pub unsafe fn rows(
                     let at = (first + (i0 + i).min(rows_total - 1)) * stride + b * bb;
                     decode(&w[at..at + bb], &mut dec);
                     fill(slab, &dec, shape);
+                    // the same super-block of the next four rows, asked for a whole pass over
+                    // the groups ahead: their rows start new streams the hardware misses
+                    let next = (first + (i0 + 4 + i).min(rows_total - 1)) * stride + b * bb;
+                    for line in (0..bb).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(next + line) as *const i8);
+                    }
                 }
                 for gp in (g0..g1).step_by(2) {
                     let gq = [gp, (gp + 1).min(g1 - 1)];
