@@ -757,9 +757,8 @@ mod avx512 {
         let chunk = if every * kp * 4 <= XF_BYTES + XF_BYTES / 2 {
             every
         } else {
-            (XF_BYTES / (kp * 4)).max(NR) / NR * NR
+            (XF_BYTES / (kp * 4)).max(NR) / NR * NR // fewer than `every`: 1 MiB < 1.5 MiB
         };
-        let chunk = chunk.min(every);
         let mut xf_lines = lines(chunk * kp);
         let xf = xf_lines.as_mut_ptr() as *mut f32;
         // [tile][step][pair][16]: the 8 values of a k-step for both rows of a pair
