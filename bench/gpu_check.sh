@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # The one GPU check (docs/gpu.md): on the GPU machine, in the repo root, with dist/gpu/ from
-# bench/gpu_pack.sh carried along. At most 8 minutes; prints one JSON summary line at the end
-# and leaves logs and results in $OUT (or /tmp/gpu_check).
+# bench/gpu_pack.sh carried along. At most 8 minutes. Writes exactly two files into the output
+# directory (the first argument, else $OUT, else /tmp/gpu_check): gpu_check.tar.gz (every log,
+# the junit XML, the benchmark JSON) and summary.json ("ok": true only when every check
+# passed, with each check's figures); prints the summary as one line at the end.
 #
 #   1. installs the carried wheels into a private site dir, and a reference env (.refenv: the
-#      llama.cpp v8 client for the real quantizer, Debian 13 libs) for the test oracles;
-#   2. runs `pytest -m gpu` (every CUDA kernel against gguf/NumPy oracles, buffers, staging);
-#   3. runs bench/gpu_bench.py (matvec GB/s per type and shape, upload GB/s, prefill TFLOP/s);
-#   4. the end-to-end run with the real v8 client on a cuda device (tests/test_e2e_models.py
-#      test_backends[cuda]: prefill + decode, logits vs the client's local CPU run). The server
-#      is built with make_cuda_devices(ready=True) since SERVING_READY is still False.
+#      llama.cpp v8 client, the real quantizer and the e2e client; Debian 13 libs);
+#   2. `pytest -m gpu tests/test_cuda_gpu.py` (every CUDA kernel against gguf/NumPy oracles);
+#   3. the end to end run with the real v8 client on a cuda device (`tests/test_e2e_models.py
+#      -m gpu`: prefill + decode, FA off and on, logits vs the client's local CPU run);
+#   4. bench/gpu_bench.py: matvec GB/s per type and shape, upload GB/s, prefill TFLOP/s;
+#   5. bench/gpu_speed.py: tg128 / pp512 of `rpcnet serve --device cuda` on the 1.1 B llama
+#      (q8_0, Q4_K_M, f16) through the real v8 client, against the rpc-server baseline.
+# Every test that skips fails (RPCNET_REQUIRE_REFENV=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
-RESULTS=${OUT:-/tmp/gpu_check}
-mkdir -p "$RESULTS"
+DEST=${1:-${OUT:-/tmp/gpu_check}}
+mkdir -p "$DEST"
+WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
 CARRY=dist/gpu
 PY=${PYTHON:-python3}
 SITE="$PWD/dist/gpu-site"  # dist/ is git-ignored
-log() { printf '[gpu_check %3ds] %s\n' $((SECONDS - START)) "$*" | tee -a "$RESULTS/check.log"; }
+export RPCNET_REQUIRE_REFENV=1 PYTHONUNBUFFERED=1
+log() { printf '[gpu_check %3ds] %s\n' $((SECONDS - START)) "$*" | tee -a "$WORK/check.log"; }
+left() { echo $((${1} - (SECONDS - START))); }  # seconds left before mark $1
 
 GLIBC=$(ldd --version 2>&1 | sed -n 1p | grep -oE '[0-9]+\.[0-9]+$')
 PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -32,21 +39,21 @@ if [ -z "$wheels" ]; then
     log "no wheels in $CARRY/wheels: run bench/gpu_pack.sh on a CPU machine and carry dist/gpu"
     install_ok=false
 elif ! "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" $wheels \
-        >>"$RESULTS/install.log" 2>&1; then
+        >>"$WORK/install.log" 2>&1; then
     log "pip unusable here: unpacking the wheels directly"
     for w in $wheels; do "$PY" -m zipfile -e "$w" "$SITE" || install_ok=false; done
 fi
 export PYTHONPATH="$SITE"
 "$PY" -c 'import rpcnet, cupy; print("rpcnet", rpcnet.__file__, "cupy", cupy.__version__)' \
-    >>"$RESULTS/check.log" 2>&1 || install_ok=false
+    >>"$WORK/check.log" 2>&1 || install_ok=false
 
-# Reference env for the oracles: the v8 client (cp312) and Debian 13's libc under .refenv.
+# Reference env: the v8 client (cp312) and Debian 13's libc under .refenv.
 REFENV="$PWD/.refenv"
 if [ ! -f "$REFENV/v8/.done" ] && [ -n "$wheels" ]; then
     mkdir -p "$REFENV/v8" "$REFENV/trixie"
     ref_wheels=$(ls "$CARRY"/wheels/{llama_cpp_py_sync,cffi,pycparser}-*.whl 2>/dev/null)
     "$PY" -m pip install --quiet --no-index --no-deps --target "$REFENV/v8" $ref_wheels \
-        >>"$RESULTS/install.log" 2>&1 || for w in $ref_wheels; do "$PY" -m zipfile -e "$w" "$REFENV/v8"; done
+        >>"$WORK/install.log" 2>&1 || for w in $ref_wheels; do "$PY" -m zipfile -e "$w" "$REFENV/v8"; done
     for deb in "$CARRY"/debs/*.deb; do
         if command -v dpkg >/dev/null; then dpkg -x "$deb" "$REFENV/trixie"
         else (tmp=$(mktemp -d) && cd "$tmp" && ar x "$OLDPWD/$deb" && tar -xf data.tar.* -C "$REFENV/trixie"); fi
@@ -63,50 +70,71 @@ log "install: $install_ok"
 # ---- 2. GPU tests ----------------------------------------------------------------------------
 tests_rc=-1
 if $install_ok; then
-    timeout 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_gpu.py \
-        --junitxml="$RESULTS/gpu_tests.xml" >"$RESULTS/gpu_tests.log" 2>&1
+    timeout 130 "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/test_cuda_gpu.py \
+        --junitxml="$WORK/gpu_tests.xml" >"$WORK/gpu_tests.log" 2>&1
     tests_rc=$?
-    log "pytest -m gpu: rc=$tests_rc, $(tail -1 "$RESULTS/gpu_tests.log")"
+    log "pytest -m gpu: rc=$tests_rc, $(tail -1 "$WORK/gpu_tests.log")"
 fi
 
-# ---- 2b. end to end with the real v8 client on cuda ---------------------------------------------
+# ---- 3. end to end with the real v8 client on cuda -------------------------------------------
 e2e_rc=-1
 if $install_ok; then
-    timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_e2e_models.py \
-        -k test_backends --junitxml="$RESULTS/gpu_e2e.xml" >"$RESULTS/gpu_e2e.log" 2>&1
+    RPCNET_E2E_REPORT="$WORK/gpu_e2e.json" timeout 100 "$PY" -m pytest -m gpu -q -rfEs \
+        -p no:cacheprovider tests/test_e2e_models.py --junitxml="$WORK/gpu_e2e.xml" \
+        >"$WORK/gpu_e2e.log" 2>&1
     e2e_rc=$?
-    log "e2e on cuda: rc=$e2e_rc, $(tail -1 "$RESULTS/gpu_e2e.log")"
+    log "e2e on cuda: rc=$e2e_rc, $(tail -1 "$WORK/gpu_e2e.log")"
 fi
 
-# ---- 3. benchmark ----------------------------------------------------------------------------
+# ---- 4. kernel benchmark ---------------------------------------------------------------------
 bench_rc=-1
 if $install_ok; then
-    budget=$((450 - (SECONDS - START)))
-    if [ "$budget" -gt 30 ]; then
-        timeout "$budget" "$PY" bench/gpu_bench.py --out "$RESULTS/gpu_bench.json" \
-            >"$RESULTS/gpu_bench.log" 2>&1
-        bench_rc=$?
-    fi
+    timeout 60 "$PY" bench/gpu_bench.py --out "$WORK/gpu_bench.json" >"$WORK/gpu_bench.log" 2>&1
+    bench_rc=$?
     log "gpu_bench: rc=$bench_rc"
 fi
 
+# ---- 5. tg128 / pp512 through the server -----------------------------------------------------
+speed_rc=-1
+if $install_ok; then
+    budget=$(left 470)
+    if [ "$budget" -gt 30 ]; then
+        timeout "$budget" "$PY" bench/gpu_speed.py --out "$WORK/gpu_speed.json" \
+            >"$WORK/gpu_speed.log" 2>&1
+        speed_rc=$?
+    fi
+    log "gpu_speed: rc=$speed_rc, budget ${budget}s"
+fi
+
 # ---- summary ---------------------------------------------------------------------------------
-"$PY" - "$RESULTS" "$tests_rc" "$bench_rc" "$install_ok" $((SECONDS - START)) "$e2e_rc" <<'PYEOF'
+"$PY" - "$WORK" "$DEST" "$install_ok" $((SECONDS - START)) "$tests_rc" "$e2e_rc" "$bench_rc" \
+    "$speed_rc" <<'PYEOF'
 import json, os, sys, xml.etree.ElementTree as ET
-results, tests_rc, bench_rc, install_ok, seconds, e2e_rc = sys.argv[1:]
-summary = {"install_ok": install_ok == "true", "seconds": int(seconds),
-           "tests_rc": int(tests_rc), "bench_rc": int(bench_rc), "e2e_rc": int(e2e_rc)}
-e2e_log = os.path.join(results, "gpu_e2e.log")
-if os.path.exists(e2e_log):
-    summary["e2e"] = open(e2e_log).read().strip().splitlines()[-1:]
-xml = os.path.join(results, "gpu_tests.xml")
-if os.path.exists(xml):
-    suite = ET.parse(xml).getroot()
-    suite = suite if suite.tag == "testsuite" else suite[0]
-    summary["tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    summary["failed"] = [c.get("name") for c in suite.iter("testcase")
-                         if c.find("failure") is not None or c.find("error") is not None][:20]
-bench = os.path.join(results, "gpu_bench.json")
+work, dest, install_ok, seconds, *rcs = sys.argv[1:]
+rc = dict(zip(("tests", "e2e", "bench", "speed"), map(int, rcs)))
+summary = {"ok": install_ok == "true" and all(v == 0 for v in rc.values()),
+           "install_ok": install_ok == "true", "seconds": int(seconds), "rc": rc}
+
+def junit(name):
+    path = os.path.join(work, name)
+    if not os.path.exists(path):
+        return None
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    out = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    out["not_passed"] = [c.get("name") for s in suites for c in s.iter("testcase")
+                         if any(c.find(t) is not None for t in ("failure", "error", "skipped"))][:40]
+    return out
+
+summary["tests"] = junit("gpu_tests.xml")
+summary["e2e"] = junit("gpu_e2e.xml")
+for name, key in (("gpu_e2e.json", "e2e_cases"),):
+    path = os.path.join(work, name)
+    if os.path.exists(path):
+        data = json.load(open(path))
+        summary[key] = [{k: r.get(k) for k in ("case", "rel", "tol", "argmax_agree")}
+                        for r in data["cases"]] + [{"failed": f} for f in data["failures"]]
+bench = os.path.join(work, "gpu_bench.json")
 if os.path.exists(bench):
     b = json.load(open(bench))
     summary["gpu"] = b["gpu"]
@@ -114,8 +142,14 @@ if os.path.exists(bench):
     summary["upload_GBps"] = {r["MiB"]: r["GBps"] for r in b["upload"]}
     summary["prefill_TFLOPs"] = {r["type"]: r["TFLOPs"] for r in b["prefill"]}
     summary["launch"] = b["launch"]
-with open(os.path.join(results, "summary.json"), "w") as f:
+speed = os.path.join(work, "gpu_speed.json")
+if os.path.exists(speed):
+    summary["speed"] = json.load(open(speed))["types"]
+with open(os.path.join(dest, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
 print(json.dumps(summary))
+sys.exit(0 if summary["ok"] else 1)
 PYEOF
-[ "$install_ok" = true ] && [ "$tests_rc" = 0 ] && [ "$e2e_rc" = 0 ] && [ "$bench_rc" = 0 ]
+ok=$?
+tar -czf "$DEST/gpu_check.tar.gz" -C "$WORK" . 2>/dev/null
+exit $ok

@@ -60,7 +60,7 @@ V7_NAMES = ["llama-gqa-f32", "qwen3-f16", "qwen3moe-f32", "bert-f32", "llama256-
 
 @pytest.fixture(scope="module", autouse=True)
 def _require_refenv() -> None:
-    require.reference_env()
+    require.reference_env("v8")  # every case; v7 cases also require v7 (E2E.check)
     require.module("gguf")  # the model zoo's writer
 
 
@@ -238,6 +238,7 @@ class E2E:
             return self.work / f"{self._count:03d}-{tag}"
 
     def baseline(self, case: Case) -> np.ndarray:
+        require.reference_env(case.version)
         key = (case.version, case.model, tuple(case.args()))
         with self._lock:
             if key in self._baselines:
@@ -260,6 +261,8 @@ class E2E:
         return logits
 
     def remote(self, case: Case, name: str = "") -> tuple[np.ndarray, dict]:
+        for version in {case.version, *(key[:2] for key in case.servers)}:
+            require.reference_env(version)  # the client's and each server's protocol
         endpoints = ",".join(self.servers["get"](key) for key in case.servers)
         mark = self.logs.mark()
         error = None
