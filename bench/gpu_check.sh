@@ -79,7 +79,7 @@ fi
 # ---- 3. end to end with the real v8 client on cuda -------------------------------------------
 e2e_rc=-1
 if $install_ok; then
-    RPCNET_E2E_REPORT="$WORK/gpu_e2e.json" timeout 100 "$PY" -m pytest -m gpu -q -rfEs \
+    RPCNET_E2E_REPORT="$WORK/gpu_e2e.json" timeout 170 "$PY" -m pytest -m gpu -q -rfEs \
         -p no:cacheprovider tests/test_e2e_models.py --junitxml="$WORK/gpu_e2e.xml" \
         >"$WORK/gpu_e2e.log" 2>&1
     e2e_rc=$?

@@ -42,7 +42,13 @@ MODEL_1B = ModelSpec(
     seed=7,
 )
 MODEL_TINY = dataclasses.replace(
-    MODEL_1B, name="gputiny-f16", n_vocab=1024, n_embd=256, n_layer=2, n_head=4, n_head_kv=2,
+    MODEL_1B,
+    name="gputiny-f16",
+    n_vocab=1024,
+    n_embd=256,
+    n_layer=2,
+    n_head=4,
+    n_head_kv=2,
     n_ff=512,
 )
 #: rpc-server (CUDA, b11434, protocol 7, FA off) on the H200: the acceptance baseline.
@@ -58,8 +64,17 @@ def model_for(base: ModelSpec, kind: str, cache: Path, threads: int) -> Path:
         src = ensure_model(base, cache)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         refenv.run_probe(
-            "v8", "quantize", "--model", src, "--out", tmp, "--type", kind,
-            "--threads", threads, timeout=600,
+            "v8",
+            "quantize",
+            "--model",
+            src,
+            "--out",
+            tmp,
+            "--type",
+            kind,
+            "--threads",
+            threads,
+            timeout=600,
         )
         os.replace(tmp, path)
     return path
@@ -88,8 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="the tiny model (dry run)")
     args = ap.parse_args(argv)
     base = MODEL_TINY if args.tiny else MODEL_1B
-    results: dict = {"model": dataclasses.asdict(base), "device": args.device, "client": "v8",
-                     "fa": 0, "types": {}}
+    results: dict = {
+        "model": dataclasses.asdict(base),
+        "device": args.device,
+        "client": "v8",
+        "fa": 0,
+        "types": {},
+    }
 
     def save() -> None:
         args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
@@ -110,8 +130,19 @@ def main(argv: list[str] | None = None) -> int:
         proc = serve(port, args.device, log)
         try:
             r = refenv.run_probe(
-                "v8", PROBE, model, f"127.0.0.1:{port}", "--pp", args.pp, "--tg", args.tg,
-                "--threads", args.threads, "--reps", args.reps, timeout=300,
+                "v8",
+                PROBE,
+                model,
+                f"127.0.0.1:{port}",
+                "--pp",
+                args.pp,
+                "--tg",
+                args.tg,
+                "--threads",
+                args.threads,
+                "--reps",
+                args.reps,
+                timeout=300,
             )
             entry.update(r)
             if kind in BASELINE and not args.tiny:

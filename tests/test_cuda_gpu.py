@@ -22,6 +22,10 @@ def be():
 
     backend = CudaBackend(0)
     backend.kernels.warm()
+    # Inputs the tests make with CuPy go on the kernels' stream: a non-blocking stream is not
+    # ordered against the legacy stream.
+    backend.device.use()
+    backend.stream.use()
     return backend
 
 
@@ -587,3 +591,42 @@ def test_plan_on_a_cuda_device_runs_eager_captured_replayed_like_the_cpu():
     finally:
         gpu.shutdown()
         cpu.shutdown()
+
+
+def test_rows_past_the_grid_y_limit(be, cp):
+    """More rows than grid.y holds (65535): FA-off prefill writes the transposed V cache as
+    rows of one element (pp512: 512 * n_embd_v rows), and vocabularies pass 65535 rows."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(21)
+    n = 70001
+    src = rng.standard_normal((n, 1)).astype(np.float32)
+    ids = rng.permutation(n).astype(np.int64)
+    dst = cp.zeros(n, cp.float16)
+    launch.set_rows(be, cp.asarray(src), cp.asarray(ids), dst, "F16")
+    want = np.zeros(n, np.float16)
+    want[ids] = src[:, 0].astype(np.float16)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(dst), want)
+
+    wide = rng.standard_normal((n, 32)).astype(np.float32)
+    q8 = np.asarray(quantize(wide, gguf.GGMLQuantizationType.Q8_0)).reshape(n, -1)
+    deq = np.asarray(dequantize(q8, gguf.GGMLQuantizationType.Q8_0)).reshape(n, 32)
+    out = cp.zeros((n, 32), cp.float32)
+    launch.dequantize(be, "Q8_0", cp.asarray(q8), out, 32, n, "f32")
+    rows = cp.zeros((n, 32), cp.float32)
+    pick = rng.integers(0, n, n).astype(np.int32)
+    launch.get_rows(be, "Q8_0", cp.asarray(q8), cp.asarray(pick), rows, 32)
+    glu = cp.zeros((n, 32), cp.float32)
+    launch.glu(be, cp.asarray(wide), cp.asarray(wide), glu, 0)
+    x = wide.reshape(n, 1, 32)
+    roped = cp.zeros((n, 1, 32), cp.float32)
+    zeros = np.zeros(n, np.int32)  # position 0: rope is the identity
+    launch.rope_neox_or_normal(be, cp.asarray(x), cp.asarray(zeros), roped, 32, 0, 10000.0)
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), deq)
+    np.testing.assert_array_equal(cp.asnumpy(rows), deq[pick])
+    np.testing.assert_allclose(cp.asnumpy(glu), np.maximum(wide, 0) * wide, rtol=1e-6)
+    np.testing.assert_allclose(cp.asnumpy(roped), x, rtol=1e-6, atol=1e-7)

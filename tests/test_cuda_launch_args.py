@@ -267,3 +267,58 @@ def test_matvec_rejects_misaligned_weights():
             1,
             DevArray(36 * 8, np.uint8),
         )
+
+
+def test_row_launchers_stay_inside_grid_y_with_more_rows_than_it_holds():
+    """pp512 with FA off writes the transposed V cache as 512 * n_embd_v one-element rows; the
+    launchers clamp grid.y and pass the row count for the kernels' row loop."""
+    f32, u8 = np.float32, np.uint8
+    n = 70001
+    runs = {
+        "set_rows": lambda be: launch.set_rows(
+            be, DevArray((n, 1), f32), DevArray(n, np.int64), DevArray(2 * n, u8), "F16"
+        ),
+        "set_rows_q8_0": lambda be: launch.set_rows(
+            be, DevArray((n, 32), f32), DevArray(n, np.int64), DevArray(34 * n, u8), "Q8_0"
+        ),
+        "dequantize": lambda be: launch.dequantize(
+            be, "Q8_0", DevArray(34 * n, u8), DevArray(32 * n, f32), 32, n, "f32"
+        ),
+        "get_rows": lambda be: launch.get_rows(
+            be, "F32", DevArray(128 * n, u8), DevArray(n, np.int32), DevArray((n, 32), f32), 32
+        ),
+        "glu": lambda be: launch.glu(
+            be, DevArray((n, 32), f32), DevArray((n, 32), f32), DevArray((n, 32), f32), 2
+        ),
+        "rope": lambda be: launch.rope_neox_or_normal(
+            be,
+            DevArray((n, 1, 32), f32),
+            DevArray(n, np.int32),
+            DevArray((n, 1, 32), f32),
+            32,
+            0,
+            1e4,
+        ),
+    }
+    for label, run in runs.items():
+        be = fake_backend()
+        run(be)
+        ((_, kernel, grid, _, args),) = be.kernels.calls
+        assert grid[1] == launch.MAX_GRID_YZ, (label, grid)
+        assert int(args[-1]) == n, (label, kernel, "the row count is the last argument")
+
+
+@pytest.mark.parametrize(
+    ("grid", "block"),
+    [
+        ((1, 65536), (256,)),
+        ((1, 1, 65536), (32,)),
+        ((0,), (32,)),
+        ((1,), (1025,)),
+        ((1,), (1, 1, 65)),
+    ],
+)
+def test_launches_outside_cuda_limits_are_refused(grid, block):
+    with pytest.raises(launch.LaunchLimitError):
+        launch.check_launch(grid, block)
+    launch.check_launch(((1 << 31) - 1, 65535, 65535), (32, 32))  # the largest allowed

@@ -13,6 +13,7 @@ import struct
 from types import SimpleNamespace
 
 import pytest
+from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.errors import CudaGraphError, CudaStickyError
 from rpcnet.compute.cuda.execute import PlanRunner
 from rpcnet.compute.cuda.probe import CudaUnavailable
@@ -43,7 +44,16 @@ def fake_cupy(n_gpus: int = 2, free: int = 100 * GIB, total: int = 140 * GIB):
         Device=lambda i: contextlib.nullcontext(),
         Stream=lambda non_blocking=True: SimpleNamespace(ptr=1234, synchronize=lambda: None),
     )
-    return SimpleNamespace(cuda=cuda), current
+    compiled: list[str] = []
+
+    class RawModule:  # compiles on compile() only, as CuPy's does before a function lookup
+        def __init__(self, code: str, options: tuple, backend: str) -> None:
+            self.code = code
+
+        def compile(self) -> None:
+            compiled.append(self.code)
+
+    return SimpleNamespace(cuda=cuda, RawModule=RawModule, compiled=compiled), current
 
 
 @pytest.mark.parametrize(
@@ -70,6 +80,15 @@ def test_devices_for_each_spec(spec, names):
     finally:
         for d in devices:
             d.shutdown()
+
+
+def test_every_module_is_compiled_before_the_first_client():
+    cupy, _ = fake_cupy(n_gpus=1)
+    (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
+    device.shutdown()
+    assert sorted(cupy.compiled) == sorted(
+        sources.module_source(name) for name in sources.module_names()
+    )
 
 
 def test_not_ready_names_the_gpus_in_one_line():
@@ -146,6 +165,20 @@ def test_runner_runs_eagerly_then_captures_then_replays_and_syncs_every_time():
     assert runner.replay.captured(plan.uid)
     runner.run(other, owner)  # a new graph of the session drops the captured one
     assert not runner.replay.captured(plan.uid)
+
+
+def test_device_launch_reports_the_runner_mode():
+    """Device.launch's future carries what the runner did (eager, captured, replayed): the
+    device check reads it."""
+    cupy, _ = fake_cupy()
+    (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
+    device.runner = PlanRunner(Backend(), RecordingCapturer(), fatal=lambda e: pytest.fail("fatal"))
+    try:
+        plan = _plan([lambda: None])
+        modes = [device.launch(plan, "session").result() for _ in range(3)]
+        assert modes == ["eager", "captured", "replayed"]
+    finally:
+        device.shutdown()
 
 
 def test_runner_keeps_plans_with_cublas_steps_eager():

@@ -45,6 +45,12 @@ from support.models import ZOO, ensure_model, tensor_types
 #: repacks (Q4_0, Q4_K on AVX2), where even the reference server is ~1.5e-2 from the local run
 #: (tests/test_numerics.py holds those to 1e-3 against the reference server instead)
 TOLERANCE = {"f32": 1e-3, "f16": 2e-2, "quant": 1e-3, "repacked": 5e-2}
+#: on a GPU, whose arithmetic differs from the CPU backend's as ggml-cuda's does (docs/gpu.md)
+GPU_TOLERANCE = {"f32": 1e-3, "f16": 1e-2, "quant": 2e-2, "repacked": 5e-2}
+#: GPU cases: 12 tokens in one batch (more than the 8 columns of the decode matvec: the prefill
+#: path), then 4 single-token decodes
+GPU_TOKENS = "1,40,41,300,77,250,12,101,7,99,180,3,64,33,21,150"
+GPU_PREFILL = "12"
 LOCALLY_REPACKED = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}
 TOKENS = "1,40,41,300,77,250,12,101"  # 8 positions, every id < 320 (all vocabularies)
 PREFILL = "4"  # decode cases: 4 tokens in one batch, then 4 single-token llama_decode calls
@@ -201,6 +207,7 @@ class Case:
     opts: tuple[str, ...] = ()  # generate.py options shared by baseline and rpcnet run
     rpc_opts: tuple[str, ...] = ()  # options for the rpcnet run only (placement)
     kv_quant: bool = False
+    gpu: bool = False  # served by a GPU: GPU_TOLERANCE
 
     @property
     def spec(self):
@@ -310,7 +317,7 @@ class E2E:
 
     def compare(self, name: str, case: Case, ref: np.ndarray, got: np.ndarray) -> dict:
         klass = self.tolerance_class(case)
-        tol = TOLERANCE[klass]
+        tol = (GPU_TOLERANCE if case.gpu else TOLERANCE)[klass]
         assert got.shape == ref.shape, (got.shape, ref.shape)
         assert np.isfinite(ref).all(), "baseline not finite"
         assert np.isfinite(got).all(), f"rpcnet output not finite: {np.argwhere(~np.isfinite(got))}"
@@ -433,12 +440,28 @@ def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
     """The backend seam end to end: the same prefill + decode through host memory and through
     a backend that moves every byte the CUDA backend's way (staged, deferred copies)."""
     key = {"cpu": "v8", "fake-staged": "v8-staged", "cuda": "v8-cuda"}[backend]
-    case = Case(model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa))
+    case = Case(
+        model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa), gpu=key == "v8-cuda"
+    )
     e2e.check(f"backend-{backend}-fa{fa}/{model}", case)
     if backend == "fake-staged":
         staged = e2e.servers["started"][key].devices[0].backend
         assert staged.copier.copies > 0, "no byte went through the staging slots"
         assert staged.pool.in_use == 0, "a transfer kept its staging slots"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("model", "fa"),
+    [*((m, fa) for m in ZOO_NAMES if m != "bert-f32" for fa in ("0", "1")), ("bert-f32", "0")],
+)
+def test_cuda_every_type(e2e: E2E, model: str, fa: str) -> None:
+    """Every weight type of the zoo with every layer on a GPU, FA off and on: a prefill batch
+    wider than the decode matvec, then single-token decodes, against the client's local run."""
+    opts = ("--tokens", GPU_TOKENS, "--prefill", GPU_PREFILL, "--flash-attn", fa)
+    if ZOO[model].embedding:
+        opts = ("--tokens", GPU_TOKENS, "--flash-attn", fa)  # one batch: pooled embeddings
+    e2e.check(f"cuda-fa{fa}/{model}", Case(model, servers=("v8-cuda",), opts=opts, gpu=True))
 
 
 @pytest.mark.parametrize(

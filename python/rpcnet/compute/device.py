@@ -63,8 +63,8 @@ class OwnedPlan:
 
 @dataclass(eq=False)
 class _Job:
-    fn: Callable[[], None]
-    future: Future[None]
+    fn: Callable[[], Any]
+    future: Future[Any]
 
     @property
     def owner(self) -> object:
@@ -145,7 +145,7 @@ class Device:
             self.backend.free(mem)
         self.memory.release(nbytes)
 
-    def submit(self, fn: Callable[[], None]) -> Future[None]:
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run `fn` after the device's other work; its future ends when it is done.
 
         A short plan (`short(INLINE_MAX_SECONDS)`, a decode step) that finds the worker idle runs
@@ -155,13 +155,13 @@ class Device:
         alone = self._alone(getattr(fn, "owner", None))
         if short is not None and short(INLINE_MAX_SECONDS) and alone and self._queued == 0:
             if self._exclusive.acquire(blocking=False):
-                done: Future[None] = Future()
+                done: Future[Any] = Future()
                 try:
-                    fn()
+                    result = fn()
                 except BaseException as exc:  # noqa: BLE001 - the job's outcome, for its waiter
                     done.set_exception(exc)
                 else:
-                    done.set_result(None)
+                    done.set_result(result)  # a GPU runner's run mode ("eager", "replayed", ...)
                 finally:
                     self._exclusive.release()
                 return done
@@ -291,11 +291,11 @@ class Device:
         if len(jobs) == 1:
             job = jobs[0]
             try:
-                job.fn()
+                result = job.fn()
             except BaseException as exc:  # noqa: BLE001 - the job's outcome, for its waiter
                 job.future.set_exception(exc)
             else:
-                job.future.set_result(None)
+                job.future.set_result(result)
             return
         plans = [job.fn.plan for job in jobs if isinstance(job.fn, OwnedPlan)]
         try:
@@ -312,7 +312,7 @@ class Device:
             else:
                 job.future.set_exception(ValueError("row index out of range"))
 
-    def plan_work(self, plan: Any, owner: object) -> Callable[[], None]:
+    def plan_work(self, plan: Any, owner: object) -> Callable[[], Any]:
         """What the worker runs for `plan` launched by `owner` (a session): the plan with its
         owner (`OwnedPlan`, which `submit` may run inline), or on a GPU the device's runner
         (stream, CUDA-graph replay, error policy)."""

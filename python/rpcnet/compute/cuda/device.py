@@ -110,9 +110,10 @@ class KernelLibrary:
         return fn
 
     def warm(self) -> None:
-        """Compile every module now (server start), not during a client's first graph."""
+        """Compile every module now (server start), not during a client's first graph: a
+        RawModule compiles lazily, on its first function lookup, unless told to."""
         for name in sources.module_names():
-            self.module(name)
+            self.module(name).compile()
 
 
 class CudaBackend:

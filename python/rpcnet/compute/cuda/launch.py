@@ -23,8 +23,34 @@ FA_WARPS = 4
 i32, i64, f32 = np.int32, np.int64, np.float32
 
 
+#: CUDA's launch limits (every GPU since compute capability 3.0).
+MAX_GRID_X = (1 << 31) - 1
+MAX_GRID_YZ = 65535
+MAX_BLOCK_THREADS = 1024
+
+
+class LaunchLimitError(ValueError):
+    """A launch a GPU would refuse (grid or block too large): the graph fails, not the GPU."""
+
+
+def check_launch(grid: tuple, block: tuple) -> None:
+    """Refuse what CUDA would refuse, with the numbers, before it becomes a CUDA error."""
+    g = (*grid, 1, 1)[:3]
+    b = (*block, 1, 1)[:3]
+    if not (0 < g[0] <= MAX_GRID_X and 0 < g[1] <= MAX_GRID_YZ and 0 < g[2] <= MAX_GRID_YZ):
+        raise LaunchLimitError(f"grid {g} outside CUDA's limits (x < 2^31, y and z <= 65535)")
+    if min(b) <= 0 or b[0] * b[1] * b[2] > MAX_BLOCK_THREADS or b[2] > 64:
+        raise LaunchLimitError(f"block {b} outside CUDA's limits (<= 1024 threads, z <= 64)")
+
+
+def rows_grid(rows: int) -> int:
+    """grid.y for kernels that walk rows with RPC_FOR_ROWS_Y (common.cuh)."""
+    return max(1, min(rows, MAX_GRID_YZ))
+
+
 def _launch(be: CudaBackend, fn: Any, grid: tuple, block: tuple, args: tuple) -> None:
     """Launch on the backend's stream (CuPy launches on the current stream)."""
+    check_launch(grid, block)
     with be.device, be.stream:
         fn(grid, block, args)
 
@@ -139,9 +165,9 @@ def dequantize(
     _launch(
         be,
         fn,
-        (_cdiv(k, 256), rows),
+        (_cdiv(k, 256), rows_grid(rows)),
         (256,),
-        (w, out, i32(k), i64(row_bytes(type_name, k))),
+        (w, out, i32(k), i64(row_bytes(type_name, k)), i64(rows)),
     )
 
 
@@ -152,7 +178,7 @@ def matmul_prefill(
     cp = be.cp
     dequantize(be, type_name, w, scratch_f16, k, m, "f16")
     with be.device, be.stream:  # cuBLAS runs on the current stream
-        wf = scratch_f16[: m * k].view(cp.float16).reshape(m, k)
+        wf = scratch_f16[: 2 * m * k].view(cp.float16).reshape(m, k)  # scratch is bytes
         return cp.matmul(y.astype(cp.float16), wf.T).astype(cp.float32)
 
 
@@ -247,8 +273,9 @@ def rope_neox_or_normal(
         f32(1),
         f32(0),
         f32(0),
+        i64(heads * tokens),
     )
-    _launch(be, fn, (_cdiv(d // 2, 256), heads * tokens), (256,), args)
+    _launch(be, fn, (_cdiv(d // 2, 256), rows_grid(heads * tokens)), (256,), args)
 
 
 def glu(
@@ -258,7 +285,7 @@ def glu(
     fn = be.kernels.function("glu", "rpc_glu_f32")
     s = (i64(n), i64(n * rows), i64(n * rows))
     args = (a, b, dst, i32(n), i32(rows), i32(1), *s, *s, *s, i32(op), f32(alpha), f32(limit))
-    _launch(be, fn, (_cdiv(n, 256), rows), (256,), args)
+    _launch(be, fn, (_cdiv(n, 256), rows_grid(rows)), (256,), (*args, i64(rows)))
 
 
 def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: int) -> None:
@@ -281,8 +308,9 @@ def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: i
         i64(4 * k),
         i64(0),
         i64(0),
+        i64(n),
     )
-    _launch(be, fn, (_cdiv(k, 256), n, 1), (256,), args)
+    _launch(be, fn, (_cdiv(k, 256), rows_grid(n), 1), (256,), args)
 
 
 def flash_attn_decode(
@@ -416,11 +444,12 @@ def set_rows(be: CudaBackend, src: Any, ids: Any, dst: Any, dst_type: str) -> No
         i64(rb),
         i64(0),
         i64(0),
+        i64(n),
     )
     if dst_type == "Q8_0":
-        _launch(be, fn, (_cdiv(k // 32, 8), n, 1), (32, 8), args)
+        _launch(be, fn, (_cdiv(k // 32, 8), rows_grid(n), 1), (32, 8), args)
     else:
-        _launch(be, fn, (_cdiv(k, 256), n, 1), (256,), args)
+        _launch(be, fn, (_cdiv(k, 256), rows_grid(n), 1), (256,), args)
 
 
 def cpy(be: CudaBackend, src: Any, dst: Any) -> None:

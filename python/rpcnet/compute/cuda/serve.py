@@ -51,6 +51,8 @@ def make_cuda_devices(
             f"--device cuda: found {names}, but graph execution on cuda has not yet run on a "
             f"GPU (docs/gpu.md; {EXPERIMENTAL_ENV}=1 to try it); serve --device cpu meanwhile"
         )
+    for backend in backends.values():
+        backend.kernels.warm()  # compile before the first client, not in its first graph
     return [
         _device(pos, kind, None if i is None else backends[i], capacity, threads, max_scratch)
         for pos, (kind, i) in enumerate(order)

@@ -6,13 +6,27 @@ found through the include path. Nothing here needs CuPy or a driver.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 SRC_DIR = Path(__file__).resolve().parent / "src"
 
+
+def headers_digest() -> str:
+    """A digest of every header the modules include: CuPy's kernel cache keys a module by its
+    source and options only, so a header change must change an option."""
+    h = hashlib.sha256()
+    for path in sorted([*SRC_DIR.glob("*.cuh"), *SRC_DIR.glob("*.h")]):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 #: NVRTC options every module is compiled with. The architecture is not among them: CuPy adds
 #: the device's own (-arch=compute_XY), and the NVRTC test adds sm_80 and sm_90.
-COMPILE_OPTIONS: tuple[str, ...] = (f"--include-path={SRC_DIR}",)
+COMPILE_OPTIONS: tuple[str, ...] = (
+    f"--include-path={SRC_DIR}",
+    f"-DRPC_HEADERS_DIGEST=0x{headers_digest()}ull",
+)
 
 
 def module_names() -> list[str]:

@@ -46,6 +46,10 @@ __device__ __forceinline__ float rpc_block_max(float v, float* scratch32) {
     return rpc_warp_max(v);
 }
 
+// Rows on grid.y, which holds at most 65535 blocks: the launcher clamps grid.y and each block
+// walks rows blockIdx.y, blockIdx.y + gridDim.y, ... (launch.rows_grid).
+#define RPC_FOR_ROWS_Y(r, nrows) for (long long r = blockIdx.y; r < (nrows); r += gridDim.y)
+
 // ggml rows: a row index r over ne1*ne2*ne3 rows -> element offset with strides s1..s3.
 __device__ __forceinline__ long long rpc_row_offset(long long r, int ne1, int ne2, long long s1,
                                                     long long s2, long long s3) {

@@ -73,9 +73,12 @@ RPC_HD float rpc_half_to_float(uint16_t h) {
 // float -> IEEE half, round to nearest even (what ggml's conversions do).
 RPC_HD uint16_t rpc_float_to_half(float f) {
 #ifdef RPC_DEVICE_BUILD
-    uint16_t h;
-    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
-    return h;
+    // The half leaves the asm zero-extended in a 32-bit register: with a 16-bit ("h") output,
+    // ptxas (CUDA 13, sm_90) byte-stored the wrong half of the register (the low byte came out
+    // 0), seen on an H200.
+    uint32_t h;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; cvt.u32.u16 %0, t; }" : "=r"(h) : "f"(f));
+    return (uint16_t)h;
 #else
     const uint32_t x = rpc_float_to_bits(f);
     const uint32_t sign = (x >> 16) & 0x8000u;

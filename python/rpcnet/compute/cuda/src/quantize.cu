@@ -21,10 +21,7 @@ extern "C" __global__ void rpc_quantize_q8_1(const float* __restrict__ x, uint8_
     uint8_t* b = out + ((long long)col * (k / 32) + blk) * RPC_Q8_1_BYTES;
     b[4 + threadIdx.x] = (uint8_t)(int8_t)q;
     if (threadIdx.x == 0) {
-        const uint16_t dh = rpc_float_to_half(d), sh = rpc_float_to_half((float)sum * d);
-        b[0] = (uint8_t)dh;
-        b[1] = (uint8_t)(dh >> 8);
-        b[2] = (uint8_t)sh;
-        b[3] = (uint8_t)(sh >> 8);
+        const uint32_t dh = rpc_float_to_half(d), sh = rpc_float_to_half((float)sum * d);
+        *(uint32_t*)b = dh | (sh << 16);  // blocks are 36 bytes: 4-byte aligned
     }
 }

@@ -5,7 +5,7 @@
 // t, h, w, e for the multi-position modes). Dimensions past the rotated ones are copied.
 // The host passes theta_scale = freq_base^(-2/n_dims), the YaRN corr dims, and mscale
 // (attn_factor, already corrected for ext_factor as ggml does).
-// Launch: block 256, grid (ceil(ne0/2 / 256), ne1*ne2*ne3); element strides for x and dst.
+// Launch: block 256, grid (ceil(ne0/2 / 256), min(nrows, 65535)), nrows = ne1*ne2*ne3; element strides for x and dst.
 #include "common.cuh"
 
 #define RPC_ROPE_NORMAL 0
@@ -42,13 +42,11 @@ __device__ __forceinline__ void rpc_rope_stream(const RpcRopeArgs& a, int k, int
 }
 
 template <typename E>
-__device__ __forceinline__ void rpc_rope(const typename E::T* x, const int* pos, const float* ff,
-                                         typename E::T* dst, const RpcRopeArgs& a, long long xs1,
-                                         long long xs2, long long xs3, long long ds1, long long ds2,
-                                         long long ds3) {
-    const int p = blockIdx.x * blockDim.x + threadIdx.x;  // pair index within the row
-    if (2 * p >= a.ne0) return;
-    const long long r = blockIdx.y;
+__device__ __forceinline__ void rpc_rope_row(const typename E::T* x, const int* pos,
+                                             const float* ff, typename E::T* dst,
+                                             const RpcRopeArgs& a, long long xs1, long long xs2,
+                                             long long xs3, long long ds1, long long ds2,
+                                             long long ds3, int p, long long r) {
     const int i1 = (int)(r % a.ne1), i2 = (int)((r / a.ne1) % a.ne2);
     const long long i3 = r / ((long long)a.ne1 * a.ne2);
     const typename E::T* xr = x + i1 * xs1 + i2 * xs2 + i3 * xs3;
@@ -87,16 +85,26 @@ __device__ __forceinline__ void rpc_rope(const typename E::T* x, const int* pos,
     E::store(dr + j1, x0 * s + x1 * c);
 }
 
+template <typename E>
+__device__ __forceinline__ void rpc_rope(const typename E::T* x, const int* pos, const float* ff,
+                                         typename E::T* dst, const RpcRopeArgs& a, long long xs1,
+                                         long long xs2, long long xs3, long long ds1, long long ds2,
+                                         long long ds3, long long nrows) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;  // pair index within the row
+    if (2 * p >= a.ne0) return;
+    RPC_FOR_ROWS_Y(r, nrows) rpc_rope_row<E>(x, pos, ff, dst, a, xs1, xs2, xs3, ds1, ds2, ds3, p, r);
+}
+
 #define RPC_ROPE_KERNEL(E, name)                                                                 \
     extern "C" __global__ void rpc_rope_##name(                                                  \
         const E::T* x, const int* pos, const float* ff, E::T* dst, int ne0, int ne1, int ne2,      \
         long long xs1, long long xs2, long long xs3, long long ds1, long long ds2, long long ds3,  \
         int n_dims, int mode, int s0, int s1, int s2, int s3, float theta_scale, float freq_scale, \
-        float ext_factor, float mscale, float corr_lo, float corr_hi) {                           \
+        float ext_factor, float mscale, float corr_lo, float corr_hi, long long nrows) {          \
         const RpcRopeArgs a = {ne0,         ne1,        ne2,        n_dims, mode,    s0,     s1,  \
                                s2,          s3,         theta_scale, freq_scale, ext_factor,      \
                                mscale,      corr_lo,    corr_hi};                                 \
-        rpc_rope<E>(x, pos, ff, dst, a, xs1, xs2, xs3, ds1, ds2, ds3);                            \
+        rpc_rope<E>(x, pos, ff, dst, a, xs1, xs2, xs3, ds1, ds2, ds3, nrows);                     \
     }
 RPC_ROPE_KERNEL(RpcF32, f32)
 RPC_ROPE_KERNEL(RpcF16, f16)
