@@ -86,3 +86,25 @@ def test_closing_a_session_drops_its_graph():
         cache.run("s", "p", frozenset({1}), True, plan(cap, "p"))
     cache.session_closed("s")
     assert not cache.captured("p")
+
+
+class FailingCapturer(RecordingCapturer):
+    """A stream that cannot record the plan (a CuPy allocation, a host synchronization)."""
+
+    def capture(self, run):
+        self._recording = []
+        try:
+            run()
+        finally:
+            self._recording = None
+        raise RuntimeError("cudaErrorStreamCaptureUnsupported")
+
+
+def test_a_failed_capture_runs_the_plan_eagerly_from_then_on():
+    cap = FailingCapturer()
+    cache = GraphReplayCache(cap)
+    run = plan(cap, "p")
+    modes = [cache.run("s1", "p", frozenset({1}), True, run) for _ in range(4)]
+    assert modes == ["eager"] * 4
+    assert cap.executed == ["p.a", "p.b"] * 4  # the failed capture's run executed eagerly too
+    assert cache.stats.failed_captures == 1

@@ -630,3 +630,88 @@ def test_rows_past_the_grid_y_limit(be, cp):
     np.testing.assert_array_equal(cp.asnumpy(rows), deq[pick])
     np.testing.assert_allclose(cp.asnumpy(glu), np.maximum(wide, 0) * wide, rtol=1e-6)
     np.testing.assert_allclose(cp.asnumpy(roped), x, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("ncols", [1, 3])
+def test_strided_matvec_on_cache_views(be, cp, ncols):
+    """K*Q and V*KQ of a decode step on the KV cache's own layout: K rows of one head strided
+    by all heads' width, V transposed (rows of kv positions), GQA broadcast over heads."""
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(23)
+    d, n_kv, kv_size, h_kv, h = 64, 40, 256, 2, 8
+    cache = rng.standard_normal((kv_size, h_kv * d)).astype(np.float16)  # K: [pos, head*d]
+    q = rng.standard_normal((h, ncols, d)).astype(np.float32)
+    dst = cp.zeros((h, ncols, n_kv), cp.float32)
+    strides = (h_kv * d * 2, d * 2, d, ncols * d, n_kv, n_kv * ncols)
+    launch.matvec_strided(
+        be,
+        "F16",
+        cp.asarray(cache).view(cp.uint8).ravel(),
+        cp.asarray(q),
+        dst,
+        d,
+        n_kv,
+        ncols,
+        h,
+        strides,
+        h // h_kv,
+    )
+    k = cache[:n_kv].astype(np.float64).reshape(n_kv, h_kv, d)
+    want = np.einsum("hcd,nhd->hcn", q.astype(np.float64), np.repeat(k, h // h_kv, axis=1))
+    vt = rng.standard_normal((h_kv, d, kv_size)).astype(np.float16)  # V transposed
+    p = rng.random((h, ncols, n_kv)).astype(np.float32)
+    out = cp.zeros((h, ncols, d), cp.float32)
+    vstrides = (kv_size * 2, d * kv_size * 2, n_kv, ncols * n_kv, d, d * ncols)
+    launch.matvec_strided(
+        be,
+        "F16",
+        cp.asarray(vt).view(cp.uint8).ravel(),
+        cp.asarray(p),
+        out,
+        n_kv,
+        d,
+        ncols,
+        h,
+        vstrides,
+        h // h_kv,
+    )
+    v = np.repeat(vt[..., :n_kv].astype(np.float64), h // h_kv, axis=0)  # (h, d, n_kv)
+    want_v = np.einsum("hcn,hdn->hcd", p.astype(np.float64), v)
+    be.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(dst), want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(cp.asnumpy(out), want_v, rtol=1e-5, atol=1e-4)
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+
+
+@pytest.mark.parametrize("block", [32, 256])
+def test_prefill_activations_round_like_the_cpu_dot_product(be, cp, block):
+    """q8_0/q8_1 (blocks of 32, half scale, round half away) and q8_K (blocks of 256, scale
+    from the signed extreme, round half even, at most 127), as ggml's reference quantizers."""
+    from rpcnet.compute.cuda import launch
+
+    rng = np.random.default_rng(24)
+    rows, k = 5, 512
+    x = (rng.standard_normal((rows, k)) * rng.uniform(0.01, 20, (rows, 1))).astype(np.float32)
+    x[0, :256] = 0.0  # an all-zero block
+    x[1, 7] = -40.0  # a negative extreme
+    out = cp.zeros((rows, k), cp.float16)
+    launch.round_activations(be, cp.asarray(x), out, k, rows, block)
+    b = x.reshape(rows, k // block, block)
+    if block == 32:
+        d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+        q = _round_half_away(b * inv)
+        want = d.astype(np.float16).astype(np.float32) * q
+    else:
+        pick = np.abs(b).argmax(axis=-1)[..., None]  # first of equal magnitudes
+        mx = np.take_along_axis(b, pick, axis=-1)
+        iscale = np.divide(np.float32(-127), mx, out=np.zeros_like(mx), where=mx != 0)
+        q = np.minimum(np.float32(127), np.rint(iscale * b))
+        d = np.divide(np.float32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+        want = d * q
+    be.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), want.reshape(rows, k).astype(np.float16))

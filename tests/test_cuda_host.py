@@ -258,3 +258,32 @@ def test_cuda_op_table_names_real_entry_points_and_ops():
     assert "MUL_MAT" not in missing and "ADD" not in missing and "TOP_K" in missing
     on_cuda = {op_name(k.op) for k in table("cuda")}
     assert set(missing) | on_cuda == cpu_ops and not set(missing) & on_cuda
+
+
+def test_pinned_slots_live_as_long_as_their_views():
+    """A staging pair the pool drops frees its pinned memory (nothing else holds it)."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from rpcnet.compute.cuda.device import CupyCopier
+
+    class Pinned(bytearray):  # stands in for CuPy's PinnedMemoryPointer (a buffer exporter)
+        pass
+
+    made: list[weakref.ref] = []
+
+    def alloc_pinned_memory(n: int) -> Pinned:
+        mem = Pinned(n)
+        made.append(weakref.ref(mem))
+        return mem
+
+    cupy = SimpleNamespace(cuda=SimpleNamespace(alloc_pinned_memory=alloc_pinned_memory))
+    copier = CupyCopier(cupy, stream=None)
+    view = copier.pinned(1 << 20)
+    view[:4] = b"abcd"
+    gc.collect()
+    assert made[0]() is not None and bytes(made[0]()[:4]) == b"abcd"
+    del view
+    gc.collect()
+    assert made[0]() is None, "the pinned allocation outlived its view"

@@ -207,6 +207,49 @@ def launches():
                 ),
             )
         )
+    for kv in (("F16", "F16"), ("Q8_0", "Q8_0"), ("F16", "Q8_0"), ("Q8_0", "F16")):
+        out.append(
+            (
+                f"flash_attn_views {kv}",
+                lambda be, kv=kv: launch.flash_attn_views(
+                    be,
+                    kv,
+                    (
+                        DevArray((1, 4, 1, 128), f32),
+                        DevArray(4096, u8),
+                        DevArray(4096, u8),
+                        DevArray(512, u8),
+                        None,
+                        DevArray((1, 1, 4, 128), f32),
+                    ),
+                    (128, 128, 1, 10, 4, 2, 1),
+                    (128, 128, 512, 512, 256, 5120, 512, 256, 5120, 256, 0, 0),
+                    (1, 1),
+                    0.1,
+                    0.0,
+                    0.0,
+                ),
+            )
+        )
+    for t in ("F32", "F16", "BF16"):
+        out.append(
+            (
+                f"matvec_strided {t}",
+                lambda be, t=t: launch.matvec_strided(
+                    be,
+                    t,
+                    DevArray(1 << 16, u8),
+                    DevArray((4, 1, 64), f32),
+                    DevArray((4, 1, 256), f32),
+                    64,
+                    256,
+                    1,
+                    4,
+                    (1024, 128, 256, 64, 256, 256),
+                    2,
+                ),
+            )
+        )
     for t in ("F32", "F16", "BF16", "Q8_0"):
         for ids_type in (np.int64, i32):
             out.append(

@@ -243,14 +243,17 @@ def test_prefill_matmul_is_marked_uncapturable():
     assert getattr(decode.steps[0], "capturable", True) is True
 
 
-def test_attention_products_take_the_batched_matmul_and_weights_the_matvec():
+def test_attention_products_take_the_strided_matvec_or_the_batched_matmul():
     g = Graph()
     k_cache = g.tensor(T.F16, (64, 32, 2, 1))  # 2 KV heads
-    q = g.tensor(T.F32, (64, 4, 8, 1))  # 8 heads: GQA broadcast r2 = 4
+    q = g.tensor(T.F32, (64, 4, 8, 1))  # 8 heads: GQA broadcast r2 = 4, 4 tokens (decode)
     kq = g.tensor(T.F32, (32, 4, 8, 1), Op.MUL_MAT, (), (k_cache, q))
-    assert registry.select(kq, "cuda").name == "cuda_mul_mat_batched"
-    (step,) = compile_plan([kq], "cuda").steps
-    assert getattr(step, "capturable", True) is False  # cuBLAS: never captured
+    assert registry.select(kq, "cuda").name == "cuda_mul_mat_strided"
+    assert registry.select(kq, "cuda").captures(kq)  # a decode step replays as a CUDA graph
+    q12 = g.tensor(T.F32, (64, 12, 8, 1))  # 12 tokens (prefill)
+    kq12 = g.tensor(T.F32, (32, 12, 8, 1), Op.MUL_MAT, (), (k_cache, q12))
+    assert registry.select(kq12, "cuda").name == "cuda_mul_mat_batched"
+    assert not registry.select(kq12, "cuda").captures(kq12)  # cuBLAS: never captured
     (w_node,) = _nodes("mul_mat_q8_0", Graph())
     assert registry.select(w_node, "cuda").name == "cuda_mul_mat"
     f16_w = _nodes("mul_mat_f16", Graph())[0]
@@ -311,23 +314,24 @@ def _xp_case(name: str, rng) -> tuple[list, list]:
         pads = (1, 0, 0, 0, 2, 3, 0, 0)  # left and right, in ne0 and ne2
         return [(T.F32, (16, 8, 3, 1), x)], [Op.PAD, T.F32, (17, 8, 8, 1), pads, (0,)]
     if name.startswith("flash_attn"):
-        q = rng.standard_normal((4, 3, 64)).astype(np.float32)  # (heads, rows, d)
+        # 12 query rows: more than the CUDA C decode kernel takes, so the xp kernel runs
+        q = rng.standard_normal((4, 12, 64)).astype(np.float32)  # (heads, rows, d)
         k = rng.standard_normal((2, 32, 64)).astype(np.float16)  # 2 kv heads: GQA
         v = rng.standard_normal((2, 32, 64)).astype(np.float16)
-        mask = np.zeros((4, 32), np.float16)  # rows padded to 4
+        mask = np.zeros((12, 32), np.float16)
         mask[:, 20:] = -np.inf  # the kv positions not yet filled
         mask[1, :5] = -np.inf
         sinks = rng.standard_normal(4).astype(np.float32)
         softcap = 30.0 if name.endswith("softcap") else 0.0
         inputs = [
-            (T.F32, (64, 3, 4, 1), q),
+            (T.F32, (64, 12, 4, 1), q),
             (T.F16, (64, 32, 2, 1), k),
             (T.F16, (64, 32, 2, 1), v),
-            (T.F16, (32, 4, 1, 1), mask),
+            (T.F16, (32, 12, 1, 1), mask),
             (T.F32, (4, 1, 1, 1), sinks),
         ]
         params = (0.125, 0.0, softcap)
-        return inputs, [Op.FLASH_ATTN_EXT, T.F32, (64, 4, 3, 1), params, (0, 1, 2, 3, 4)]
+        return inputs, [Op.FLASH_ATTN_EXT, T.F32, (64, 4, 12, 1), params, (0, 1, 2, 3, 4)]
     raise AssertionError(name)
 
 

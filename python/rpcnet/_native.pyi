@@ -61,6 +61,7 @@ __all__ = [
     "matmul_quant",
     "matmul_quant_supports",
     "matmul_quant_block",
+    "matmul_activation_block",
     "set_portable_kernels",
     "kernels_simd",
     "set_avx512_kernels",
@@ -327,6 +328,10 @@ def matmul_quant_supports(type_id: int) -> bool:
 
 def matmul_quant_block(type_id: int) -> tuple[int, int, int] | None:
     """(elements per block, bytes per block, K multiple) of a supported type, else None."""
+
+def matmul_activation_block(type_id: int) -> int | None:
+    """Elements per block of the activation format ggml's CPU dot product uses for the weight
+    type (32: q8_0/q8_1, 256: q8_K, 1: float), else None."""
 
 def set_portable_kernels(on: bool) -> bool:
     """Force (True) or release (False) the portable kernel build; returns whether SIMD is used.

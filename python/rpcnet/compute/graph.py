@@ -132,6 +132,8 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
             base = f"{op_name(node.op)} {'/'.join(registry.types_of(node))}"
             shapes = [tuple(s.ne) for s in node.src if s is not None]
             step = profile.timed(profile.label(base, kernel.name, shapes), step)
+        if not kernel.captures(node):
+            step.capturable = False  # type: ignore[attr-defined]  # read by the GPU's runner
         steps.append(step)
         site = weight_site(node, step, len(steps) - 1)
         if site is not None:

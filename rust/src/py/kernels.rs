@@ -87,6 +87,14 @@ pub fn matmul_quant_block(type_id: u32) -> Option<(usize, usize, usize)> {
     matmul::type_info(type_id).map(|t| (t.block, t.block_bytes, t.block.max(t.act.block())))
 }
 
+/// Elements per block of the format ggml's CPU dot product quantizes activations to for this
+/// weight type (its vec_dot_type): 32 (q8_0, q8_1), 256 (q8_K), 1 (float: no quantization);
+/// None for an unsupported type.
+#[pyfunction]
+pub fn matmul_activation_block(type_id: u32) -> Option<usize> {
+    matmul::type_info(type_id).map(|t| t.act.block())
+}
+
 /// Forces (True) or releases (False) the portable kernels; returns whether SIMD is now used.
 #[pyfunction]
 pub fn set_portable_kernels(on: bool) -> bool {

@@ -62,6 +62,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::matmul_quant, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_supports, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::matmul_quant_block, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::matmul_activation_block, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::set_portable_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::kernels_simd, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::set_avx512_kernels, m)?)?;

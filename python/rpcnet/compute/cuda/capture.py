@@ -13,9 +13,12 @@ so this bookkeeping runs and is tested without a GPU.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+log = logging.getLogger("rpcnet.cuda")
 
 
 class Capturer(Protocol):
@@ -30,6 +33,7 @@ class _Entry:
     buffers: frozenset[int]
     runs: int = 0
     graph: object | None = None
+    eager_only: bool = False  # its capture failed: run it eagerly from then on
 
 
 @dataclass
@@ -38,6 +42,7 @@ class ReplayStats:
     captures: int = 0
     replays: int = 0
     dropped: int = 0
+    failed_captures: int = 0
 
 
 @dataclass
@@ -72,12 +77,22 @@ class GraphReplayCache:
             self.capturer.launch(entry.graph)
             self.stats.replays += 1
             return "replayed"
-        if not capturable or entry.runs < self.capture_after:
+        if not capturable or entry.eager_only or entry.runs < self.capture_after:
             run_eager()
             entry.runs += 1
             self.stats.eager += 1
             return "eager"
-        entry.graph = self.capturer.capture(run_eager)
+        try:
+            entry.graph = self.capturer.capture(run_eager)
+        except Exception as exc:  # noqa: BLE001 - a step the stream cannot record: run eagerly
+            # Capture records without executing, so nothing ran: this run is an eager one.
+            log.warning("CUDA graph capture failed, the plan runs eagerly: %s", exc)
+            entry.eager_only = True
+            self.stats.failed_captures += 1
+            run_eager()
+            entry.runs += 1
+            self.stats.eager += 1
+            return "eager"
         self.stats.captures += 1
         self.capturer.launch(entry.graph)  # capturing records; this executes
         return "captured"

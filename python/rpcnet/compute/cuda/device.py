@@ -44,13 +44,13 @@ class CupyCopier:
         # the stream's GPU is made current for each call: transfers run on the event loop and,
         # for cache hits, on worker threads, whose current device may be another GPU
         self.device = device if device is not None else contextlib.nullcontext()
-        self._keep: list[Any] = []  # the pinned allocations backing the slot views
 
     def pinned(self, nbytes: int) -> memoryview:
-        mem = self.cp.cuda.alloc_pinned_memory(nbytes)
-        self._keep.append(mem)
+        """A view of new pinned host memory, which lives exactly as long as the view (the
+        array under it holds the allocation): a staging pair dropped by its pool frees it."""
         import numpy as np
 
+        mem = self.cp.cuda.alloc_pinned_memory(nbytes)
         return np.frombuffer(mem, dtype=np.uint8, count=nbytes).data
 
     def _host_ptr(self, view: memoryview) -> int:
@@ -129,7 +129,10 @@ class CudaBackend:
         self.index = index
         self.device = cupy.cuda.Device(index)
         with self.device:
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.stream = cupy.cuda.Stream(non_blocking=True)  # kernels, graph replays
+            # Transfers come from the event loop while the worker may be capturing a CUDA graph
+            # on `stream`: on their own stream they are never recorded into it.
+            self.copy_stream = cupy.cuda.Stream(non_blocking=True)
             props = cupy.cuda.runtime.getDeviceProperties(index)
             free, total = cupy.cuda.runtime.memGetInfo()
         name = props["name"]
@@ -195,7 +198,7 @@ class CudaBackend:
         if self._staging is None:
             with self.device:
                 self._staging = StagingPool(
-                    CupyCopier(self.cp, self.stream, self.device), DEFAULT_CHUNK
+                    CupyCopier(self.cp, self.copy_stream, self.device), DEFAULT_CHUNK
                 )
         return self._staging
 
@@ -240,24 +243,30 @@ class CudaBackend:
             out[pos : pos + len(view)] = view
             pos += len(view)
 
-        self.synchronize("read")  # graph work on this stream first (the stream orders it anyway)
+        # No wait on the kernel stream here (it may be capturing another client's graph): a
+        # session reads only after its launched graphs ended, and each ends synchronized.
         self.download(buf, offset, nbytes, emit)
         return memoryview(out)
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
+        """COPY_TENSOR on the copy stream, finished before it returns (the next graph may read
+        the destination, and graphs run on the other stream)."""
         with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "COPY_TENSOR"):
             self.cp.cuda.runtime.memcpyAsync(
                 int(dst.data.ptr) + dst_offset,
                 int(src.data.ptr) + src_offset,
                 nbytes,
                 _D2D,
-                self.stream.ptr,
+                self.copy_stream.ptr,
             )
+            self.copy_stream.synchronize()
 
     def fill(self, buf: Any, offset: int, nbytes: int, value: int) -> None:
+        """MEMSET / BUFFER_CLEAR on the copy stream, finished before it returns."""
         with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "memset"):
             ptr = int(buf.data.ptr) + offset
-            self.cp.cuda.runtime.memsetAsync(ptr, value, nbytes, self.stream.ptr)
+            self.cp.cuda.runtime.memsetAsync(ptr, value, nbytes, self.copy_stream.ptr)
+            self.copy_stream.synchronize()
 
     def synchronize(self, what: str = "synchronize") -> None:
         try:

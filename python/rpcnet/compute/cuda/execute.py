@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -68,6 +69,8 @@ class PlanRunner:
         self.backend = backend
         self.replay = GraphReplayCache(capturer)
         self.fatal = fatal
+        #: per session: run mode -> [plans, seconds from launch to the stream's end]
+        self.modes: dict[Hashable, dict[str, list[float]]] = {}
 
     def run(self, plan: Any, owner: Hashable) -> str:
         for buf in plan.written:
@@ -78,6 +81,7 @@ class PlanRunner:
             for step in plan.steps:
                 step()
 
+        start = time.perf_counter()
         try:
             how = self.replay.run(owner, plan.uid, plan.buffers, capturable, eager)
             self.backend.synchronize("graph")
@@ -94,6 +98,9 @@ class PlanRunner:
             if isinstance(err, CudaStickyError):
                 self.fatal(err)
             raise err from exc
+        tally = self.modes.setdefault(owner, {}).setdefault(how, [0, 0.0])
+        tally[0] += 1
+        tally[1] += time.perf_counter() - start
         return how
 
     # Bookkeeping calls come through the device's worker too (FIFO with the plans), so the
@@ -103,3 +110,11 @@ class PlanRunner:
 
     def owner_closed(self, owner: Hashable) -> None:
         self.replay.session_closed(owner)
+        modes = self.modes.pop(owner, None)
+        if modes:  # how the session's graphs ran: decode should replay
+            log.info(
+                "cuda graphs of a closed session: %s",
+                ", ".join(
+                    f"{how} {n} ({secs / n * 1e6:.0f} us each)" for how, (n, secs) in modes.items()
+                ),
+            )

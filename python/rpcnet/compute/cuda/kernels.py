@@ -7,8 +7,9 @@ is closed), never computed on the host behind its back.
 
 Importing this module registers the entries and imports neither CuPy nor launch.py (which
 imports the CuPy backend module, itself CuPy-free): builders run only for nodes in buffers of a
-cuda device, whose backend is a `CudaBackend`. Steps that launch cuBLAS (prefill) are marked
-`capturable = False`: CuPy cannot capture them into a CUDA graph.
+cuda device, whose backend is a `CudaBackend`. Entries whose steps call cuBLAS through CuPy or
+allocate CuPy temporaries (prefill, the xp kernels that are not `out=` only) are registered
+`capturable=False`: a CUDA graph cannot record them, so a plan with one runs eagerly.
 
 (op, types) the CPU device has and these entries do not cover are listed with the reason in
 `NOT_YET_ON_CUDA` (tests/test_cuda_registry.py prints them).
@@ -146,11 +147,6 @@ def _device_scratch(be: Any, kind: str, nbytes: int) -> Any:
     if mem is None:
         raise ComputeError(f"cuda: no room for {nbytes} bytes of plan scratch")
     return mem
-
-
-def _uncapturable(step: Step) -> Step:
-    step.capturable = False  # type: ignore[attr-defined]
-    return step
 
 
 # ---------------------------------------------------------------------------------- elementwise
@@ -353,6 +349,7 @@ def _mul_mat_ok(node: Tensor) -> bool:
     _mul_mat_ok,
     priority=NATIVE,
     device=CUDA,
+    capturable=lambda node: node.ne[1] <= MATVEC_MAX_COLS,  # the prefill calls cuBLAS
 )
 def cuda_mul_mat(node: Tensor) -> Step:
     from rpcnet.compute.cuda import sources
@@ -376,7 +373,52 @@ def cuda_mul_mat(node: Tensor) -> Step:
         with be.device, be.stream:
             dst[...] = out
 
-    return _uncapturable(prefill)
+    return prefill
+
+
+def _elsize(t: Tensor) -> int:
+    return int(np.dtype(_DTYPES[t.type]).itemsize)
+
+
+def _strided_matvec_ok(node: Tensor) -> bool:
+    """Few columns against float weights in any row and channel layout (a decode step's
+    attention products on the cache's views): elements contiguous along K, heads on ne2."""
+    s = _srcs(node, 2)
+    if s is None or node.type != F32 or not _contiguous(node):
+        return False
+    w, y = s
+    return (
+        w.type in (F32, F16, BF16)
+        and y.type == F32
+        and w.nb[0] == _elsize(w)
+        and y.nb[0] == 4
+        and y.nb[1] % 4 == 0
+        and y.nb[2] % 4 == 0
+        and y.ne[0] == w.ne[0]
+        and node.ne == (w.ne[1], y.ne[1], y.ne[2], 1)
+        and 1 <= y.ne[1] <= MATVEC_MAX_COLS
+        and w.ne[3] == y.ne[3] == 1
+        and 0 < w.ne[2]
+        and y.ne[2] % w.ne[2] == 0
+        and y.ne[2] <= 65535  # channels on grid.y
+    )
+
+
+@kernel(
+    Op.MUL_MAT,
+    "f32|f16|bf16 x f32 -> f32, N<=8, strided rows and heads, ne2 broadcast (attention decode)",
+    _strided_matvec_ok,
+    priority=NATIVE - 5,  # after the 2-D weight path, before the cuBLAS one
+    device=CUDA,
+)
+def cuda_mul_mat_strided(node: Tensor) -> Step:
+    w_t, y_t = _need(node, 2)
+    be, launch = _backend(node), _launch_module()
+    k, m, ncols, channels = w_t.ne[0], w_t.ne[1], y_t.ne[1], y_t.ne[2]
+    w, y, dst = _raw(w_t), _view(y_t), _view(node)
+    strides = (w_t.nb[1], w_t.nb[2], y_t.nb[1] // 4, y_t.nb[2] // 4, m, m * ncols)
+    wt, ratio = type_name(w_t.type).upper(), channels // w_t.ne[2]
+    return lambda: launch.matvec_strided(be, wt, w, y, dst, k, m, ncols, channels, strides, ratio)
 
 
 def _batched_ok(node: Tensor) -> bool:
@@ -402,6 +444,7 @@ def _batched_ok(node: Tensor) -> bool:
     _batched_ok,
     priority=GENERIC,
     device=CUDA,
+    capturable=False,
 )
 def cuda_mul_mat_batched(node: Tensor) -> Step:
     """The attention products (K*Q, V*KQ: strided cache views, heads broadcast for GQA) as one
@@ -421,7 +464,7 @@ def cuda_mul_mat_batched(node: Tensor) -> Step:
                 w = cp.repeat(w, r3, axis=0)
             dst[...] = cp.matmul(b.astype(cp.float32), w.swapaxes(-1, -2))
 
-    return _uncapturable(run)
+    return run
 
 
 def _mul_mat_id_ok(node: Tensor) -> bool:
@@ -573,8 +616,8 @@ def cuda_glu(node: Tensor) -> Step:
 # ---------------------------------------------------------------------------------- xp kernels
 # Small ops of the MoE router and of encoders, written against the backend's array module
 # (`be.cp`: CuPy on a GPU; NumPy in the host tests, which compare them with the CPU kernels).
-# They write through `out=` views, so nothing is allocated while they run, except ARGSORT and
-# the 3-D GET_ROWS (CuPy temporaries): those are marked uncapturable.
+# Those that write through `out=` views only allocate nothing while they run; the others
+# (NORM, SUM_ROWS, ARGSORT, the 3-D GET_ROWS) are registered uncapturable.
 
 XP = -10  # below the CUDA C kernels of the same op
 
@@ -584,7 +627,13 @@ def _f32_unary_ok(node: Tensor) -> bool:
     return s is not None and s[0].type == F32 and node.type == F32
 
 
-@kernel(Op.NORM, "f32 (xp)", lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne, device=CUDA)  # type: ignore[union-attr]
+@kernel(
+    Op.NORM,
+    "f32 (xp)",
+    lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne,  # type: ignore[union-attr]
+    device=CUDA,
+    capturable=False,  # the mean and variance are CuPy temporaries
+)
 def cuda_norm(node: Tensor) -> Step:
     (src,) = _need(node, 1)
     be = _backend(node)
@@ -605,7 +654,7 @@ def _sum_rows_ok(node: Tensor) -> bool:
     return _f32_unary_ok(node) and s is not None and node.ne == (1, *s[0].ne[1:])
 
 
-@kernel(Op.SUM_ROWS, "f32 (xp)", _sum_rows_ok, device=CUDA)
+@kernel(Op.SUM_ROWS, "f32 (xp)", _sum_rows_ok, device=CUDA, capturable=False)  # a reduction
 def cuda_sum_rows(node: Tensor) -> Step:
     (src,) = _need(node, 1)
     be = _backend(node)
@@ -644,7 +693,9 @@ def _argsort_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.ARGSORT, "f32 -> i32 (xp; p0: 0 asc, 1 desc)", _argsort_ok, device=CUDA)
+@kernel(
+    Op.ARGSORT, "f32 -> i32 (xp; p0: 0 asc, 1 desc)", _argsort_ok, device=CUDA, capturable=False
+)
 def cuda_argsort(node: Tensor) -> Step:
     (src,) = _need(node, 1)
     be = _backend(node)
@@ -657,7 +708,7 @@ def cuda_argsort(node: Tensor) -> Step:
             order = xp.argsort(-x if desc else x, axis=-1, kind="stable")
             dst[...] = order.astype(xp.int32)
 
-    return _uncapturable(run)
+    return run
 
 
 def _get_rows_f32_ok(node: Tensor) -> bool:
@@ -681,6 +732,7 @@ def _get_rows_f32_ok(node: Tensor) -> bool:
     _get_rows_f32_ok,
     priority=XP,
     device=CUDA,
+    capturable=False,
 )
 def cuda_get_rows_batched(node: Tensor) -> Step:
     src, ids = _need(node, 2)
@@ -693,7 +745,7 @@ def cuda_get_rows_batched(node: Tensor) -> Step:
             rows = idx[0].astype(xp.int64)[..., None]  # (ne12, ne11, n, 1)
             dst[...] = xp.take_along_axis(x, rows, axis=2)  # (ne12, ne11, n, ne0)
 
-    return _uncapturable(run)
+    return run
 
 
 def _pad_ok(node: Tensor) -> bool:
@@ -762,12 +814,97 @@ def _fa_ok(node: Tensor) -> bool:
     )
 
 
+_FA_KV = {F16: "F16", GgmlType.Q8_0: "Q8_0"}
+FA_DECODE_MAX_Q = 8  # query rows per head for the CUDA C kernel (one block each)
+FA_MAX_HEAD = 512  # 32 lanes x RPC_FA_PER_LANE in flash_attn.cu
+
+
+def _fa_decode_ok(node: Tensor) -> bool:
+    """The CUDA C decode kernel: f16 or q8_0 K/V views as the cache lays them out, f16 mask."""
+    q, k, v, mask, sinks = _fa_srcs(node)
+    if q is None or k is None or v is None or node.type != F32 or q.type != F32:
+        return False
+    if any(t is not None and t.buffer is None for t in (q, k, v, mask, sinks)):
+        return False
+    d, n_q, n_head, batches = q.ne
+    return (
+        k.type in _FA_KV
+        and v.type in _FA_KV
+        and q.nb[0] == 4
+        and all(q.nb[i] % 4 == 0 for i in (1, 2, 3))
+        and k.nb[0] == _native.type_info(k.type)[2]  # blocks (or halves) contiguous along D
+        and v.nb[0] == _native.type_info(v.type)[2]
+        and d % _native.type_info(k.type)[1] == 0
+        and v.ne[0] % _native.type_info(v.type)[1] == 0
+        and 1 <= n_q <= FA_DECODE_MAX_Q
+        and d <= FA_MAX_HEAD
+        and v.ne[0] <= FA_MAX_HEAD
+        and k.ne[0] == d
+        and v.ne[1] == k.ne[1]
+        and 0 < k.ne[2] == v.ne[2]
+        and n_head % k.ne[2] == 0
+        and k.ne[3] == v.ne[3] == batches
+        and batches <= 65535
+        and node.ne == (v.ne[0], n_head, n_q, batches)
+        and _contiguous(node)
+        and (
+            mask is None
+            or (
+                mask.type == F16
+                and mask.nb[0] == 2
+                and all(mask.nb[i] % 2 == 0 for i in (1, 2, 3))
+                and mask.ne[0] >= k.ne[1]
+                and mask.ne[1] >= n_q
+                and mask.ne[2] > 0
+                and mask.ne[3] > 0
+            )
+        )
+        and (sinks is None or (sinks.type == F32 and _contiguous(sinks) and sinks.ne[0] >= n_head))
+    )
+
+
+@kernel(
+    Op.FLASH_ATTN_EXT,
+    "f32 q x f16|q8_0 k, v views, n_q<=8 (+f16 mask, ALiBi, softcap, sinks, GQA; CUDA C)",
+    _fa_decode_ok,
+    priority=NATIVE,
+    device=CUDA,
+)
+def cuda_flash_attn_decode(node: Tensor) -> Step:
+    q_t, k_t, v_t, mask_t, sinks_t = _fa_srcs(node)
+    assert q_t is not None and k_t is not None and v_t is not None
+    be, launch = _backend(node), _launch_module()
+    d, n_q, n_head, batches = q_t.ne
+    kv_types = (_FA_KV[GgmlType(k_t.type)], _FA_KV[GgmlType(v_t.type)])
+    ptrs = (
+        _view(q_t),
+        _raw(k_t),
+        _raw(v_t),
+        None if mask_t is None else _raw(mask_t),
+        None if sinks_t is None else _view(sinks_t),
+        _view(node),
+    )
+    dims = (d, v_t.ne[0], n_q, k_t.ne[1], n_head, k_t.ne[2], batches)
+    strides = (
+        *(q_t.nb[i] // 4 for i in (1, 2, 3)),
+        *(k_t.nb[i] for i in (1, 2, 3)),
+        *(v_t.nb[i] for i in (1, 2, 3)),
+        *((0, 0, 0) if mask_t is None else (mask_t.nb[i] // 2 for i in (1, 2, 3))),
+    )
+    bcast = (1, 1) if mask_t is None else (mask_t.ne[2], mask_t.ne[3])
+    scale, max_bias, softcap = node.f32(0), node.f32(1), node.f32(2)
+    return lambda: launch.flash_attn_views(
+        be, kv_types, ptrs, dims, strides, bcast, scale, max_bias, softcap
+    )
+
+
 @kernel(
     Op.FLASH_ATTN_EXT,
     "f32 q x f32/f16 k, v (+mask, softcap, sinks, GQA; xp: batched matmuls)",
     _fa_ok,
     priority=XP,
     device=CUDA,
+    capturable=False,
 )
 def cuda_flash_attn_xp(node: Tensor) -> Step:
     """softmax(scale·Q·Kᵀ (softcapped) + mask)·V with the array module, on the cache's own
@@ -812,4 +949,4 @@ def cuda_flash_attn_xp(node: Tensor) -> Step:
             res = xp.where(total == 0, f32(0), res / total)
             out[...] = res.transpose(1, 0, 2)
 
-    return _uncapturable(run)
+    return run

@@ -108,6 +108,30 @@ def matvec(
     _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
 
 
+def matvec_strided(
+    be: CudaBackend,
+    type_name: str,
+    w: Any,
+    y: Any,
+    dst: Any,
+    k: int,
+    m: int,
+    ncols: int,
+    channels: int,
+    strides: tuple[int, int, int, int, int, int],
+    ratio: int,
+) -> None:
+    """Float weights (F32/F16/BF16) in any row and channel layout: the attention products of a
+    decode step on the cache's strided views. For channel c < `channels` and column j < ncols,
+    dst[c, j, :m] = W[c // ratio] @ y[c, j, :k]. `strides`: weight row and channel in bytes,
+    y column and channel in floats, dst column and channel in floats."""
+    if type_name not in sources.FLOAT_TYPES or not 1 <= ncols <= MV_MAXCOLS:
+        raise ValueError(f"strided matvec takes float weights and 1..{MV_MAXCOLS} columns")
+    fn = be.kernels.function("matvec", sources.matvec_kernel(type_name))
+    args = (w, y, dst, i32(k), i32(m), i32(ncols), *(i64(s) for s in strides), i32(ratio))
+    _launch(be, fn, (_cdiv(m, MV_WARPS), channels), (32, MV_WARPS), args)
+
+
 def matvec_id(
     be: CudaBackend,
     type_name: str,
@@ -171,15 +195,48 @@ def dequantize(
     )
 
 
+def activation_block(type_name: str) -> int:
+    """Elements per block of the activation quantization ggml's CPU dot product uses with this
+    weight type (1: none): the Rust kernel table's."""
+    from rpcnet import _native
+
+    block = _native.matmul_activation_block(sources.TYPE_IDS[type_name])
+    if block is None:
+        raise ValueError(f"no CPU dot product for {type_name}")
+    return block
+
+
+def round_activations(be: CudaBackend, y: Any, out: Any, k: int, rows: int, block: int) -> None:
+    """y [rows, k] f32 -> out [rows, k] f16: the values ggml's CPU dot product multiplies after
+    quantizing the activations in blocks of `block` (32: q8_0/q8_1, 256: q8_K)."""
+    if block == 32:
+        fn = be.kernels.function("quantize", "rpc_act_round_q8_32")
+        grid, blk = (_cdiv(k // 32, 8), rows_grid(rows)), (32, 8)
+    elif block == 256:
+        fn = be.kernels.function("quantize", "rpc_act_round_q8_k")
+        grid, blk = (k // 256, rows_grid(rows)), (32, 8)
+    else:
+        raise ValueError(f"no activation rounding in blocks of {block}")
+    _launch(be, fn, grid, blk, (y, out, i32(k), i64(rows)))
+
+
 def matmul_prefill(
     be: CudaBackend, type_name: str, w: Any, y: Any, k: int, m: int, scratch_f16: Any
 ) -> Any:
-    """y [n, k] f32 -> [n, m] f32 through an f16 copy of W in `scratch_f16` and cuBLAS."""
+    """y [n, k] f32 -> [n, m] f32 through an f16 copy of W in `scratch_f16` and cuBLAS; the
+    activations of a quantized W are rounded as ggml's CPU dot product quantizes them."""
     cp = be.cp
+    n = int(y.shape[0])
     dequantize(be, type_name, w, scratch_f16, k, m, "f16")
+    block = activation_block(type_name)
     with be.device, be.stream:  # cuBLAS runs on the current stream
         wf = scratch_f16[: 2 * m * k].view(cp.float16).reshape(m, k)  # scratch is bytes
-        return cp.matmul(y.astype(cp.float16), wf.T).astype(cp.float32)
+        if block == 1:
+            y16 = y.astype(cp.float16)
+        else:
+            y16 = cp.empty((n, k), cp.float16)
+            round_activations(be, y, y16, k, n, block)
+        return cp.matmul(y16, wf.T).astype(cp.float32)
 
 
 def rms_norm(be: CudaBackend, x: Any, dst: Any, eps: float, weight: Any | None = None) -> None:
@@ -311,6 +368,51 @@ def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: i
         i64(n),
     )
     _launch(be, fn, (_cdiv(k, 256), rows_grid(n), 1), (256,), args)
+
+
+def flash_attn_views(
+    be: CudaBackend,
+    kv_types: tuple[str, str],
+    ptrs: tuple[Any, Any, Any, Any | None, Any | None, Any],
+    dims: tuple[int, int, int, int, int, int, int],
+    strides: tuple[int, ...],
+    mask_bcast: tuple[int, int],
+    scale: float,
+    max_bias: float,
+    softcap: float,
+) -> None:
+    """FLASH_ATTN_EXT on ggml views as they are (the KV cache's strided K/V): `ptrs` q, k, v,
+    mask (f16) or None, sinks or None, dst; `dims` d, dv, n_q, n_kv, n_head, n_head_kv,
+    batches; `strides`: q (floats) x3, k (bytes) x3, v (bytes) x3, mask (halves) x3;
+    `mask_bcast`: the mask's ne2, ne3 (broadcast over heads and batches)."""
+    d, dv, n_q, n_kv, n_head, n_head_kv, batches = dims
+    suffix = {"F16": "f16", "Q8_0": "q8_0"}
+    fn = be.kernels.function(
+        "flash_attn", f"rpc_flash_attn_{suffix[kv_types[0]]}_{suffix[kv_types[1]]}"
+    )
+    n_head_log2 = 1 << (n_head.bit_length() - 1)  # ggml's ALiBi slopes
+    m0 = 2.0 ** (-max_bias / n_head_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_head_log2)
+    q, k, v, mask, sinks, dst = ptrs
+    args = (
+        q,
+        k,
+        v,
+        NULL if mask is None else mask,
+        NULL if sinks is None else sinks,
+        dst,
+        *(i32(x) for x in (d, dv, n_q, n_kv, n_head, n_head_kv)),
+        *(i64(s) for s in strides),
+        i32(mask_bcast[0]),
+        i32(mask_bcast[1]),
+        f32(scale),
+        f32(max_bias),
+        f32(m0),
+        f32(m1),
+        i32(n_head_log2),
+        f32(softcap),
+    )
+    _launch(be, fn, (n_q, n_head, batches), (32, FA_WARPS), args)
 
 
 def flash_attn_decode(

@@ -36,22 +36,35 @@ class Kernel:
     build: Builder
     types: str  # human-readable (op, types) summary for `rpcnet ops`
     priority: int
+    #: whether a GPU may record the node's step into a CUDA graph: a step that allocates,
+    #: synchronizes or calls cuBLAS through CuPy while it runs may not
+    capturable: Predicate | bool = True
+
+    def captures(self, node: Tensor) -> bool:
+        return self.capturable if isinstance(self.capturable, bool) else self.capturable(node)
 
 
 _KERNELS: dict[tuple[int, str], list[Kernel]] = {}
 
 
 def kernel(
-    op: int, types: str, supports: Predicate, priority: int = GENERIC, device: str = "cpu"
+    op: int,
+    types: str,
+    supports: Predicate,
+    priority: int = GENERIC,
+    device: str = "cpu",
+    capturable: Predicate | bool = True,
 ) -> Callable[[Builder], Builder]:
     """Register a builder for `op` on `device`; higher `priority` is tried first.
+    `capturable` (a flag or a predicate of the node) says whether a GPU may put its step into
+    a CUDA graph.
 
     Two kernels of one op and device may not share a priority: which one runs must never
     depend on the order their modules were imported in.
     """
 
     def register(build: Builder) -> Builder:
-        entry = Kernel(op, build.__name__, device, supports, build, types, priority)
+        entry = Kernel(op, build.__name__, device, supports, build, types, priority, capturable)
         entries = _KERNELS.setdefault((op, device), [])
         clash = [k.name for k in entries if k.priority == priority and k.build is not build]
         if clash:

@@ -25,3 +25,67 @@ extern "C" __global__ void rpc_quantize_q8_1(const float* __restrict__ x, uint8_
         *(uint32_t*)b = dh | (sh << 16);  // blocks are 36 bytes: 4-byte aligned
     }
 }
+
+// Prefill activations of a quantized weight, rounded as ggml's CPU dot product quantizes them
+// for that weight type (its vec_dot_type), and written back as the values the integer dot
+// product multiplies (d * q) in f16 for cuBLAS: the GPU's prefill then differs from the CPU
+// backend by f16 rounding, not by one side's activation quantization.
+// Blocks of 32 (q8_0 and q8_1: d = amax / 127 stored as half, q = round(x / d)), one warp each.
+// Launch: block (32, 8), grid (ceil(k/32/8), min(rows, 65535)); x and out are [rows, k].
+extern "C" __global__ void rpc_act_round_q8_32(const float* __restrict__ x,
+                                               uint16_t* __restrict__ out, int k,
+                                               long long rows) {
+    const int blk = blockIdx.x * blockDim.y + threadIdx.y;
+    if (blk >= k / 32) return;
+    RPC_FOR_ROWS_Y(r, rows) {
+        const long long i = r * k + blk * 32 + threadIdx.x;
+        const float v = x[i];
+        const float d = rpc_warp_max(fabsf(v)) / 127.0f;
+        const float q = roundf(v * (d != 0.0f ? 1.0f / d : 0.0f));
+        out[i] = rpc_float_to_half(rpc_half_to_float(rpc_float_to_half(d)) * q);
+    }
+}
+
+// Blocks of 256 (q8_K): the value of largest magnitude m (the first one on ties), scale
+// -127 / m, q = min(127, nearest_int(x * scale)), d = 1 / scale kept in f32.
+// Launch: block (32, 8) (one 256-block), grid (k/256, min(rows, 65535)).
+extern "C" __global__ void rpc_act_round_q8_k(const float* __restrict__ x,
+                                              uint16_t* __restrict__ out, int k, long long rows) {
+    __shared__ float s_abs[8], s_val[8];
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    RPC_FOR_ROWS_Y(r, rows) {
+        const long long i = r * k + blockIdx.x * 256 + warp * 32 + lane;
+        const float v = x[i];
+        // (|v|, v) of largest |v|, earliest index on ties: lanes and warps in index order
+        float a = fabsf(v), m = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float a2 = __shfl_down_sync(RPC_FULL_MASK, a, o);
+            const float m2 = __shfl_down_sync(RPC_FULL_MASK, m, o);
+            if (lane + o < 32 && a2 > a) {
+                a = a2;
+                m = m2;
+            }
+        }
+        __syncthreads();  // the previous row's readers are done with s_abs / s_val
+        if (lane == 0) {
+            s_abs[warp] = a;
+            s_val[warp] = m;
+        }
+        __syncthreads();
+        float amax = s_abs[0], max = s_val[0];
+        for (int w = 1; w < 8; ++w) {
+            if (s_abs[w] > amax) {
+                amax = s_abs[w];
+                max = s_val[w];
+            }
+        }
+        float value = 0.0f;
+        if (amax != 0.0f) {
+            const float iscale = -127.0f / max;
+            const float q = fminf(127.0f, rintf(iscale * v));
+            value = (1.0f / iscale) * q;
+        }
+        out[i] = rpc_float_to_half(value);
+    }
+}
