@@ -99,7 +99,7 @@ speed_rc=-1
 if $install_ok; then
     budget=$(left 470)
     if [ "$budget" -gt 30 ]; then
-        timeout "$budget" "$PY" bench/gpu_speed.py --out "$WORK/gpu_speed.json" \
+        timeout "$budget" "$PY" bench/gpu_speed.py --out "$WORK/gpu_speed.json" --profile q8_0 \
             >"$WORK/gpu_speed.log" 2>&1
         speed_rc=$?
     fi
@@ -144,7 +144,9 @@ if os.path.exists(bench):
     summary["launch"] = b["launch"]
 speed = os.path.join(work, "gpu_speed.json")
 if os.path.exists(speed):
-    summary["speed"] = json.load(open(speed))["types"]
+    data = json.load(open(speed))
+    summary["speed"] = data["types"]
+    summary["profile"] = data.get("profile")
 with open(os.path.join(dest, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
 print(json.dumps(summary))

@@ -5,8 +5,12 @@ acceptance (16 layers, n_embd 2048, 16 heads, 8 KV heads, n_ff 8192, vocab 32000
 The models are generated here (f16 by the gguf writer, q8_0 and Q4_K_M by the REAL quantizer).
 Each type gets a fresh server whose log is kept next to the JSON.
 
+Each server logs, per client, how its graphs ran (eager, captured, replayed; host µs and
+kernels per run): those lines go into the JSON. `--profile TYPE` adds a run of that type with
+`RPCNET_PROFILE` (every kernel waited for: its own GPU time) over `--profile-tg` decodes.
+
 Usage: python bench/gpu_speed.py --out speed.json [--types q8_0,Q4_K_M,f16] [--tg 128]
-       [--pp 512] [--model-cache DIR] [--threads 16] [--tiny]
+       [--pp 512] [--model-cache DIR] [--threads 16] [--tiny] [--profile q8_0]
 """
 
 from __future__ import annotations
@@ -80,14 +84,46 @@ def model_for(base: ModelSpec, kind: str, cache: Path, threads: int) -> Path:
     return path
 
 
-def serve(port: int, device: str, log: Path) -> subprocess.Popen:
+def serve(port: int, device: str, log: Path, profile: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ, RPCNET_CUDA_EXPERIMENTAL="1", PYTHONUNBUFFERED="1")
+    if profile is not None:
+        env["RPCNET_PROFILE"] = str(profile)
+        env["RPCNET_PROFILE_SHAPES"] = "1"
     argv = [sys.executable, "-m", "rpcnet.cli", "serve", "--port", str(port), "--device", device]
     proc = subprocess.Popen(
         argv, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
     )
     wait_listening(port, proc)
     return proc
+
+
+def profile_run(args: argparse.Namespace, base: ModelSpec, kind: str) -> dict:
+    """Decode only (a warm prompt of 8, then `--profile-tg` tokens), every kernel timed."""
+    model = model_for(base, kind, args.model_cache, args.threads)
+    port = refenv.free_port()
+    report = args.out.with_name(f"{args.out.stem}-{kind}-profile.txt")
+    log = args.out.with_name(f"{args.out.stem}-{kind}-profile-server.log")
+    proc = serve(port, args.device, log, profile=report)
+    try:
+        r = refenv.run_probe(
+            "v8",
+            PROBE,
+            model,
+            f"127.0.0.1:{port}",
+            "--pp",
+            "",
+            "--tg",
+            args.profile_tg,
+            "--threads",
+            args.threads,
+            timeout=300,
+        )
+    except Exception as exc:  # noqa: BLE001
+        r = {"error": str(exc)[-2000:]}
+    finally:
+        refenv.stop_process(proc, timeout=60)  # the report is written at exit
+    r["report"] = report.read_text().splitlines()[:40] if report.is_file() else None
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-cache", type=Path, default=Path("/tmp/rpcnet-gpu-models"))
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--tiny", action="store_true", help="the tiny model (dry run)")
+    ap.add_argument("--profile", default="", help="a type to profile kernel by kernel")
+    ap.add_argument("--profile-tg", type=int, default=16)
     args = ap.parse_args(argv)
     base = MODEL_TINY if args.tiny else MODEL_1B
     results: dict = {
@@ -154,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             refenv.stop_process(proc, timeout=30)
             entry["server_rc"] = proc.returncode
+        entry["runs"] = [
+            ln.split("INFO ", 1)[-1] for ln in log.read_text().splitlines() if "cuda graphs" in ln
+        ]
         save()
         print(kind, json.dumps(entry), flush=True)
+    if args.profile:
+        results["profile"] = profile_run(args, base, args.profile)
     save()
     ok = all("error" not in e for e in results["types"].values())
     return 0 if ok else 1

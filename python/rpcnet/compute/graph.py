@@ -131,7 +131,11 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         if profile.enabled():
             base = f"{op_name(node.op)} {'/'.join(registry.types_of(node))}"
             shapes = [tuple(s.ne) for s in node.src if s is not None]
-            step = profile.timed(profile.label(base, kernel.name, shapes), step)
+            # on a GPU each kernel is waited for: its time, not its launch's (and no capture)
+            sync = None if device == "cpu" else node.buffer.device.backend.synchronize
+            step = profile.timed(profile.label(base, kernel.name, shapes), step, sync)
+            if sync is not None:
+                step.capturable = False  # type: ignore[attr-defined]
         if not kernel.captures(node):
             step.capturable = False  # type: ignore[attr-defined]  # read by the GPU's runner
         steps.append(step)

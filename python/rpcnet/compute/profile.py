@@ -43,10 +43,17 @@ def label(base: str, kernel_name: str, shapes: list[tuple[int, ...]]) -> str:
     return f"{base} {kernel_name} {shapes}" if _SHAPES else base
 
 
-def timed(label: str, step: Callable[[], None]) -> Callable[[], None]:
+def timed(
+    label: str, step: Callable[[], None], sync: Callable[[], None] | None = None
+) -> Callable[[], None]:
+    """`step` timed into the totals; `sync` (a GPU stream's synchronize) makes the time the
+    kernel's own rather than its launch's."""
+
     def run() -> None:
         t0 = time.perf_counter()
         step()
+        if sync is not None:
+            sync()
         elapsed = time.perf_counter() - t0
         with _lock:
             entry = _totals[label]

@@ -65,11 +65,13 @@ class PlanRunner:
         backend: Any,
         capturer: Capturer,
         fatal: Callable[[CudaStickyError], None] = exit_on_sticky,
+        kernel_count: Callable[[], int] | None = None,
     ) -> None:
         self.backend = backend
+        self.kernel_count = kernel_count  # kernels launched so far (launch.launch_count)
         self.replay = GraphReplayCache(capturer)
         self.fatal = fatal
-        #: per session: run mode -> [plans, seconds from launch to the stream's end]
+        #: per session: run mode -> [plans, seconds from launch to the stream's end, kernels]
         self.modes: dict[Hashable, dict[str, list[float]]] = {}
 
     def run(self, plan: Any, owner: Hashable) -> str:
@@ -82,6 +84,7 @@ class PlanRunner:
                 step()
 
         start = time.perf_counter()
+        kernels0 = self.kernel_count() if self.kernel_count is not None else 0
         try:
             how = self.replay.run(owner, plan.uid, plan.buffers, capturable, eager)
             self.backend.synchronize("graph")
@@ -98,9 +101,11 @@ class PlanRunner:
             if isinstance(err, CudaStickyError):
                 self.fatal(err)
             raise err from exc
-        tally = self.modes.setdefault(owner, {}).setdefault(how, [0, 0.0])
+        tally = self.modes.setdefault(owner, {}).setdefault(how, [0, 0.0, 0])
         tally[0] += 1
         tally[1] += time.perf_counter() - start
+        if self.kernel_count is not None:
+            tally[2] += self.kernel_count() - kernels0
         return how
 
     # Bookkeeping calls come through the device's worker too (FIFO with the plans), so the
@@ -115,6 +120,7 @@ class PlanRunner:
             log.info(
                 "cuda graphs of a closed session: %s",
                 ", ".join(
-                    f"{how} {n} ({secs / n * 1e6:.0f} us each)" for how, (n, secs) in modes.items()
+                    f"{how} {n} ({secs / n * 1e6:.0f} us, {kernels / n:.0f} kernels each)"
+                    for how, (n, secs, kernels) in modes.items()
                 ),
             )

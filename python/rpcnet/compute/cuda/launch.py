@@ -48,11 +48,20 @@ def rows_grid(rows: int) -> int:
     return max(1, min(rows, MAX_GRID_YZ))
 
 
+_launches = [0]  # kernels launched by this process (the decode-step count reads it)
+
+
+def launch_count() -> int:
+    """Kernels launched so far (cuBLAS calls through CuPy not included)."""
+    return _launches[0]
+
+
 def _launch(be: CudaBackend, fn: Any, grid: tuple, block: tuple, args: tuple) -> None:
     """Launch on the backend's stream (CuPy launches on the current stream)."""
     check_launch(grid, block)
     with be.device, be.stream:
         fn(grid, block, args)
+    _launches[0] += 1
 
 
 def _cdiv(a: int, b: int) -> int:

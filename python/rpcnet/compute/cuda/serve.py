@@ -69,6 +69,7 @@ def _device(
 ) -> Any:
     from rpcnet.compute.cuda.device import CupyCapturer
     from rpcnet.compute.cuda.execute import PlanRunner
+    from rpcnet.compute.cuda.launch import launch_count
     from rpcnet.compute.device import Device, cpu_device
     from rpcnet.compute.memory import MemoryPool
 
@@ -82,7 +83,7 @@ def _device(
         memory=MemoryPool(min(total, capacity) if capacity else total),
         alignment=CUDA_ALIGNMENT,
         backend=backend,
-        runner=PlanRunner(backend, CupyCapturer(backend.stream)),
+        runner=PlanRunner(backend, CupyCapturer(backend.stream), kernel_count=launch_count),
         live_memory=backend.free_memory,
         max_scratch=max_scratch,
     )
