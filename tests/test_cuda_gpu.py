@@ -141,6 +141,30 @@ def test_dequantize_kernels_match_gguf(be, cp, real_tensors, type_name):
     np.testing.assert_array_equal(cp.asnumpy(out16), oracle.astype(np.float16))
 
 
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+
+
+def _rounded_like_cpu(x: np.ndarray, block: int) -> np.ndarray:
+    """f32 rows as ggml's reference quantizers round them for the CPU dot product: q8_0/q8_1
+    (blocks of 32, half scale, round half away) or q8_K (blocks of 256, scale from the signed
+    extreme, round half even, at most 127); the values d * q, in f32."""
+    rows, k = x.shape
+    b = x.reshape(rows, k // block, block)
+    if block == 32:
+        d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+        return (d.astype(np.float16).astype(np.float32) * _round_half_away(b * inv)).reshape(
+            rows, k
+        )
+    pick = np.abs(b).argmax(axis=-1)[..., None]  # the first of equal magnitudes
+    mx = np.take_along_axis(b, pick, axis=-1)
+    iscale = np.divide(np.float32(-127), mx, out=np.zeros_like(mx), where=mx != 0)
+    q = np.minimum(np.float32(127), np.rint(iscale * b))
+    d = np.divide(np.float32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    return (d * q).reshape(rows, k)
+
+
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0", "F16"])
 def test_prefill_matmul_through_f16_scratch(be, cp, real_tensors, type_name):
     from rpcnet.compute.cuda import launch
@@ -153,8 +177,10 @@ def test_prefill_matmul_through_f16_scratch(be, cp, real_tensors, type_name):
     got = cp.asnumpy(
         launch.matmul_prefill(be, type_name, cp.asarray(raw), cp.asarray(y), k, m, scratch)
     )
-    want = y.astype(np.float64) @ w.T
-    scale = np.abs(y.astype(np.float64)) @ np.abs(w).T
+    block = {"Q4_K": 256, "Q8_0": 32, "F16": 1}[type_name]  # the CPU's activation format
+    yr = y if block == 1 else _rounded_like_cpu(y, block)
+    want = yr.astype(np.float64) @ w.T
+    scale = np.abs(yr.astype(np.float64)) @ np.abs(w).T
     assert np.all(np.abs(got - want) <= 2e-3 * scale)  # f16 operands
 
 
@@ -593,7 +619,8 @@ def test_plan_on_a_cuda_device_runs_eager_captured_replayed_like_the_cpu():
         cpu.shutdown()
 
 
-def test_rows_past_the_grid_y_limit(be, cp):
+@pytest.mark.parametrize("op", ["set_rows", "dequantize", "get_rows", "glu", "rope"])
+def test_rows_past_the_grid_y_limit(be, cp, op):
     """More rows than grid.y holds (65535): FA-off prefill writes the transposed V cache as
     rows of one element (pp512: 512 * n_embd_v rows), and vocabularies pass 65535 rows."""
     import gguf
@@ -602,34 +629,37 @@ def test_rows_past_the_grid_y_limit(be, cp):
 
     rng = np.random.default_rng(21)
     n = 70001
-    src = rng.standard_normal((n, 1)).astype(np.float32)
-    ids = rng.permutation(n).astype(np.int64)
-    dst = cp.zeros(n, cp.float16)
-    launch.set_rows(be, cp.asarray(src), cp.asarray(ids), dst, "F16")
-    want = np.zeros(n, np.float16)
-    want[ids] = src[:, 0].astype(np.float16)
-    be.synchronize()
-    np.testing.assert_array_equal(cp.asnumpy(dst), want)
-
     wide = rng.standard_normal((n, 32)).astype(np.float32)
-    q8 = np.asarray(quantize(wide, gguf.GGMLQuantizationType.Q8_0)).reshape(n, -1)
-    deq = np.asarray(dequantize(q8, gguf.GGMLQuantizationType.Q8_0)).reshape(n, 32)
-    out = cp.zeros((n, 32), cp.float32)
-    launch.dequantize(be, "Q8_0", cp.asarray(q8), out, 32, n, "f32")
-    rows = cp.zeros((n, 32), cp.float32)
-    pick = rng.integers(0, n, n).astype(np.int32)
-    launch.get_rows(be, "Q8_0", cp.asarray(q8), cp.asarray(pick), rows, 32)
-    glu = cp.zeros((n, 32), cp.float32)
-    launch.glu(be, cp.asarray(wide), cp.asarray(wide), glu, 0)
-    x = wide.reshape(n, 1, 32)
-    roped = cp.zeros((n, 1, 32), cp.float32)
-    zeros = np.zeros(n, np.int32)  # position 0: rope is the identity
-    launch.rope_neox_or_normal(be, cp.asarray(x), cp.asarray(zeros), roped, 32, 0, 10000.0)
+    if op == "set_rows":
+        src = wide[:, :1].copy()
+        ids = rng.permutation(n).astype(np.int64)
+        got = cp.zeros(n, cp.float16)
+        launch.set_rows(be, cp.asarray(src), cp.asarray(ids), got, "F16")
+        want = np.zeros(n, np.float16)
+        want[ids] = src[:, 0].astype(np.float16)
+    elif op in ("dequantize", "get_rows"):
+        q8 = np.asarray(quantize(wide, gguf.GGMLQuantizationType.Q8_0)).reshape(n, -1)
+        deq = np.asarray(dequantize(q8, gguf.GGMLQuantizationType.Q8_0)).reshape(n, 32)
+        got = cp.zeros((n, 32), cp.float32)
+        if op == "dequantize":
+            launch.dequantize(be, "Q8_0", cp.asarray(q8), got, 32, n, "f32")
+            want = deq
+        else:
+            pick = rng.integers(0, n, n).astype(np.int32)
+            launch.get_rows(be, "Q8_0", cp.asarray(q8), cp.asarray(pick), got, 32)
+            want = deq[pick]
+    elif op == "glu":
+        a, b = cp.asarray(wide), cp.asarray(wide[::-1].copy())
+        got = cp.zeros((n, 32), cp.float32)
+        launch.glu(be, a, b, got, 0)
+        want = np.maximum(wide, 0) * wide[::-1]
+    else:  # position 0: rope is the identity
+        x = cp.asarray(wide.reshape(n, 1, 32))
+        got = cp.zeros((n, 1, 32), cp.float32)
+        launch.rope_neox_or_normal(be, x, cp.zeros(n, cp.int32), got, 32, 0, 10000.0)
+        want = wide.reshape(n, 1, 32)
     be.synchronize()
-    np.testing.assert_array_equal(cp.asnumpy(out), deq)
-    np.testing.assert_array_equal(cp.asnumpy(rows), deq[pick])
-    np.testing.assert_allclose(cp.asnumpy(glu), np.maximum(wide, 0) * wide, rtol=1e-6)
-    np.testing.assert_allclose(cp.asnumpy(roped), x, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("ncols", [1, 3])
@@ -683,10 +713,6 @@ def test_strided_matvec_on_cache_views(be, cp, ncols):
     np.testing.assert_allclose(cp.asnumpy(out), want_v, rtol=1e-5, atol=1e-4)
 
 
-def _round_half_away(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
-
-
 @pytest.mark.parametrize("block", [32, 256])
 def test_prefill_activations_round_like_the_cpu_dot_product(be, cp, block):
     """q8_0/q8_1 (blocks of 32, half scale, round half away) and q8_K (blocks of 256, scale
@@ -700,18 +726,6 @@ def test_prefill_activations_round_like_the_cpu_dot_product(be, cp, block):
     x[1, 7] = -40.0  # a negative extreme
     out = cp.zeros((rows, k), cp.float16)
     launch.round_activations(be, cp.asarray(x), out, k, rows, block)
-    b = x.reshape(rows, k // block, block)
-    if block == 32:
-        d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
-        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-        q = _round_half_away(b * inv)
-        want = d.astype(np.float16).astype(np.float32) * q
-    else:
-        pick = np.abs(b).argmax(axis=-1)[..., None]  # first of equal magnitudes
-        mx = np.take_along_axis(b, pick, axis=-1)
-        iscale = np.divide(np.float32(-127), mx, out=np.zeros_like(mx), where=mx != 0)
-        q = np.minimum(np.float32(127), np.rint(iscale * b))
-        d = np.divide(np.float32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
-        want = d * q
+    want = _rounded_like_cpu(x, block).astype(np.float16)
     be.synchronize()
-    np.testing.assert_array_equal(cp.asnumpy(out), want.reshape(rows, k).astype(np.float16))
+    np.testing.assert_array_equal(cp.asnumpy(out), want)

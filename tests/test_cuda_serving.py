@@ -181,6 +181,32 @@ def test_device_launch_reports_the_runner_mode():
         device.shutdown()
 
 
+def test_a_short_gpu_plan_runs_inline_when_the_device_is_idle():
+    """A replayed decode step skips the hand-off to the worker thread (and the event loop's
+    wake-up after it), as a short CPU plan does."""
+    import threading
+
+    cupy, _ = fake_cupy()
+    (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
+    device.runner = PlanRunner(Backend(), RecordingCapturer(), fatal=lambda e: pytest.fail("fatal"))
+    threads: list[int] = []
+
+    def step() -> None:
+        threads.append(threading.get_ident())
+
+    step.capturable = False  # type: ignore[attr-defined]  # every run executes the step
+    try:
+        plan = _plan([step])
+        device.launch(plan, "session").result()  # never run: the worker runs it
+        assert plan.last_seconds is not None
+        device.launch(plan, "session").result()  # short now: inline
+        device.launch(plan, "session").result()
+        me = threading.get_ident()
+        assert threads[0] != me and threads[1:] == [me, me]
+    finally:
+        device.shutdown()
+
+
 def test_runner_keeps_plans_with_cublas_steps_eager():
     def prefill() -> None:
         pass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -59,6 +58,22 @@ class OwnedPlan:
     @property
     def joinable(self) -> bool:
         return self.plan.joint is not None
+
+
+class RunnerWork:
+    """A plan for a device's runner (a GPU: stream, CUDA-graph replay), as one session launched
+    it; like `OwnedPlan`, a short one (a replayed decode step) may run inline."""
+
+    joinable = False
+
+    def __init__(self, runner: Any, plan: Any, owner: object) -> None:
+        self.runner, self.plan, self.owner = runner, plan, owner
+
+    def __call__(self) -> Any:
+        return self.runner.run(self.plan, self.owner)
+
+    def short(self, limit: float) -> bool:
+        return bool(self.plan.short(limit))
 
 
 @dataclass(eq=False)
@@ -319,7 +334,7 @@ class Device:
         runner = self.runner
         if runner is None:
             return OwnedPlan(plan, owner)
-        return functools.partial(runner.run, plan, owner)
+        return RunnerWork(runner, plan, owner)
 
     def launch(self, plan: Any, owner: object) -> Future[Any]:
         """Run `plan` for `owner` (a session) on the worker; the future ends when it is done."""

@@ -101,9 +101,11 @@ class PlanRunner:
             if isinstance(err, CudaStickyError):
                 self.fatal(err)
             raise err from exc
+        elapsed = time.perf_counter() - start
+        plan.last_seconds = elapsed  # a short one (a replayed decode step) may run inline
         tally = self.modes.setdefault(owner, {}).setdefault(how, [0, 0.0, 0])
         tally[0] += 1
-        tally[1] += time.perf_counter() - start
+        tally[1] += elapsed
         if self.kernel_count is not None:
             tally[2] += self.kernel_count() - kernels0
         return how
