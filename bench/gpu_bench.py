@@ -102,12 +102,18 @@ def bench_prefill(be, type_name: str, n: int, iters: int, repeat: int) -> dict:
 
     cp = be.cp
     k, m = 4096, 14336
+    w_bytes, y_bytes = launch.prefill_scratch_bytes(type_name, k, m, n)
     with be.device:
         w = cp.zeros(launch.row_bytes(type_name, k) * m, cp.uint8)
         y = cp.random.standard_normal((n, k), dtype=cp.float32)
-        scratch = cp.empty(m * k * 2, cp.uint8)
+        out = cp.empty((n, m), cp.float32)
+        w16 = cp.empty(max(w_bytes, 1), cp.uint8)
+        y16 = cp.empty(max(y_bytes, 1), cp.uint8)
     ms = time_ms(
-        be, lambda: launch.matmul_prefill(be, type_name, w, y, k, m, scratch), iters, repeat
+        be,
+        lambda: launch.matmul_prefill(be, type_name, w, y, out, k, m, w16, y16),
+        iters,
+        repeat,
     )
     return {
         "type": type_name,

@@ -60,6 +60,21 @@ def test_quantize_q8_1_kernel_matches_ggml_definition(be, cp):
     np.testing.assert_array_equal(cp.asnumpy(out), q8_1_oracle(x.reshape(-1)))
 
 
+def _mmvq_activations(y: np.ndarray, type_name: str) -> np.ndarray:
+    """The activation values the MMVQ kernels multiply: q8_1 of ggml's definition, or for the
+    types whose CPU dot product takes q8_K (K-quants, IQ4_XS) q8_K's values with the scale
+    kept as a half (the q8_1 block's)."""
+    if type_name not in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):
+        return dequant_q8_1(q8_1_oracle(y))
+    b = y.reshape(-1, 256)
+    pick = np.abs(b).argmax(axis=-1)[..., None]  # the first of equal magnitudes
+    mx = np.take_along_axis(b, pick, axis=-1)
+    iscale = np.divide(np.float32(-127), mx, out=np.zeros_like(mx), where=mx != 0)
+    q = np.minimum(np.float32(127), np.rint(iscale * b))
+    d = np.divide(np.float32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    return (d.astype(np.float16).astype(np.float64) * q).reshape(-1)
+
+
 @pytest.mark.parametrize("ncols", [1, 3, 8])
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_matvec_matches_float64(be, cp, real_tensors, type_name, ncols):
@@ -77,7 +92,7 @@ def test_matvec_matches_float64(be, cp, real_tensors, type_name, ncols):
     be.synchronize()
     got = cp.asnumpy(dst).astype(np.float64)
     if type_name in QUANT_TYPES:
-        yq = np.stack([dequant_q8_1(q8_1_oracle(y[c])) for c in range(ncols)])
+        yq = np.stack([_mmvq_activations(y[c], type_name) for c in range(ncols)])
         want = yq @ w.T
         scale = np.abs(yq) @ np.abs(w).T
     else:
@@ -119,7 +134,7 @@ def test_matvec_id_picks_experts(be, cp, real_tensors, type_name, ne11):
         for e in range(n_slots):
             yv = y[t, e % ne11].astype(np.float64)
             if type_name in QUANT_TYPES:
-                yv = dequant_q8_1(q8_1_oracle(y[t, e % ne11]))
+                yv = _mmvq_activations(y[t, e % ne11], type_name)
             want = w[ids[t, e]] @ yv
             scale = np.abs(w[ids[t, e]]) @ np.abs(yv)
             assert np.all(np.abs(got[t, e] - want) <= 1e-5 * scale + 1e-30), (type_name, t, e)
@@ -165,23 +180,28 @@ def _rounded_like_cpu(x: np.ndarray, block: int) -> np.ndarray:
     return (d * q).reshape(rows, k)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0", "F16"])
-def test_prefill_matmul_through_f16_scratch(be, cp, real_tensors, type_name):
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0", "F16", "F32"])
+def test_prefill_matmul_through_cublas(be, cp, real_tensors, type_name):
     from rpcnet.compute.cuda import launch
 
     raw, k = real_tensors[type_name]
     m = raw.shape[0]
     w = _gguf_dequant(type_name, raw, k).astype(np.float64)
     y = np.random.default_rng(9).standard_normal((64, k)).astype(np.float32)
-    scratch = cp.zeros(m * k * 2, cp.uint8)
-    got = cp.asnumpy(
-        launch.matmul_prefill(be, type_name, cp.asarray(raw), cp.asarray(y), k, m, scratch)
-    )
-    block = {"Q4_K": 256, "Q8_0": 32, "F16": 1}[type_name]  # the CPU's activation format
+    w_bytes, y_bytes = launch.prefill_scratch_bytes(type_name, k, m, 64)
+    w16, y16 = cp.zeros(max(w_bytes, 1), cp.uint8), cp.zeros(max(y_bytes, 1), cp.uint8)
+    out = cp.full((64, m), np.nan, cp.float32)
+    w_dev, y_dev = cp.asarray(raw), cp.asarray(y)
+    launch.matmul_prefill(be, type_name, w_dev, y_dev, out, k, m, w16, y16)
+    be.synchronize()
+    got = cp.asnumpy(out)
+    block = {"Q4_K": 256, "Q8_0": 32, "F16": 1, "F32": 1}[type_name]  # the CPU's activations
     yr = y if block == 1 else _rounded_like_cpu(y, block)
     want = yr.astype(np.float64) @ w.T
     scale = np.abs(yr.astype(np.float64)) @ np.abs(w).T
-    assert np.all(np.abs(got - want) <= 2e-3 * scale)  # f16 operands
+    # f16 operands (rounded once each, f32 sums and result) or plain f32
+    bound = 1e-5 if type_name == "F32" else 1.5e-3
+    assert np.all(np.abs(got - want) <= bound * scale)
 
 
 def test_rms_norm_and_fused_mul(be, cp):

@@ -366,14 +366,10 @@ def cuda_mul_mat(node: Tensor) -> Step:
             else _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
         )
         return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq)
-    scratch = _device_scratch(be, "f16", 2 * m * k)
-
-    def prefill() -> None:
-        out = launch.matmul_prefill(be, wt, w, y, k, m, scratch)
-        with be.device, be.stream:
-            dst[...] = out
-
-    return prefill
+    w_bytes, y_bytes = launch.prefill_scratch_bytes(wt, k, m, n)
+    w16 = _device_scratch(be, "f16", w_bytes) if w_bytes else None
+    y16 = _device_scratch(be, "act16", y_bytes) if y_bytes else None
+    return lambda: launch.matmul_prefill(be, wt, w, y, dst, k, m, w16, y16)
 
 
 def _elsize(t: Tensor) -> int:

@@ -7,6 +7,8 @@ optional operands. All launches go to the backend's stream.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Any
 
 import numpy as np
@@ -78,7 +80,15 @@ def q8_1_bytes(k: int, ncols: int) -> int:
     return k // 32 * Q8_1_BYTES * ncols
 
 
-def quantize_q8_1(be: CudaBackend, x: Any, out: Any, k: int, ncols: int, x_col: int) -> None:
+def quantize_q8_1(
+    be: CudaBackend, x: Any, out: Any, k: int, ncols: int, x_col: int, as_q8_k: bool = False
+) -> None:
+    """Activation columns to q8_1 blocks for the MMVQ kernels; `as_q8_k`: holding ggml's q8_K
+    quantization (blocks of 256), as the CPU quantizes activations for K-quant weights."""
+    if as_q8_k:
+        fn = be.kernels.function("quantize", "rpc_quantize_q8_1_as_q8_k")
+        _launch(be, fn, (k // 256, ncols), (32, 8), (x, out, i32(k), i64(x_col)))
+        return
     fn = be.kernels.function("quantize", "rpc_quantize_q8_1")
     _launch(be, fn, (_cdiv(k // 32, 8), ncols), (32, 8), (x, out, i32(k), i64(x_col)))
 
@@ -111,7 +121,7 @@ def matvec(
         args = (w, y, dst, i32(k), i32(m), i32(ncols), *tail, i64(k), i64(k * ncols))
     else:
         assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
-        quantize_q8_1(be, y, yq_scratch, k, ncols, k)
+        quantize_q8_1(be, y, yq_scratch, k, ncols, k, activation_block(type_name) == 256)
         yb = k // 32 * Q8_1_BYTES
         args = (w, yq_scratch, dst, i32(k), i32(m), i32(ncols), *tail, i64(yb), i64(yb * ncols))
     _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
@@ -168,7 +178,8 @@ def matvec_id(
         yarg, y_col, y_tok = y, k, k * ne11
     else:
         assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
-        quantize_q8_1(be, y, yq_scratch, k, n_tokens * ne11, k)
+        as_q8_k = activation_block(type_name) == 256
+        quantize_q8_1(be, y, yq_scratch, k, n_tokens * ne11, k, as_q8_k)
         yb = k // 32 * Q8_1_BYTES
         yarg, y_col, y_tok = yq_scratch, yb, yb * ne11
     args = (
@@ -204,6 +215,7 @@ def dequantize(
     )
 
 
+@functools.cache
 def activation_block(type_name: str) -> int:
     """Elements per block of the activation quantization ggml's CPU dot product uses with this
     weight type (1: none): the Rust kernel table's."""
@@ -229,23 +241,89 @@ def round_activations(be: CudaBackend, y: Any, out: Any, k: int, rows: int, bloc
     _launch(be, fn, grid, blk, (y, out, i32(k), i64(rows)))
 
 
+# cuBLAS / CUDA enum values (stable across CUDA releases)
+_CUDA_R_32F, _CUDA_R_16F = 0, 2
+_CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
+_CUBLAS_COMPUTE_32F = 68  # f32 accumulation; no TF32
+_CUBLAS_GEMM_DEFAULT = -1
+_ONE, _ZERO = np.ones(1, np.float32), np.zeros(1, np.float32)  # host alpha and beta
+
+
+def gemm_rows(
+    be: CudaBackend, w: Any, w_type: int, y: Any, y_type: int, out: Any, n: int, k: int, m: int
+) -> None:
+    """out [n, m] f32 = y [n, k] @ w [m, k]^T, row-major operands of CUDA type `w_type` and
+    `y_type` (f16 or f32), accumulated in f32 and written in f32 (no rounding of the result to
+    f16), on the backend's stream."""
+    cublas = importlib.import_module(f"{be.cp.__name__}.cuda.cublas")  # CuPy's cuBLAS binding
+    with be.device, be.stream:  # gemmEx runs on the current stream
+        handle = be.cp.cuda.device.get_cublas_handle()
+        # Row-major out[n, m] is column-major out^T (m x n) = W (k x m col-major, transposed)
+        # times y^T (k x n col-major).
+        cublas.gemmEx(
+            handle,
+            _CUBLAS_OP_T,
+            _CUBLAS_OP_N,
+            m,
+            n,
+            k,
+            _ONE.ctypes.data,
+            int(w.data.ptr),
+            w_type,
+            k,
+            int(y.data.ptr),
+            y_type,
+            k,
+            _ZERO.ctypes.data,
+            int(out.data.ptr),
+            _CUDA_R_32F,
+            m,
+            _CUBLAS_COMPUTE_32F,
+            _CUBLAS_GEMM_DEFAULT,
+        )
+
+
+def prefill_scratch_bytes(type_name: str, k: int, m: int, n: int) -> tuple[int, int]:
+    """(f16 weight copy, f16 activations) bytes `matmul_prefill` needs for this product."""
+    if type_name == "F32":
+        return 0, 0
+    return (0 if type_name == "F16" else 2 * m * k), 2 * n * k
+
+
 def matmul_prefill(
-    be: CudaBackend, type_name: str, w: Any, y: Any, k: int, m: int, scratch_f16: Any
-) -> Any:
-    """y [n, k] f32 -> [n, m] f32 through an f16 copy of W in `scratch_f16` and cuBLAS; the
-    activations of a quantized W are rounded as ggml's CPU dot product quantizes them."""
+    be: CudaBackend,
+    type_name: str,
+    w: Any,
+    y: Any,
+    out: Any,
+    k: int,
+    m: int,
+    scratch_w16: Any | None,
+    scratch_y16: Any | None,
+) -> None:
+    """out [n, m] f32 = y [n, k] f32 @ W^T with cuBLAS, f32 accumulation and result: F32 W as
+    it is (y in f32), F16 W as it is (y rounded to f16, as the CPU's f16 dot product does),
+    other types through an f16 copy in `scratch_w16` with y rounded as ggml's CPU dot product
+    quantizes it for that type (`scratch_y16`: n * k halves)."""
     cp = be.cp
     n = int(y.shape[0])
-    dequantize(be, type_name, w, scratch_f16, k, m, "f16")
+    if type_name == "F32":
+        gemm_rows(be, w, _CUDA_R_32F, y, _CUDA_R_32F, out, n, k, m)
+        return
+    assert scratch_y16 is not None
+    y16 = scratch_y16[: 2 * n * k].view(cp.float16).reshape(n, k)  # scratches are bytes
     block = activation_block(type_name)
-    with be.device, be.stream:  # cuBLAS runs on the current stream
-        wf = scratch_f16[: 2 * m * k].view(cp.float16).reshape(m, k)  # scratch is bytes
-        if block == 1:
-            y16 = y.astype(cp.float16)
-        else:
-            y16 = cp.empty((n, k), cp.float16)
-            round_activations(be, y, y16, k, n, block)
-        return cp.matmul(y16, wf.T).astype(cp.float32)
+    if block == 1:
+        cpy(be, y, y16)
+    else:
+        round_activations(be, y, y16, k, n, block)
+    if type_name == "F16":
+        w16 = w
+    else:
+        assert scratch_w16 is not None
+        dequantize(be, type_name, w, scratch_w16, k, m, "f16")
+        w16 = scratch_w16
+    gemm_rows(be, w16, _CUDA_R_16F, y16, _CUDA_R_16F, out, n, k, m)
 
 
 def rms_norm(be: CudaBackend, x: Any, dst: Any, eps: float, weight: Any | None = None) -> None:

@@ -127,7 +127,12 @@ def expected_kernels() -> dict[str, set[str]]:
     return {
         "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES}
         | {matvec_id_kernel(t) for t in WEIGHT_TYPES},
-        "quantize": {"rpc_quantize_q8_1", "rpc_act_round_q8_32", "rpc_act_round_q8_k"},
+        "quantize": {
+            "rpc_quantize_q8_1",
+            "rpc_quantize_q8_1_as_q8_k",
+            "rpc_act_round_q8_32",
+            "rpc_act_round_q8_k",
+        },
         "dequantize": {dequantize_kernel(t, o) for t in WEIGHT_TYPES for o in ("f16", "f32")},
         "norm": {"rpc_rms_norm_f32", "rpc_rms_norm_mul_f32", "rpc_norm_f32"},
         "softmax": {"rpc_soft_max_f32"},
