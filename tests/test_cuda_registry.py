@@ -203,7 +203,7 @@ def _nodes(name: str, g: Graph) -> list[Tensor]:
 
 EXPECTED = {
     "rms_norm": ["rpc_rms_norm_f32"],
-    "mul_mat_q4_k": ["rpc_quantize_q8_1", "rpc_mmvq_q4_K"],
+    "mul_mat_q4_k": ["rpc_quantize_q8_1_as_q8_k", "rpc_mmvq_q4_K"],  # the CPU takes q8_K
     "mul_mat_q8_0": ["rpc_quantize_q8_1", "rpc_mmvq_q8_0"],
     "mul_mat_f16": ["rpc_mmv_f16"],
     "mul_mat_id": ["rpc_quantize_q8_1", "rpc_mmvq_id_q8_0"],
