@@ -60,6 +60,38 @@ def test_quantize_q8_1_kernel_matches_ggml_definition(be, cp):
     np.testing.assert_array_equal(cp.asnumpy(out), q8_1_oracle(x.reshape(-1)))
 
 
+@pytest.mark.parametrize("ncols", [1, 3])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "F16", "F32"])
+def test_matvec_of_wide_rows_splits_them_and_agrees(be, cp, real_tensors, type_name, ncols):
+    """Rows of 4096 (a model's width): the kernels whose warps split a row, against float64
+    and against the warp-per-row kernels."""
+    from rpcnet.compute.cuda import launch
+
+    raw, k0 = real_tensors[type_name]
+    per_row, rows = 4096 // k0, 12
+    pick = (np.arange(rows * per_row) * 7) % raw.shape[0]  # real rows laid end to end
+    wide = np.ascontiguousarray(raw[pick].reshape(rows, -1))
+    k = k0 * per_row
+    assert launch.split_rows(type_name, k)
+    w = _gguf_dequant(type_name, wide, k).astype(np.float64)
+    y = np.random.default_rng(ncols + 30).standard_normal((ncols, k)).astype(np.float32)
+    w_dev, y_dev = cp.asarray(wide), cp.asarray(y)
+    outs = []
+    for split in (True, False):
+        dst = cp.full((ncols, rows), np.nan, cp.float32)
+        scratch = cp.zeros(launch.q8_1_bytes(k, ncols), cp.uint8)
+        launch.matvec(be, type_name, w_dev, y_dev, dst, k, rows, ncols, scratch, split=split)
+        be.synchronize()
+        outs.append(cp.asnumpy(dst).astype(np.float64))
+    if type_name in QUANT_TYPES:
+        yq = np.stack([_mmvq_activations(y[c], type_name) for c in range(ncols)])
+    else:
+        yq = y.astype(np.float64)
+    want, scale = yq @ w.T, np.abs(yq) @ np.abs(w).T
+    for got in outs:
+        assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), type_name
+
+
 def _mmvq_activations(y: np.ndarray, type_name: str) -> np.ndarray:
     """The activation values the MMVQ kernels multiply: q8_1 of ggml's definition, or for the
     types whose CPU dot product takes q8_K (K-quants, IQ4_XS) q8_K's values with the scale

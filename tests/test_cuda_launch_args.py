@@ -77,6 +77,23 @@ def launches():
     """(label, callable(be)) for every launcher, with small shapes."""
     f32, f16, u8, i32 = np.float32, np.float16, np.uint8, np.int32
     out = []
+    for t in sources.WEIGHT_TYPES:  # wide rows: the row-splitting kernels
+        out.append(
+            (
+                f"matvec split {t}",
+                lambda be, t=t: launch.matvec(
+                    be,
+                    t,
+                    DevArray(launch.row_bytes(t, 4096) * 8, u8),
+                    DevArray((2, 4096), f32),
+                    DevArray((2, 8), f32),
+                    4096,
+                    8,
+                    2,
+                    DevArray(launch.q8_1_bytes(4096, 2), u8),
+                ),
+            )
+        )
     for t in sources.WEIGHT_TYPES:
         k, m, n = 512, 64, 3
         out.append(

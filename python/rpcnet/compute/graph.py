@@ -19,7 +19,7 @@ from rpcnet.compute.joint import JointForm, WeightSite
 from rpcnet.compute.kernels import registry
 from rpcnet.compute.ops import VIEW_OPS, Op, op_name
 from rpcnet.compute.plan_run import plan_run
-from rpcnet.compute.tensor import Tensor
+from rpcnet.compute.tensor import FLAG_OUTPUT, Tensor
 
 # (wire tensor) -> (buffer or None, byte offset in it); raises for invalid tensors.
 Locator = Callable[[_native.RpcTensor], tuple[Any | None, int]]
@@ -104,6 +104,7 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
     """Compile nodes into a plan; with a ScratchBudget, refuse plans whose scratch exceeds it."""
     computed = [n for n in nodes if needs_compute(n)]
     written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
+    fused = _fused_pairs(computed, nodes, device)
     steps = []
     handles: set[int] = set()
     need, needy = 0, None  # largest per-node scratch bound, and that node
@@ -114,10 +115,14 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
                 handles.add(t.buffer.handle)
                 # Only data no node of this plan writes may be cached in derived form.
                 t.stable = id(t.buffer) not in written
-        if not needs_compute(node):
+        if not needs_compute(node) or id(node) in fused.skipped:
             continue
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
+        pair = fused.pairs.get(id(node))
+        if pair is not None:  # this node and its only consumer, next in line, as one kernel
+            steps.append(pair[0].build(node, pair[1]))
+            continue
         kernel = registry.select(node, device)
         # The bounds are the CPU kernels' temporaries; GPU plans share one scratch per device
         # (compute/cuda/kernels.py) instead.
@@ -153,6 +158,39 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         plan.scratch = budget.admit(need, plan.footprint, what)
         plan.scratch.bind(plan)
     return plan
+
+
+@dataclass
+class _Fused:
+    pairs: dict[int, tuple[registry.Fusion, Tensor]]  # id(first) -> (fusion, second)
+    skipped: set[int]  # id(second) of each pair
+
+
+def _fused_pairs(computed: list[Tensor], nodes: list[Tensor], device: str) -> _Fused:
+    """Consecutive computed nodes a, b with a registered fusion, where b is a's only reader in
+    the graph and the client cannot read a (not an output): a is never materialized."""
+    fused = _Fused({}, set())
+    if device == "cpu" or profile.enabled():  # a profile times every node on its own
+        return fused
+    readers: dict[int, int] = {}
+    for n in nodes:
+        for s in n.src:
+            if s is not None:
+                readers[s.id] = readers.get(s.id, 0) + 1
+    i = 0
+    while i + 1 < len(computed):
+        a, b = computed[i], computed[i + 1]
+        entry = None
+        feeds = any(s is a for s in b.src)
+        if feeds and readers.get(a.id, 0) == 1 and not a.flags & FLAG_OUTPUT:
+            entry = registry.select_fusion(a, b, device)
+        if entry is not None:
+            fused.pairs[id(a)] = (entry, b)
+            fused.skipped.add(id(b))
+            i += 2
+        else:
+            i += 1
+    return fused
 
 
 def weight_site(node: Tensor, step: Callable[[], None], index: int) -> WeightSite | None:

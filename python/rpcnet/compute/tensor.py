@@ -9,6 +9,7 @@ from rpcnet import _native
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.ggml_types import type_name
 
+FLAG_OUTPUT = 2  # ggml's GGML_TENSOR_FLAG_OUTPUT: the client reads it after the graph
 FLAG_COMPUTE = 16
 
 

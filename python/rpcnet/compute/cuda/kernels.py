@@ -24,7 +24,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
-from rpcnet.compute.kernels.registry import GENERIC, NATIVE, Step, kernel
+from rpcnet.compute.kernels.registry import GENERIC, NATIVE, Step, fusion, kernel
 from rpcnet.compute.ops import Glu, Op, Unary
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType, type_name
@@ -224,6 +224,43 @@ def cuda_rms_norm(node: Tensor) -> Step:
     shape = (_rows(node), node.ne[0])
     x, dst, eps = _view(src, shape), _view(node, shape), node.f32(0)
     return lambda: launch.rms_norm(be, x, dst, eps)
+
+
+def _other_src(node: Tensor, first: Tensor) -> Tensor | None:
+    """The source of a two-source `node` that is not `first` (None unless `first` is one)."""
+    s = _srcs(node, 2)
+    if s is None:
+        return None
+    if s[0] is first:
+        return s[1]
+    return s[0] if s[1] is first else None
+
+
+def _rms_norm_mul_ok(norm: Tensor, mul: Tensor) -> bool:
+    w = _other_src(mul, norm)
+    return (
+        w is not None
+        and _rms_norm_ok(norm)
+        and mul.type == F32
+        and _contiguous(mul)
+        and mul.ne == norm.ne
+        and w.type == F32
+        and _contiguous(w)
+        and w.ne == (norm.ne[0], 1, 1, 1)
+    )
+
+
+@fusion(Op.RMS_NORM, Op.MUL, _rms_norm_mul_ok, device=CUDA)
+def cuda_rms_norm_mul(norm: Tensor, mul: Tensor) -> Step:
+    """RMS_NORM, then MUL by the norm's weight vector: one kernel (the normalized rows are
+    never written)."""
+    (src,) = _need(norm, 1)
+    w = _other_src(mul, norm)
+    assert w is not None
+    be, launch = _backend(norm), _launch_module()
+    shape = (_rows(norm), norm.ne[0])
+    x, dst, eps, wv = _view(src, shape), _view(mul, shape), norm.f32(0), _view(w, (w.ne[0],))
+    return lambda: launch.rms_norm(be, x, dst, eps, wv)
 
 
 # ---------------------------------------------------------------------------------- copies

@@ -93,6 +93,22 @@ def quantize_q8_1(
     _launch(be, fn, (_cdiv(k // 32, 8), ncols), (32, 8), (x, out, i32(k), i64(x_col)))
 
 
+#: work items per row (32-groups, or 16-byte vectors of float weights) from which a block's
+#: warps split each row instead of a warp taking a whole row
+SPLIT_MIN_ITEMS = 64
+
+
+def split_rows(type_name: str, k: int) -> bool:
+    """Whether the matvec of K-element rows of `type_name` uses the row-splitting kernels."""
+    if type_name in sources.FLOAT_TYPES:
+        return row_bytes(type_name, k) // 16 >= SPLIT_MIN_ITEMS
+    return k // 32 >= SPLIT_MIN_ITEMS
+
+
+def _matvec_grid(split: bool, m: int, channels: int) -> tuple[int, int]:
+    return (m, channels) if split else (_cdiv(m, MV_WARPS), channels)
+
+
 def matvec(
     be: CudaBackend,
     type_name: str,
@@ -103,19 +119,21 @@ def matvec(
     m: int,
     ncols: int,
     yq_scratch: Any | None = None,
+    split: bool | None = None,
 ) -> None:
     """dst[c, :m] = W[m, k] @ y[c, :k] for c < ncols (<= 8); contiguous y and dst, one channel.
 
-    Quantized W: y is quantized to q8_1 into `yq_scratch` (q8_1_bytes(k, ncols) bytes) first."""
+    Quantized W: y is quantized to q8_1 into `yq_scratch` (q8_1_bytes(k, ncols) bytes) first.
+    `split`: the row-splitting kernel or not (None: by `split_rows`)."""
     if not 1 <= ncols <= MV_MAXCOLS:
         raise ValueError(f"matvec takes 1..{MV_MAXCOLS} columns, not {ncols}")
     rb = row_bytes(type_name, k)
     align = sources.WEIGHT_ALIGN[type_name]
     if int(w.data.ptr) % align or rb % align:
         raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
-    grid, block = (_cdiv(m, MV_WARPS), 1), (32, MV_WARPS)
-    name = sources.matvec_kernel(type_name)
-    fn = be.kernels.function("matvec", name)
+    split = split_rows(type_name, k) if split is None else split
+    grid, block = _matvec_grid(split, m, 1), (32, MV_WARPS)
+    fn = be.kernels.function("matvec", sources.matvec_kernel(type_name, split))
     tail = (i64(rb), i64(rb * m))
     if type_name in sources.FLOAT_TYPES:
         args = (w, y, dst, i32(k), i32(m), i32(ncols), *tail, i64(k), i64(k * ncols))
@@ -146,9 +164,10 @@ def matvec_strided(
     y column and channel in floats, dst column and channel in floats."""
     if type_name not in sources.FLOAT_TYPES or not 1 <= ncols <= MV_MAXCOLS:
         raise ValueError(f"strided matvec takes float weights and 1..{MV_MAXCOLS} columns")
-    fn = be.kernels.function("matvec", sources.matvec_kernel(type_name))
+    split = split_rows(type_name, k)
+    fn = be.kernels.function("matvec", sources.matvec_kernel(type_name, split))
     args = (w, y, dst, i32(k), i32(m), i32(ncols), *(i64(s) for s in strides), i32(ratio))
-    _launch(be, fn, (_cdiv(m, MV_WARPS), channels), (32, MV_WARPS), args)
+    _launch(be, fn, _matvec_grid(split, m, channels), (32, MV_WARPS), args)
 
 
 def matvec_id(

@@ -106,10 +106,12 @@ TYPE_IDS: dict[str, int] = {
 }
 
 
-def matvec_kernel(type_name: str) -> str:
-    """The decode matvec kernel for a weight type: MMVQ (q8_1 activations) or float."""
+def matvec_kernel(type_name: str, split: bool = False) -> str:
+    """The decode matvec kernel for a weight type: MMVQ (q8_1 activations) or float; `split`:
+    the variant where a block's warps share one wide row."""
     suffix = WEIGHT_TYPES[type_name]
-    return f"rpc_mmv_{suffix}" if type_name in FLOAT_TYPES else f"rpc_mmvq_{suffix}"
+    kind = "mmv" if type_name in FLOAT_TYPES else "mmvq"
+    return f"rpc_{kind}_split_{suffix}" if split else f"rpc_{kind}_{suffix}"
 
 
 def matvec_id_kernel(type_name: str) -> str:
@@ -125,7 +127,7 @@ def dequantize_kernel(type_name: str, out: str = "f16") -> str:
 def expected_kernels() -> dict[str, set[str]]:
     """Per module, the kernel entry points the host side launches (checked against the PTX)."""
     return {
-        "matvec": {matvec_kernel(t) for t in WEIGHT_TYPES}
+        "matvec": {matvec_kernel(t, s) for t in WEIGHT_TYPES for s in (False, True)}
         | {matvec_id_kernel(t) for t in WEIGHT_TYPES},
         "quantize": {
             "rpc_quantize_q8_1",

@@ -80,6 +80,44 @@ def kernel(
     return register
 
 
+@dataclass(frozen=True)
+class Fusion:
+    """Two consecutive nodes run as one kernel: `first`'s result feeds only `second`, so it is
+    never written (a GPU saves a launch and a round trip through memory)."""
+
+    first: int
+    second: int
+    name: str
+    device: str
+    supports: Callable[[Tensor, Tensor], bool]
+    build: Callable[[Tensor, Tensor], Step]
+
+
+_FUSIONS: dict[tuple[int, int, str], list[Fusion]] = {}
+
+
+def fusion(
+    first: int, second: int, supports: Callable[[Tensor, Tensor], bool], device: str
+) -> Callable[[Callable[[Tensor, Tensor], Step]], Callable[[Tensor, Tensor], Step]]:
+    """Register a builder for the pair (`first` op, then `second` op consuming it) on `device`."""
+
+    def register(build: Callable[[Tensor, Tensor], Step]) -> Callable[[Tensor, Tensor], Step]:
+        entries = _FUSIONS.setdefault((first, second, device), [])
+        if not any(f.build is build for f in entries):
+            entries.append(Fusion(first, second, build.__name__, device, supports, build))
+        return build
+
+    return register
+
+
+def select_fusion(first: Tensor, second: Tensor, device: str) -> Fusion | None:
+    """The fusion that runs `first` and `second` (its only consumer) as one step, if any."""
+    for entry in _FUSIONS.get((first.op, second.op, device), ()):
+        if entry.supports(first, second):
+            return entry
+    return None
+
+
 def describe_node(node: Tensor) -> str:
     srcs = ", ".join(s.describe() for s in node.src if s is not None)
     return f"op {op_name(node.op)} -> {node.describe()} from ({srcs})"

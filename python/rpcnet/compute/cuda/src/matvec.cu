@@ -8,7 +8,8 @@
 //
 // Float weights (F32/F16/BF16): the activations stay f32 so results keep float accuracy.
 //
-// Launch (both kinds): block (32, RPC_MV_WARPS), grid (ceil(M / RPC_MV_WARPS), channels).
+// Launch (both kinds): block (32, RPC_MV_WARPS), grid (ceil(M / RPC_MV_WARPS), channels); the
+// *_split_* kernels (wide rows): the same block, grid (M, channels).
 // Channels cover ne2*ne3 of dst; the weight channel is channel / ratio (ggml broadcasting).
 #include "blocks.cuh"
 #include "common.cuh"
@@ -123,6 +124,96 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
     }
 }
 
+// Wide rows (many 32-groups): the block's RPC_MV_WARPS warps split one row, so a thread walks
+// a quarter of the groups a warp-per-row thread would, with its loads in flight together.
+// Launch: block (32, RPC_MV_WARPS), grid (M, channels).
+__device__ __forceinline__ void rpc_mv_block_reduce(float* acc, int ncols, float* dst,
+                                                    long long dst_col) {
+    __shared__ float s_red[RPC_MV_MAXCOLS][RPC_MV_WARPS];
+#pragma unroll
+    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+        if (c < ncols) {
+            const float v = rpc_warp_sum(acc[c]);
+            if (threadIdx.x == 0) s_red[c][threadIdx.y] = v;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.y == 0 && (int)threadIdx.x < ncols) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < RPC_MV_WARPS; ++w) v += s_red[threadIdx.x][w];
+        dst[threadIdx.x * dst_col] = v;
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void rpc_mmvq_split(const uint8_t* __restrict__ w,
+                                               const uint8_t* __restrict__ yq,
+                                               float* __restrict__ dst, int k, int ncols,
+                                               long long w_row_bytes, long long w_chan_bytes,
+                                               long long y_col_bytes, long long y_chan_bytes,
+                                               long long dst_col, long long dst_chan, int ratio) {
+    const int row = blockIdx.x, chan = blockIdx.y;
+    const int tid = threadIdx.y * RPC_WARP + threadIdx.x;
+    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
+    const uint8_t* y = yq + chan * y_chan_bytes;
+    const int subs_per_block = Blk<T>::QK / 32;
+    const int nsub = k / 32;
+    float acc[RPC_MV_MAXCOLS];
+#pragma unroll
+    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
+    for (int s = tid; s < nsub; s += RPC_WARP * RPC_MV_WARPS) {
+        const RpcSub sub = Blk<T>::sub(wrow + (s / subs_per_block) * Blk<T>::BYTES,
+                                       s % subs_per_block);
+#pragma unroll
+        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+            if (c < ncols) acc[c] += rpc_dot_sub_q8_1(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
+        }
+    }
+    rpc_mv_block_reduce(acc, ncols, dst + chan * dst_chan + row, dst_col);
+}
+
+template <int T>
+__device__ __forceinline__ void rpc_mmv_float_split(const uint8_t* __restrict__ w,
+                                                    const float* __restrict__ y,
+                                                    float* __restrict__ dst, int k, int ncols,
+                                                    long long w_row_bytes, long long w_chan_bytes,
+                                                    long long y_col, long long y_chan,
+                                                    long long dst_col, long long dst_chan,
+                                                    int ratio) {
+    const int row = blockIdx.x, chan = blockIdx.y;
+    const int tid = threadIdx.y * RPC_WARP + threadIdx.x;
+    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
+    const float* yc = y + chan * y_chan;
+    float acc[RPC_MV_MAXCOLS];
+#pragma unroll
+    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
+    const int per = 16 / Blk<T>::BYTES;
+    const bool vec = ((((unsigned long long)wrow) & 15) == 0) && (k % per == 0);
+    if (vec) {
+        for (int v = tid; v < k / per; v += RPC_WARP * RPC_MV_WARPS) {
+            float wf[8];
+            rpc_unpack16<T>(((const uint4*)wrow)[v], wf);
+#pragma unroll
+            for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+                if (c >= ncols) continue;
+                const float* yv = yc + c * y_col + v * per;
+#pragma unroll
+                for (int e = 0; e < 16 / Blk<T>::BYTES; ++e) acc[c] += wf[e] * yv[e];
+            }
+        }
+    } else {
+        for (int i = tid; i < k; i += RPC_WARP * RPC_MV_WARPS) {
+            const float wv = Blk<T>::value(wrow + i * Blk<T>::BYTES, 0);
+#pragma unroll
+            for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+                if (c < ncols) acc[c] += wv * yc[c * y_col + i];
+            }
+        }
+    }
+    rpc_mv_block_reduce(acc, ncols, dst + chan * dst_chan + row, dst_col);
+}
+
 #define RPC_MMVQ_KERNEL(T, name)                                                                 \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
         rpc_mmvq_##name(const uint8_t* w, const uint8_t* yq, float* dst, int k, int m, int ncols, \
@@ -133,6 +224,17 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
     }
 RPC_FOR_QUANT_TYPES(RPC_MMVQ_KERNEL)
 
+#define RPC_MMVQ_SPLIT_KERNEL(T, name)                                                           \
+    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
+        rpc_mmvq_split_##name(const uint8_t* w, const uint8_t* yq, float* dst, int k, int m,      \
+                              int ncols, long long w_row_bytes, long long w_chan_bytes,           \
+                              long long y_col_bytes, long long y_chan_bytes, long long dst_col,   \
+                              long long dst_chan, int ratio) {                                    \
+        rpc_mmvq_split<T>(w, yq, dst, k, ncols, w_row_bytes, w_chan_bytes, y_col_bytes,          \
+                          y_chan_bytes, dst_col, dst_chan, ratio);                                \
+    }
+RPC_FOR_QUANT_TYPES(RPC_MMVQ_SPLIT_KERNEL)
+
 #define RPC_MMV_FLOAT_KERNEL(T, name)                                                            \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
         rpc_mmv_##name(const uint8_t* w, const float* y, float* dst, int k, int m, int ncols,     \
@@ -142,6 +244,17 @@ RPC_FOR_QUANT_TYPES(RPC_MMVQ_KERNEL)
                          dst_col, dst_chan, ratio);                                               \
     }
 RPC_FOR_FLOAT_TYPES(RPC_MMV_FLOAT_KERNEL)
+
+#define RPC_MMV_FLOAT_SPLIT_KERNEL(T, name)                                                      \
+    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
+        rpc_mmv_split_##name(const uint8_t* w, const float* y, float* dst, int k, int m,          \
+                             int ncols, long long w_row_bytes, long long w_chan_bytes,            \
+                             long long y_col, long long y_chan, long long dst_col,                \
+                             long long dst_chan, int ratio) {                                     \
+        rpc_mmv_float_split<T>(w, y, dst, k, ncols, w_row_bytes, w_chan_bytes, y_col, y_chan,    \
+                               dst_col, dst_chan, ratio);                                         \
+    }
+RPC_FOR_FLOAT_TYPES(RPC_MMV_FLOAT_SPLIT_KERNEL)
 
 // MUL_MAT_ID decode (MoE): for token t and expert slot e, dst[:, e, t] = W[ids[e, t]] @ y[:, e %
 // ne11, t], W being [K, M, n_expert]. Same per-warp-row scheme as above, one activation column
