@@ -376,3 +376,54 @@ def test_xp_kernels_match_the_cpu_kernels(name):
         want_f, got_f = want.view(np.float32), got.view(np.float32)
         assert np.isfinite(got_f).all()
         assert np.abs(got_f - want_f).max() <= tol * max(np.abs(want_f).max(), 1.0)
+
+
+def test_products_of_one_input_quantize_it_once_while_nothing_rewrites_it():
+    """Q, K and V (gate and up) read one activation: its q8_1 blocks are made once, and made
+    again after a step writes those bytes."""
+    g = Graph()
+    y = g.tensor(T.F32, (256, 1, 1, 1))
+    other = g.tensor(T.F32, (256, 1, 1, 1))
+
+    def mm(wt):
+        return g.tensor(T.F32, (64, 1, 1, 1), Op.MUL_MAT, (), (g.tensor(wt, (256, 64, 1, 1)), y))
+
+    q, between, k = (
+        mm(T.Q8_0),
+        g.tensor(T.F32, (256, 1, 1, 1), Op.SCALE, (2.0, 0.0), (other,)),
+        mm(T.Q4_0),
+    )
+    rewrite = g.tensor(T.F32, (256, 1, 1, 1), Op.SCALE, (2.0, 0.0), (other,))
+    rewrite.offset = y.offset  # a step that writes the input's bytes
+    v = mm(T.Q8_0)
+    kq = mm(T.Q4_K)  # another activation format (q8_K): quantized on its own
+    compile_plan([q, between, k, rewrite, v, kq], "cuda").run()
+    assert _check_launches(g.backend.kernels) == [
+        "rpc_quantize_q8_1",
+        "rpc_mmvq_q8_0",
+        "rpc_unary_f32",
+        "rpc_mmvq_q4_0",  # the blocks Q's product left
+        "rpc_unary_f32",
+        "rpc_quantize_q8_1",  # y was rewritten
+        "rpc_mmvq_q8_0",
+        "rpc_quantize_q8_1_as_q8_k",
+        "rpc_mmvq_q4_K",
+    ]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_rms_norm_then_weight_runs_as_one_kernel_unless_the_norm_is_read_elsewhere(shared):
+    g = Graph()
+    x = g.tensor(T.F32, (256, 4, 1, 1))
+    w = g.tensor(T.F32, (256, 1, 1, 1))
+    norm = g.tensor(T.F32, x.ne, Op.RMS_NORM, (1e-6,), (x,))
+    mul = g.tensor(T.F32, x.ne, Op.MUL, (), (norm, w))
+    nodes = [norm, mul]
+    if shared:
+        nodes.append(g.tensor(T.F32, x.ne, Op.ADD, (), (norm, x)))  # a second reader
+    compile_plan(nodes, "cuda").run()
+    launched = _check_launches(g.backend.kernels)
+    if shared:
+        assert launched == ["rpc_rms_norm_f32", "rpc_binary_f32", "rpc_binary_f32"]
+    else:
+        assert launched == ["rpc_rms_norm_mul_f32"]

@@ -102,6 +102,11 @@ def needs_compute(node: Tensor) -> bool:
 
 def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -> Plan:
     """Compile nodes into a plan; with a ScratchBudget, refuse plans whose scratch exceeds it."""
+    with registry.planning() as state:
+        return _compile(nodes, device, budget, state)
+
+
+def _compile(nodes: list[Tensor], device: str, budget: Any, state: registry.PlanState) -> Plan:
     computed = [n for n in nodes if needs_compute(n)]
     written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
     fused = _fused_pairs(computed, nodes, device)
@@ -122,6 +127,7 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         pair = fused.pairs.get(id(node))
         if pair is not None:  # this node and its only consumer, next in line, as one kernel
             steps.append(pair[0].build(node, pair[1]))
+            state.written.append(pair[1])
             continue
         kernel = registry.select(node, device)
         # The bounds are the CPU kernels' temporaries; GPU plans share one scratch per device
@@ -144,6 +150,7 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
         if not kernel.captures(node):
             step.capturable = False  # type: ignore[attr-defined]  # read by the GPU's runner
         steps.append(step)
+        state.written.append(node)
         site = weight_site(node, step, len(steps) - 1)
         if site is not None:
             sites.append(site)

@@ -24,6 +24,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.kernels import registry
 from rpcnet.compute.kernels.registry import GENERIC, NATIVE, Step, fusion, kernel
 from rpcnet.compute.ops import Glu, Op, Unary
 from rpcnet.compute.tensor import Tensor
@@ -31,6 +32,7 @@ from rpcnet.ggml_types import GgmlType, type_name
 
 CUDA = "cuda"
 MATVEC_MAX_COLS = 8  # launch.MV_MAXCOLS: more activation columns go the prefill way
+_Q8_1_NOTE = "cuda.q8_1"  # PlanState.shared: (input key, written mark, scratch) of the q8_1 blocks
 
 F32, F16, BF16, I32, I64 = GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.I32, GgmlType.I64
 _DTYPES = {F32: np.float32, F16: np.float16, BF16: np.uint16, I32: np.int32, I64: np.int64}
@@ -397,11 +399,20 @@ def cuda_mul_mat(node: Tensor) -> Step:
     k, m, n = w_t.ne[0], w_t.ne[1], y_t.ne[1]
     w, y, dst = _raw(w_t), _view(y_t, (n, k)), _view(node, (n, m))
     if n <= MATVEC_MAX_COLS:
-        yq = (
-            None
-            if wt in sources.FLOAT_TYPES
-            else _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
-        )
+        if wt in sources.FLOAT_TYPES:
+            return lambda: launch.matvec(be, wt, w, y, dst, k, m, n)
+        # Products of one input (Q, K and V; gate and up) quantize it once: the first leaves its
+        # q8_1 blocks in the scratch, and the next ones use them if no step in between wrote
+        # that input or quantized another one.
+        state = registry.plan_state()
+        assert y_t.buffer is not None
+        key = (id(y_t.buffer), y_t.offset, y_t.ne, y_t.nb, launch.activation_block(wt))
+        note = state.shared.get(_Q8_1_NOTE)
+        if note is not None and note[0] == key and not state.written_since(note[1], y_t):
+            held = note[2]
+            return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, held, quantized=True)
+        yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
+        state.shared[_Q8_1_NOTE] = (key, len(state.written), yq)
         return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq)
     w_bytes, y_bytes = launch.prefill_scratch_bytes(wt, k, m, n)
     w16 = _device_scratch(be, "f16", w_bytes) if w_bytes else None
@@ -543,6 +554,7 @@ def cuda_mul_mat_id(node: Tensor) -> Step:
     yq = None
     if wt not in sources.FLOAT_TYPES:
         yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n_tokens * ne11))
+        registry.plan_state().shared[_Q8_1_NOTE] = None  # the q8_1 scratch now holds this input
     return lambda: launch.matvec_id(be, wt, w, y, ids, dst, k, m, yq, ids_tok)
 
 

@@ -120,11 +120,13 @@ def matvec(
     ncols: int,
     yq_scratch: Any | None = None,
     split: bool | None = None,
+    quantized: bool = False,
 ) -> None:
     """dst[c, :m] = W[m, k] @ y[c, :k] for c < ncols (<= 8); contiguous y and dst, one channel.
 
     Quantized W: y is quantized to q8_1 into `yq_scratch` (q8_1_bytes(k, ncols) bytes) first.
-    `split`: the row-splitting kernel or not (None: by `split_rows`)."""
+    `split`: the row-splitting kernel or not (None: by `split_rows`); `quantized`: the scratch
+    already holds y's q8_1 blocks (an earlier product of the plan quantized the same input)."""
     if not 1 <= ncols <= MV_MAXCOLS:
         raise ValueError(f"matvec takes 1..{MV_MAXCOLS} columns, not {ncols}")
     rb = row_bytes(type_name, k)
@@ -139,7 +141,8 @@ def matvec(
         args = (w, y, dst, i32(k), i32(m), i32(ncols), *tail, i64(k), i64(k * ncols))
     else:
         assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
-        quantize_q8_1(be, y, yq_scratch, k, ncols, k, activation_block(type_name) == 256)
+        if not quantized:
+            quantize_q8_1(be, y, yq_scratch, k, ncols, k, activation_block(type_name) == 256)
         yb = k // 32 * Q8_1_BYTES
         args = (w, yq_scratch, dst, i32(k), i32(m), i32(ncols), *tail, i64(yb), i64(yb * ncols))
     _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))

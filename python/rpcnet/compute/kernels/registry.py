@@ -9,8 +9,11 @@ paths (narrow cases, Rust) come before the generic xp kernels, whatever the impo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from rpcnet.compute.errors import UnsupportedOp
 from rpcnet.compute.ops import op_name
@@ -116,6 +119,45 @@ def select_fusion(first: Tensor, second: Tensor, device: str) -> Fusion | None:
         if entry.supports(first, second):
             return entry
     return None
+
+
+@dataclass
+class PlanState:
+    """What the builders of one plan may know of the nodes built before theirs, in plan order:
+    e.g. that a GPU scratch still holds an activation an earlier node quantized."""
+
+    written: list[Tensor] = field(default_factory=list)  # outputs of the steps built so far
+    shared: dict[str, Any] = field(default_factory=dict)  # builders' own notes, by topic
+
+    def written_since(self, mark: int, t: Tensor) -> bool:
+        """Whether a step built after `mark` (a len(written)) writes bytes `t` reads."""
+        if t.buffer is None:
+            return True
+        lo, hi = t.offset, t.offset + t.nbytes
+        return any(
+            w.buffer is t.buffer and w.offset < hi and lo < w.offset + w.nbytes
+            for w in self.written[mark:]
+        )
+
+
+_PLAN_STATE: ContextVar[PlanState | None] = ContextVar("rpcnet_plan_state", default=None)
+
+
+@contextmanager
+def planning() -> Iterator[PlanState]:
+    """The state builders see (`plan_state()`) while one plan is compiled."""
+    state = PlanState()
+    token = _PLAN_STATE.set(state)
+    try:
+        yield state
+    finally:
+        _PLAN_STATE.reset(token)
+
+
+def plan_state() -> PlanState:
+    """The plan being compiled (outside `planning()`: a fresh state of one node)."""
+    state = _PLAN_STATE.get()
+    return state if state is not None else PlanState()
 
 
 def describe_node(node: Tensor) -> str:
