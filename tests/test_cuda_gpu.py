@@ -781,3 +781,23 @@ def test_prefill_activations_round_like_the_cpu_dot_product(be, cp, block):
     want = _rounded_like_cpu(x, block).astype(np.float16)
     be.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(out), want)
+
+
+@pytest.mark.parametrize(("type_name", "k"), [("Q8_0", 256), ("Q8_0", 4096), ("F16", 4096)])
+def test_matvec_adds_the_residual_in_place(be, cp, real_tensors, type_name, k):
+    """dst = W y + r with r the destination itself (the residual ADD fused into the product)."""
+    from rpcnet.compute.cuda import launch
+
+    raw, k0 = real_tensors[type_name]
+    per_row, rows = k // k0, 10
+    pick = (np.arange(rows * per_row) * 5) % raw.shape[0]
+    wide = np.ascontiguousarray(raw[pick].reshape(rows, -1))
+    y = np.random.default_rng(40).standard_normal((2, k)).astype(np.float32)
+    r = np.random.default_rng(41).standard_normal((2, rows)).astype(np.float32)
+    w_dev, y_dev, dst = cp.asarray(wide), cp.asarray(y), cp.asarray(r)
+    plain = cp.zeros((2, rows), cp.float32)
+    scratch = cp.zeros(launch.q8_1_bytes(k, 2), cp.uint8)
+    launch.matvec(be, type_name, w_dev, y_dev, plain, k, rows, 2, scratch)
+    launch.matvec(be, type_name, w_dev, y_dev, dst, k, rows, 2, scratch, add=dst)
+    be.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(dst), cp.asnumpy(plain) + r, rtol=1e-6, atol=1e-6)

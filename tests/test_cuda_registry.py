@@ -427,3 +427,16 @@ def test_rms_norm_then_weight_runs_as_one_kernel_unless_the_norm_is_read_elsewhe
         assert launched == ["rpc_rms_norm_f32", "rpc_binary_f32", "rpc_binary_f32"]
     else:
         assert launched == ["rpc_rms_norm_mul_f32"]
+
+
+def test_a_decode_product_and_the_residual_add_after_it_run_as_one_kernel():
+    g = Graph()
+    y = g.tensor(T.F32, (256, 1, 1, 1))
+    residual = g.tensor(T.F32, (64, 1, 1, 1))
+    mm = g.tensor(T.F32, (64, 1, 1, 1), Op.MUL_MAT, (), (g.tensor(T.Q8_0, (256, 64, 1, 1)), y))
+    add = g.tensor(T.F32, (64, 1, 1, 1), Op.ADD, (), (mm, residual))
+    compile_plan([mm, add], "cuda").run()
+    assert _check_launches(g.backend.kernels) == ["rpc_quantize_q8_1", "rpc_mmvq_q8_0"]
+    *_, args = g.backend.kernels.calls[-1]
+    assert int(args[2].data.ptr) == BASE + add.offset  # written to the ADD's tensor
+    assert int(args[3].data.ptr) == BASE + residual.offset  # the residual added in

@@ -391,16 +391,23 @@ def _mul_mat_ok(node: Tensor) -> bool:
     capturable=lambda node: node.ne[1] <= MATVEC_MAX_COLS,  # the prefill calls cuBLAS
 )
 def cuda_mul_mat(node: Tensor) -> Step:
+    return _mul_mat_step(node, node, None)
+
+
+def _mul_mat_step(node: Tensor, out: Tensor, add_t: Tensor | None) -> Step:
+    """MUL_MAT `node` written to `out` (itself, or the ADD fused after it, with `add_t` the
+    ADD's other operand)."""
     from rpcnet.compute.cuda import sources
 
     w_t, y_t = _need(node, 2)
     be, launch, wt = _backend(node), _launch_module(), _weight_type(w_t)
     assert wt is not None
     k, m, n = w_t.ne[0], w_t.ne[1], y_t.ne[1]
-    w, y, dst = _raw(w_t), _view(y_t, (n, k)), _view(node, (n, m))
+    w, y, dst = _raw(w_t), _view(y_t, (n, k)), _view(out, (n, m))
+    add = None if add_t is None else _view(add_t, (n, m))
     if n <= MATVEC_MAX_COLS:
         if wt in sources.FLOAT_TYPES:
-            return lambda: launch.matvec(be, wt, w, y, dst, k, m, n)
+            return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, add=add)
         # Products of one input (Q, K and V; gate and up) quantize it once: the first leaves its
         # q8_1 blocks in the scratch, and the next ones use them if no step in between wrote
         # that input or quantized another one.
@@ -410,14 +417,42 @@ def cuda_mul_mat(node: Tensor) -> Step:
         note = state.shared.get(_Q8_1_NOTE)
         if note is not None and note[0] == key and not state.written_since(note[1], y_t):
             held = note[2]
-            return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, held, quantized=True)
+            return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, held, quantized=True, add=add)
         yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
         state.shared[_Q8_1_NOTE] = (key, len(state.written), yq)
-        return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq)
+        return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq, add=add)
+    assert add is None, "only decode products take a fused ADD"
     w_bytes, y_bytes = launch.prefill_scratch_bytes(wt, k, m, n)
     w16 = _device_scratch(be, "f16", w_bytes) if w_bytes else None
     y16 = _device_scratch(be, "act16", y_bytes) if y_bytes else None
     return lambda: launch.matmul_prefill(be, wt, w, y, dst, k, m, w16, y16)
+
+
+def _mul_mat_add_ok(mm: Tensor, add: Tensor) -> bool:
+    """A decode product whose only reader is an ADD of a same-shaped contiguous f32 operand
+    (the residual after the attention output and FFN down projections)."""
+    r = _other_src(add, mm)
+    return (
+        r is not None
+        and r is not mm
+        and _mul_mat_ok(mm)
+        and mm.ne[1] <= MATVEC_MAX_COLS
+        and add.type == F32
+        and _contiguous(add)
+        and add.ne == mm.ne
+        and r.type == F32
+        and _contiguous(r)
+        and r.ne == mm.ne
+    )
+
+
+@fusion(Op.MUL_MAT, Op.ADD, _mul_mat_add_ok, device=CUDA)
+def cuda_mul_mat_add(mm: Tensor, add: Tensor) -> Step:
+    """A decode product and the residual ADD after it: the product's kernel adds the other
+    operand as it writes (one kernel; the product itself is never written)."""
+    r = _other_src(add, mm)
+    assert r is not None
+    return _mul_mat_step(mm, add, r)
 
 
 def _elsize(t: Tensor) -> int:

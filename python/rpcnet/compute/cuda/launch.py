@@ -121,12 +121,14 @@ def matvec(
     yq_scratch: Any | None = None,
     split: bool | None = None,
     quantized: bool = False,
+    add: Any | None = None,
 ) -> None:
     """dst[c, :m] = W[m, k] @ y[c, :k] for c < ncols (<= 8); contiguous y and dst, one channel.
 
     Quantized W: y is quantized to q8_1 into `yq_scratch` (q8_1_bytes(k, ncols) bytes) first.
     `split`: the row-splitting kernel or not (None: by `split_rows`); `quantized`: the scratch
-    already holds y's q8_1 blocks (an earlier product of the plan quantized the same input)."""
+    already holds y's q8_1 blocks (an earlier product of the plan quantized the same input);
+    `add` ([ncols, m] f32, may be dst): dst = W y + add (a residual ADD fused in)."""
     if not 1 <= ncols <= MV_MAXCOLS:
         raise ValueError(f"matvec takes 1..{MV_MAXCOLS} columns, not {ncols}")
     rb = row_bytes(type_name, k)
@@ -137,14 +139,15 @@ def matvec(
     grid, block = _matvec_grid(split, m, 1), (32, MV_WARPS)
     fn = be.kernels.function("matvec", sources.matvec_kernel(type_name, split))
     tail = (i64(rb), i64(rb * m))
+    out = (dst, NULL if add is None else add)
     if type_name in sources.FLOAT_TYPES:
-        args = (w, y, dst, i32(k), i32(m), i32(ncols), *tail, i64(k), i64(k * ncols))
+        args = (w, y, *out, i32(k), i32(m), i32(ncols), *tail, i64(k), i64(k * ncols))
     else:
         assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
         if not quantized:
             quantize_q8_1(be, y, yq_scratch, k, ncols, k, activation_block(type_name) == 256)
         yb = k // 32 * Q8_1_BYTES
-        args = (w, yq_scratch, dst, i32(k), i32(m), i32(ncols), *tail, i64(yb), i64(yb * ncols))
+        args = (w, yq_scratch, *out, i32(k), i32(m), i32(ncols), *tail, i64(yb), i64(yb * ncols))
     _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
 
 
@@ -169,7 +172,7 @@ def matvec_strided(
         raise ValueError(f"strided matvec takes float weights and 1..{MV_MAXCOLS} columns")
     split = split_rows(type_name, k)
     fn = be.kernels.function("matvec", sources.matvec_kernel(type_name, split))
-    args = (w, y, dst, i32(k), i32(m), i32(ncols), *(i64(s) for s in strides), i32(ratio))
+    args = (w, y, dst, NULL, i32(k), i32(m), i32(ncols), *(i64(s) for s in strides), i32(ratio))
     _launch(be, fn, _matvec_grid(split, m, channels), (32, MV_WARPS), args)
 
 

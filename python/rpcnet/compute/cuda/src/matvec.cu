@@ -8,6 +8,9 @@
 //
 // Float weights (F32/F16/BF16): the activations stay f32 so results keep float accuracy.
 //
+// `add` (optional, laid out as dst, may be dst itself): dst = W y + add, the residual ADD after
+// a projection.
+//
 // Launch (both kinds): block (32, RPC_MV_WARPS), grid (ceil(M / RPC_MV_WARPS), channels); the
 // *_split_* kernels (wide rows): the same block, grid (M, channels).
 // Channels cover ne2*ne3 of dst; the weight channel is channel / ratio (ggml broadcasting).
@@ -19,7 +22,8 @@
 
 template <int T>
 __device__ __forceinline__ void rpc_mmvq(const uint8_t* __restrict__ w, const uint8_t* __restrict__ yq,
-                                         float* __restrict__ dst, int k, int m, int ncols,
+                                         float* dst, const float* add,
+                                         int k, int m, int ncols,
                                          long long w_row_bytes, long long w_chan_bytes,
                                          long long y_col_bytes, long long y_chan_bytes,
                                          long long dst_col, long long dst_chan, int ratio) {
@@ -47,7 +51,8 @@ __device__ __forceinline__ void rpc_mmvq(const uint8_t* __restrict__ w, const ui
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
         if (c < ncols) {
             const float v = rpc_warp_sum(acc[c]);
-            if (threadIdx.x == 0) dst[chan * dst_chan + c * dst_col + row] = v;
+            const long long at = chan * dst_chan + c * dst_col + row;
+            if (threadIdx.x == 0) dst[at] = add != nullptr ? v + add[at] : v;
         }
     }
 }
@@ -79,7 +84,8 @@ template <> __device__ __forceinline__ void rpc_unpack16<RPC_BF16>(uint4 v, floa
 
 template <int T>
 __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, const float* __restrict__ y,
-                                              float* __restrict__ dst, int k, int m, int ncols,
+                                              float* dst, const float* add,
+                                              int k, int m, int ncols,
                                               long long w_row_bytes, long long w_chan_bytes,
                                               long long y_col, long long y_chan,
                                               long long dst_col, long long dst_chan, int ratio) {
@@ -119,7 +125,8 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
         if (c < ncols) {
             const float v = rpc_warp_sum(acc[c]);
-            if (threadIdx.x == 0) dst[chan * dst_chan + c * dst_col + row] = v;
+            const long long at = chan * dst_chan + c * dst_col + row;
+            if (threadIdx.x == 0) dst[at] = add != nullptr ? v + add[at] : v;
         }
     }
 }
@@ -128,7 +135,7 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
 // a quarter of the groups a warp-per-row thread would, with its loads in flight together.
 // Launch: block (32, RPC_MV_WARPS), grid (M, channels).
 __device__ __forceinline__ void rpc_mv_block_reduce(float* acc, int ncols, float* dst,
-                                                    long long dst_col) {
+                                                    const float* add, long long dst_col) {
     __shared__ float s_red[RPC_MV_MAXCOLS][RPC_MV_WARPS];
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
@@ -142,14 +149,16 @@ __device__ __forceinline__ void rpc_mv_block_reduce(float* acc, int ncols, float
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < RPC_MV_WARPS; ++w) v += s_red[threadIdx.x][w];
-        dst[threadIdx.x * dst_col] = v;
+        const long long at = threadIdx.x * dst_col;
+        dst[at] = add != nullptr ? v + add[at] : v;
     }
 }
 
 template <int T>
 __device__ __forceinline__ void rpc_mmvq_split(const uint8_t* __restrict__ w,
                                                const uint8_t* __restrict__ yq,
-                                               float* __restrict__ dst, int k, int ncols,
+                                               float* dst,
+                                               const float* add, int k, int ncols,
                                                long long w_row_bytes, long long w_chan_bytes,
                                                long long y_col_bytes, long long y_chan_bytes,
                                                long long dst_col, long long dst_chan, int ratio) {
@@ -170,15 +179,18 @@ __device__ __forceinline__ void rpc_mmvq_split(const uint8_t* __restrict__ w,
             if (c < ncols) acc[c] += rpc_dot_sub_q8_1(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
         }
     }
-    rpc_mv_block_reduce(acc, ncols, dst + chan * dst_chan + row, dst_col);
+    const long long at = chan * dst_chan + row;
+    rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
 }
 
 template <int T>
 __device__ __forceinline__ void rpc_mmv_float_split(const uint8_t* __restrict__ w,
                                                     const float* __restrict__ y,
-                                                    float* __restrict__ dst, int k, int ncols,
-                                                    long long w_row_bytes, long long w_chan_bytes,
-                                                    long long y_col, long long y_chan,
+                                                    float* dst,
+                                                    const float* add, int k,
+                                                    int ncols, long long w_row_bytes,
+                                                    long long w_chan_bytes, long long y_col,
+                                                    long long y_chan,
                                                     long long dst_col, long long dst_chan,
                                                     int ratio) {
     const int row = blockIdx.x, chan = blockIdx.y;
@@ -211,48 +223,52 @@ __device__ __forceinline__ void rpc_mmv_float_split(const uint8_t* __restrict__ 
             }
         }
     }
-    rpc_mv_block_reduce(acc, ncols, dst + chan * dst_chan + row, dst_col);
+    const long long at = chan * dst_chan + row;
+    rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
 }
 
 #define RPC_MMVQ_KERNEL(T, name)                                                                 \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmvq_##name(const uint8_t* w, const uint8_t* yq, float* dst, int k, int m, int ncols, \
-                        long long w_row_bytes, long long w_chan_bytes, long long y_col_bytes,     \
-                        long long y_chan_bytes, long long dst_col, long long dst_chan, int ratio) { \
-        rpc_mmvq<T>(w, yq, dst, k, m, ncols, w_row_bytes, w_chan_bytes, y_col_bytes, y_chan_bytes, \
-                    dst_col, dst_chan, ratio);                                                    \
+        rpc_mmvq_##name(const uint8_t* w, const uint8_t* yq, float* dst, const float* add, int k, \
+                        int m, int ncols, long long w_row_bytes, long long w_chan_bytes,          \
+                        long long y_col_bytes, long long y_chan_bytes, long long dst_col,         \
+                        long long dst_chan, int ratio) {                                          \
+        rpc_mmvq<T>(w, yq, dst, add, k, m, ncols, w_row_bytes, w_chan_bytes, y_col_bytes,        \
+                    y_chan_bytes, dst_col, dst_chan, ratio);                                      \
     }
 RPC_FOR_QUANT_TYPES(RPC_MMVQ_KERNEL)
 
 #define RPC_MMVQ_SPLIT_KERNEL(T, name)                                                           \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmvq_split_##name(const uint8_t* w, const uint8_t* yq, float* dst, int k, int m,      \
-                              int ncols, long long w_row_bytes, long long w_chan_bytes,           \
-                              long long y_col_bytes, long long y_chan_bytes, long long dst_col,   \
-                              long long dst_chan, int ratio) {                                    \
-        rpc_mmvq_split<T>(w, yq, dst, k, ncols, w_row_bytes, w_chan_bytes, y_col_bytes,          \
+        rpc_mmvq_split_##name(const uint8_t* w, const uint8_t* yq, float* dst, const float* add,  \
+                              int k, int m, int ncols, long long w_row_bytes,                     \
+                              long long w_chan_bytes, long long y_col_bytes,                      \
+                              long long y_chan_bytes, long long dst_col, long long dst_chan,      \
+                              int ratio) {                                                        \
+        rpc_mmvq_split<T>(w, yq, dst, add, k, ncols, w_row_bytes, w_chan_bytes, y_col_bytes,     \
                           y_chan_bytes, dst_col, dst_chan, ratio);                                \
     }
 RPC_FOR_QUANT_TYPES(RPC_MMVQ_SPLIT_KERNEL)
 
 #define RPC_MMV_FLOAT_KERNEL(T, name)                                                            \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmv_##name(const uint8_t* w, const float* y, float* dst, int k, int m, int ncols,     \
-                       long long w_row_bytes, long long w_chan_bytes, long long y_col,            \
-                       long long y_chan, long long dst_col, long long dst_chan, int ratio) {      \
-        rpc_mmv_float<T>(w, y, dst, k, m, ncols, w_row_bytes, w_chan_bytes, y_col, y_chan,        \
+        rpc_mmv_##name(const uint8_t* w, const float* y, float* dst, const float* add, int k,     \
+                       int m, int ncols, long long w_row_bytes, long long w_chan_bytes,           \
+                       long long y_col, long long y_chan, long long dst_col, long long dst_chan,  \
+                       int ratio) {                                                               \
+        rpc_mmv_float<T>(w, y, dst, add, k, m, ncols, w_row_bytes, w_chan_bytes, y_col, y_chan,   \
                          dst_col, dst_chan, ratio);                                               \
     }
 RPC_FOR_FLOAT_TYPES(RPC_MMV_FLOAT_KERNEL)
 
 #define RPC_MMV_FLOAT_SPLIT_KERNEL(T, name)                                                      \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmv_split_##name(const uint8_t* w, const float* y, float* dst, int k, int m,          \
-                             int ncols, long long w_row_bytes, long long w_chan_bytes,            \
-                             long long y_col, long long y_chan, long long dst_col,                \
-                             long long dst_chan, int ratio) {                                     \
-        rpc_mmv_float_split<T>(w, y, dst, k, ncols, w_row_bytes, w_chan_bytes, y_col, y_chan,    \
-                               dst_col, dst_chan, ratio);                                         \
+        rpc_mmv_split_##name(const uint8_t* w, const float* y, float* dst, const float* add,      \
+                             int k, int m, int ncols, long long w_row_bytes,                      \
+                             long long w_chan_bytes, long long y_col, long long y_chan,           \
+                             long long dst_col, long long dst_chan, int ratio) {                  \
+        rpc_mmv_float_split<T>(w, y, dst, add, k, ncols, w_row_bytes, w_chan_bytes, y_col,       \
+                               y_chan, dst_col, dst_chan, ratio);                                 \
     }
 RPC_FOR_FLOAT_TYPES(RPC_MMV_FLOAT_SPLIT_KERNEL)
 
