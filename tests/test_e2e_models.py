@@ -502,6 +502,76 @@ def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, fa: str, mo
     assert checked and not refused, "\n".join(refused.values())
 
 
+def _on_recording_cuda(nodes: list) -> tuple[list, object]:
+    """Copies of a real graph's nodes in buffers of a recording stand-in of the CUDA backend
+    (launches recorded with their PTX-checked arguments, nothing run)."""
+    from rpcnet.compute.buffer import DeviceBuffer
+    from rpcnet.compute.device import Device
+    from rpcnet.compute.memory import MemoryPool
+    from test_cuda_registry import RecordingCuda
+
+    backend = RecordingCuda()
+    device = Device(0, "CUDA0", "recording", MemoryPool(1 << 40), backend=backend)
+    buffers: dict[int, DeviceBuffer] = {}
+    made: dict[int, object] = {}
+
+    def on_gpu(buf):
+        if buf is None:
+            return None
+        if id(buf) not in buffers:
+            mem = backend.allocate(buf.size)
+            buffers[id(buf)] = DeviceBuffer(buf.handle, device, buf.base, buf.size, mem)
+        return buffers[id(buf)]
+
+    def copy(t):
+        if t is None:
+            return None
+        if id(t) not in made:
+            made[id(t)] = c = dataclasses.replace(t, buffer=on_gpu(t.buffer), src=())
+            c.src = tuple(copy(s) for s in t.src)
+        return made[id(t)]
+
+    return [copy(n) for n in nodes], backend
+
+
+@pytest.mark.parametrize("fa", ["0", "1"])
+def test_cuda_decode_step_kernel_count(e2e: E2E, fa: str, monkeypatch) -> None:
+    """Kernels one decode step of the real client's llama graph launches on cuda (fusions and
+    shared activation quantization included), counted on the recording backend."""
+    import rpcnet.server.session as session_mod
+    from rpcnet.compute.graph import needs_compute
+    from rpcnet.compute.ops import Op
+
+    compile_plan = session_mod.compile_plan
+    decode_graphs: list[list] = []
+
+    def keep_decode_graphs(nodes, *args, **kwargs):
+        products = [n for n in nodes if needs_compute(n) and n.op == Op.MUL_MAT]
+        if products and all(n.src[1].ne[1] == 1 for n in products):
+            decode_graphs.append(list(nodes))
+        return compile_plan(nodes, *args, **kwargs)
+
+    monkeypatch.setattr(session_mod, "compile_plan", keep_decode_graphs)
+    model = "llama256-q8_0"
+    case = Case(model, servers=("v8",), opts=("--prefill", PREFILL, "--flash-attn", fa))
+    e2e.check(f"cuda-count-fa{fa}/{model}", case)
+    assert decode_graphs, "no single-token graph reached the server"
+    nodes, backend = _on_recording_cuda(decode_graphs[-1])
+    compile_plan(nodes, "cuda").run()
+    launched = [call[1] for call in backend.kernels.calls]
+    per_kernel: dict[str, int] = {}
+    for name in launched:
+        per_kernel[name] = per_kernel.get(name, 0) + 1
+    n_layer = ZOO[model].base.n_layer
+    print(f"decode step, FA {fa}: {len(launched)} kernels for {n_layer} layers: {per_kernel}")
+    # per layer: norm+weight x2, one quantization for Q/K/V and one each for O, gate/up and
+    # down, seven products (two with the residual added), two ROPE, two SET_ROWS, attention
+    # (KQ, SOFT_MAX, KQV, CONT; or FLASH_ATTN_EXT), GLU; the head: norm+weight, quantize,
+    # product; the last layer keeps only the output row (two GET_ROWS, and its ADD unfused)
+    per_layer = 22 if fa == "0" else 19
+    assert len(launched) <= per_layer * n_layer + 6, per_kernel
+
+
 @pytest.mark.parametrize("n_gpu_layers", [1, 2])
 def test_partial_offload(e2e: E2E, n_gpu_layers: int) -> None:
     """Only the output head (1) or the last block + head (2) on rpcnet, the rest on the client."""
