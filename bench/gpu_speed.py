@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,8 @@ def serve(port: int, device: str, log: Path, profile: Path | None = None) -> sub
         env["RPCNET_PROFILE"] = str(profile)
         env["RPCNET_PROFILE_SHAPES"] = "1"
     argv = [sys.executable, "-m", "rpcnet.cli", "serve", "--port", str(port), "--device", device]
+    if profile is not None:
+        argv.append("-vv")  # every command with its latency, for the decode profile
     proc = subprocess.Popen(
         argv, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
     )
@@ -123,7 +126,16 @@ def profile_run(args: argparse.Namespace, base: ModelSpec, kind: str) -> dict:
     finally:
         refenv.stop_process(proc, timeout=60)  # the report is written at exit
     r["report"] = report.read_text().splitlines()[:40] if report.is_file() else None
+    r["commands_ms"] = command_latencies(log)
     return r
+
+
+def command_latencies(log: Path) -> dict[str, list[float]]:
+    """{command: [count, mean ms, max ms]} from a `-vv` server log."""
+    seen: dict[str, list[float]] = {}
+    for m in re.finditer(r": (\w+) in ([\d.]+) ms", log.read_text() if log.is_file() else ""):
+        seen.setdefault(m.group(1), []).append(float(m.group(2)))
+    return {k: [len(v), round(sum(v) / len(v), 3), max(v)] for k, v in seen.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
