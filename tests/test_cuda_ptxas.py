@@ -4,6 +4,7 @@ spilling registers to local memory, and docs/gpu.md's ptxas table names every ke
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -13,6 +14,7 @@ def _report_module():
     spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "tools/ptxas_report.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
