@@ -80,6 +80,9 @@ _HEADER = struct.Struct("<BQ")
 _SIZE = struct.Struct("<Q")
 CLIENT_ERRORS = (ProtocolViolation, ComputeError, _native.NativeError)
 LARGE_WRITE = 64 * 1024
+# A GPU's SET_TENSOR payloads up to this size are received whole in the protocol callback
+# (a decode step's inputs), larger ones piece by piece through the bounded staging slots.
+SMALL_STAGED_SET = 256 * 1024
 HELLO, SET_TENSOR, SET_TENSOR_HASH = int(Cmd.HELLO), int(Cmd.SET_TENSOR), int(Cmd.SET_TENSOR_HASH)
 COMM_INIT, COMM_ALLREDUCE = int(Cmd.COMM_INIT), int(Cmd.COMM_ALLREDUCE)
 COMM_FREE = int(Cmd.COMM_FREE)
@@ -265,8 +268,8 @@ class Connection:
         cache = self.cache
         if data[HEADER_SIZE + msg.TENSOR] and cache is not None and cache.writable:
             return False  # the cache write runs on a thread: the coroutine does it
-        if not self._host_resident:
-            return False  # GPU payloads go through bounded staging, piece by piece
+        if not self._host_resident and size > SMALL_STAGED_SET:
+            return False  # large GPU payloads go through bounded staging, piece by piece
         self._admit(SET_TENSOR, size)
         prefix = bytes(data[HEADER_SIZE:prefix_end])
         stream = self.stream
