@@ -19,6 +19,9 @@ import time
 import numpy as np
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
+#: the 1.1 B llama of the device check (Q/O, gate/up, down), warp-per-row vs split rows
+MODEL_SHAPES = [(2048, 2048), (2048, 8192), (8192, 2048)]
+MODEL_TYPES = ("Q8_0", "Q4_K", "Q6_K", "F16")
 
 
 def time_ms(be, fn, iters: int, repeat: int) -> float:
@@ -38,13 +41,15 @@ def time_ms(be, fn, iters: int, repeat: int) -> float:
     return best
 
 
-def bench_matvec(be, types, ncols: int, iters: int, repeat: int) -> list[dict]:
+def bench_matvec(
+    be, types, ncols: int, iters: int, repeat: int, shapes=SHAPES, split: bool | None = None
+) -> list[dict]:
     from rpcnet.compute.cuda import launch
 
     cp = be.cp
     rows = []
     for type_name in types:
-        for k, m in SHAPES:
+        for k, m in shapes:
             nbytes = launch.row_bytes(type_name, k) * m
             with be.device:
                 w = cp.random.randint(0, 256, nbytes, dtype=cp.uint8)
@@ -56,7 +61,7 @@ def bench_matvec(be, types, ncols: int, iters: int, repeat: int) -> list[dict]:
             ms = time_ms(
                 be,
                 lambda w=w, y=y, dst=dst, s=scratch, t=type_name, k=k, m=m: launch.matvec(
-                    be, t, w, y, dst, k, m, ncols, s
+                    be, t, w, y, dst, k, m, ncols, s, split=split
                 ),
                 iters,
                 repeat,
@@ -67,6 +72,7 @@ def bench_matvec(be, types, ncols: int, iters: int, repeat: int) -> list[dict]:
                     "k": k,
                     "m": m,
                     "ncols": ncols,
+                    "split": launch.split_rows(type_name, k) if split is None else split,
                     "us": round(ms * 1e3, 2),
                     "GBps": round(nbytes / (ms * 1e-3) / 1e9, 1),
                 }
@@ -176,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         "capability": list(be.info.capability),
         "compile_s": round(time.perf_counter() - t0, 1),
         "matvec": bench_matvec(be, args.types.split(","), args.ncols, args.iters, args.repeat),
+        "matvec_model": [
+            row
+            for split in (False, True)
+            for row in bench_matvec(
+                be, MODEL_TYPES, args.ncols, args.iters, args.repeat, MODEL_SHAPES, split
+            )
+        ],
         "upload": [bench_upload(be, mib, args.repeat) for mib in (64, 256)],
         "prefill": [bench_prefill(be, t, 512, 5, args.repeat) for t in ("Q8_0", "Q4_K", "F16")],
         "launch": bench_launch_overhead(be),

@@ -139,6 +139,9 @@ if os.path.exists(bench):
     b = json.load(open(bench))
     summary["gpu"] = b["gpu"]
     summary["matvec_GBps"] = {f'{r["type"]} {r["k"]}x{r["m"]}': r["GBps"] for r in b["matvec"]}
+    summary["matvec_model_GBps"] = {
+        f'{r["type"]} {r["k"]}x{r["m"]} {"split" if r["split"] else "warp"}': r["GBps"]
+        for r in b.get("matvec_model", [])}
     summary["upload_GBps"] = {r["MiB"]: r["GBps"] for r in b["upload"]}
     summary["prefill_TFLOPs"] = {r["type"]: r["TFLOPs"] for r in b["prefill"]}
     summary["launch"] = b["launch"]
