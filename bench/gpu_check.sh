@@ -24,8 +24,10 @@ CARRY=dist/gpu
 PY=${PYTHON:-python3}
 SITE="$PWD/dist/gpu-site"  # dist/ is git-ignored
 export RPCNET_REQUIRE_REFENV=1 PYTHONUNBUFFERED=1
+BUDGET=${GPU_CHECK_BUDGET:-470}  # seconds for the checks; the summary is written after them
 log() { printf '[gpu_check %3ds] %s\n' $((SECONDS - START)) "$*" | tee -a "$WORK/check.log"; }
 left() { echo $((${1} - (SECONDS - START))); }  # seconds left before mark $1
+cap() { local l; l=$(left "$BUDGET"); [ "$l" -lt "$1" ] && echo $((l > 1 ? l : 1)) || echo "$1"; }
 
 GLIBC=$(ldd --version 2>&1 | sed -n 1p | grep -oE '[0-9]+\.[0-9]+$')
 PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -70,7 +72,7 @@ log "install: $install_ok"
 # ---- 2. GPU tests ----------------------------------------------------------------------------
 tests_rc=-1
 if $install_ok; then
-    timeout 130 "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/test_cuda_gpu.py \
+    timeout "$(cap 130)" "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/test_cuda_gpu.py \
         --junitxml="$WORK/gpu_tests.xml" >"$WORK/gpu_tests.log" 2>&1
     tests_rc=$?
     log "pytest -m gpu: rc=$tests_rc, $(tail -1 "$WORK/gpu_tests.log")"
@@ -79,7 +81,7 @@ fi
 # ---- 3. end to end with the real v8 client on cuda -------------------------------------------
 e2e_rc=-1
 if $install_ok; then
-    RPCNET_E2E_REPORT="$WORK/gpu_e2e.json" timeout 170 "$PY" -m pytest -m gpu -q -rfEs \
+    RPCNET_E2E_REPORT="$WORK/gpu_e2e.json" timeout "$(cap 170)" "$PY" -m pytest -m gpu -q -rfEs \
         -p no:cacheprovider tests/test_e2e_models.py --junitxml="$WORK/gpu_e2e.xml" \
         >"$WORK/gpu_e2e.log" 2>&1
     e2e_rc=$?
@@ -89,7 +91,7 @@ fi
 # ---- 4. kernel benchmark ---------------------------------------------------------------------
 bench_rc=-1
 if $install_ok; then
-    timeout 60 "$PY" bench/gpu_bench.py --out "$WORK/gpu_bench.json" >"$WORK/gpu_bench.log" 2>&1
+    timeout "$(cap 60)" "$PY" bench/gpu_bench.py --out "$WORK/gpu_bench.json" >"$WORK/gpu_bench.log" 2>&1
     bench_rc=$?
     log "gpu_bench: rc=$bench_rc"
 fi
@@ -97,7 +99,7 @@ fi
 # ---- 5. tg128 / pp512 through the server -----------------------------------------------------
 speed_rc=-1
 if $install_ok; then
-    budget=$(left 470)
+    budget=$(left "$BUDGET")
     if [ "$budget" -gt 30 ]; then
         timeout "$budget" "$PY" bench/gpu_speed.py --out "$WORK/gpu_speed.json" --profile q8_0 \
             >"$WORK/gpu_speed.log" 2>&1
