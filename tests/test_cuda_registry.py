@@ -440,3 +440,20 @@ def test_a_decode_product_and_the_residual_add_after_it_run_as_one_kernel():
     *_, args = g.backend.kernels.calls[-1]
     assert int(args[2].data.ptr) == BASE + add.offset  # written to the ADD's tensor
     assert int(args[3].data.ptr) == BASE + residual.offset  # the residual added in
+
+
+def test_attention_output_is_written_in_the_order_its_cont_wants():
+    """V·KQ [D, T, H] permuted to [D, H, T] and made contiguous: the product writes that order."""
+    g = Graph()
+    v = g.tensor(T.F16, (32, 64, 2, 1))  # [n_kv, D, H_kv]
+    kq = g.tensor(T.F32, (32, 1, 4, 1))  # [n_kv, T, H]
+    kqv = g.tensor(T.F32, (64, 1, 4, 1), Op.MUL_MAT, (), (v, kq))
+    perm = g.tensor(T.F32, (64, 4, 1, 1), Op.PERMUTE, (0, 2, 1, 3), (kqv,), nb=(4, 256, 256, 1024))
+    perm.offset = kqv.offset
+    perm.flags = 0  # a view: not computed
+    cont = g.tensor(T.F32, (256, 1, 1, 1), Op.CONT, (), (perm,))
+    compile_plan([kqv, perm, cont], "cuda").run()
+    assert _check_launches(g.backend.kernels) == ["rpc_mmv_f16"]
+    *_, args = g.backend.kernels.calls[-1]
+    assert int(args[2].data.ptr) == BASE + cont.offset
+    assert [int(a) for a in args[-3:-1]] == [64 * 4, 64]  # token stride, head stride

@@ -188,7 +188,18 @@ def _fused_pairs(computed: list[Tensor], nodes: list[Tensor], device: str) -> _F
     while i + 1 < len(computed):
         a, b = computed[i], computed[i + 1]
         entry = None
-        feeds = any(s is a for s in b.src)
+        # b reads a itself, or a view of a that nothing else reads (a permuted product)
+        feeds = any(
+            s is a
+            or (
+                s is not None
+                and s.op in VIEW_OPS
+                and len(s.src) > 0
+                and s.src[0] is a
+                and readers.get(s.id, 0) == 1
+            )
+            for s in b.src
+        )
         if feeds and readers.get(a.id, 0) == 1 and not a.flags & FLAG_OUTPUT:
             entry = registry.select_fusion(a, b, device)
         if entry is not None:

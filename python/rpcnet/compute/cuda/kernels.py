@@ -491,13 +491,54 @@ def _strided_matvec_ok(node: Tensor) -> bool:
     device=CUDA,
 )
 def cuda_mul_mat_strided(node: Tensor) -> Step:
+    m, ncols = node.ne[0], node.ne[1]
+    return _strided_step(node, node, (m, m * ncols))
+
+
+def _strided_step(node: Tensor, out: Tensor, dst_strides: tuple[int, int]) -> Step:
+    """The strided matvec of `node`, its (column, channel) results written to `out` with
+    `dst_strides` floats apart."""
     w_t, y_t = _need(node, 2)
     be, launch = _backend(node), _launch_module()
     k, m, ncols, channels = w_t.ne[0], w_t.ne[1], y_t.ne[1], y_t.ne[2]
-    w, y, dst = _raw(w_t), _view(y_t), _view(node)
-    strides = (w_t.nb[1], w_t.nb[2], y_t.nb[1] // 4, y_t.nb[2] // 4, m, m * ncols)
+    w, y, dst = _raw(w_t), _view(y_t), _raw(out)
+    strides = (w_t.nb[1], w_t.nb[2], y_t.nb[1] // 4, y_t.nb[2] // 4, *dst_strides)
     wt, ratio = type_name(w_t.type).upper(), channels // w_t.ne[2]
     return lambda: launch.matvec_strided(be, wt, w, y, dst, k, m, ncols, channels, strides, ratio)
+
+
+def _permuted(cont: Tensor, mm: Tensor) -> Tensor | None:
+    """The view of `mm` with its dims 1 and 2 swapped that `cont` copies, if that is what it
+    copies (attention's V·KQ, heads brought next to each other for the output projection)."""
+    p = cont.src[0] if cont.src else None
+    if p is None or p.op not in (Op.PERMUTE, Op.VIEW) or not p.src or p.src[0] is not mm:
+        return None
+    swapped = p.ne == (mm.ne[0], mm.ne[2], mm.ne[1], 1) and p.nb[:3] == (
+        mm.nb[0],
+        mm.nb[2],
+        mm.nb[1],
+    )
+    return p if swapped and p.offset == mm.offset else None
+
+
+def _strided_cont_ok(mm: Tensor, cont: Tensor) -> bool:
+    return (
+        _strided_matvec_ok(mm)
+        and cont.op == Op.CONT
+        and cont.type == F32
+        and _contiguous(cont)
+        and cont.nelements == mm.nelements
+        and mm.ne[3] == 1
+        and _permuted(cont, mm) is not None
+    )
+
+
+@fusion(Op.MUL_MAT, Op.CONT, _strided_cont_ok, device=CUDA)
+def cuda_mul_mat_permuted(mm: Tensor, cont: Tensor) -> Step:
+    """V·KQ of a decode step written straight in the order the CONT after its permutation
+    wants (heads next to each other): one kernel, no copy."""
+    m, channels = mm.ne[0], mm.ne[2]
+    return _strided_step(mm, cont, (m * channels, m))  # column (token) stride, channel stride
 
 
 def _batched_ok(node: Tensor) -> bool:
