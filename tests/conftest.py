@@ -64,6 +64,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_cuda_blockmath": ("unit",),
     "test_cuda_host": ("unit",),
     "test_cuda_nvrtc": ("unit",),
+    "test_cuda_emulated": ("unit",),
     "test_cuda_ptxas": ("unit",),
     "test_cuda_registry": ("unit",),
     "test_cuda_serving": ("unit",),
