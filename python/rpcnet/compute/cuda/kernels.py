@@ -574,6 +574,8 @@ def cuda_mul_mat_batched(node: Tensor) -> Step:
     a, b, dst = _view(a_t), _view(b_t), _view(node)
     r2, r3 = b_t.ne[2] // a_t.ne[2], b_t.ne[3] // a_t.ne[3]
 
+    half = a_t.type == F16  # the CPU's f16 dot product rounds the other side to f16 first
+
     def run() -> None:
         cp = be.cp
         with be.device, be.stream:
@@ -582,7 +584,8 @@ def cuda_mul_mat_batched(node: Tensor) -> Step:
                 w = cp.repeat(w, r2, axis=1)
             if r3 > 1:
                 w = cp.repeat(w, r3, axis=0)
-            dst[...] = cp.matmul(b.astype(cp.float32), w.swapaxes(-1, -2))
+            x = b.astype(cp.float16).astype(cp.float32) if half else b.astype(cp.float32)
+            dst[...] = cp.matmul(x, w.swapaxes(-1, -2))
 
     return run
 
@@ -1043,6 +1046,7 @@ def cuda_flash_attn_xp(node: Tensor) -> Step:
     sinks = None if sinks_t is None else _view(sinks_t, (sinks_t.ne[0],))[:n_head]
     out = _view(node)[0]  # (n_q, n_head, dv)
     rep = n_head // k_t.ne[2]
+    half_k = k_t.type == F16
 
     def run() -> None:
         xp = be.cp
@@ -1052,7 +1056,9 @@ def cuda_flash_attn_xp(node: Tensor) -> Step:
             kf, vf = k.astype(f32), v.astype(f32)
             if rep > 1:
                 kf, vf = xp.repeat(kf, rep, axis=0), xp.repeat(vf, rep, axis=0)
-            s = xp.matmul(q.astype(f32), kf.swapaxes(-1, -2)) * f32(scale)
+            # f16 K: Q rounded to f16 first, as ggml's CPU kernel converts it for its dot
+            qf = q.astype(xp.float16).astype(f32) if half_k else q.astype(f32)
+            s = xp.matmul(qf, kf.swapaxes(-1, -2)) * f32(scale)
             if softcap != 0:
                 s = xp.tanh(s) * f32(softcap)
             if mask is not None:

@@ -46,7 +46,9 @@ __device__ __forceinline__ void rpc_flash_attn(
 #pragma unroll
     for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
         const int i = lane + 32 * t;
-        qv[t] = i < d ? qr[i] : 0.0f;
+        // f16 K: Q rounded to f16 first, as ggml's CPU kernel converts it for its f16 dot
+        const float qi = i < d ? qr[i] : 0.0f;
+        qv[t] = KT == RPC_F16 ? rpc_half_to_float(rpc_float_to_half(qi)) : qi;
         acc[t] = 0.0f;
     }
     float m = -3.402823466e38f, l = 0.0f;

@@ -82,6 +82,18 @@ template <> __device__ __forceinline__ void rpc_unpack16<RPC_BF16>(uint4 v, floa
     }
 }
 
+// An activation as ggml's CPU dot product sees it for float weights of type T: rounded to f16
+// (F16) or bf16 (BF16) first, kept (F32). Matching that rounding keeps the quantization of
+// later activations on the CPU's side of every rounding boundary.
+template <int T> __device__ __forceinline__ float rpc_act(float y);
+template <> __device__ __forceinline__ float rpc_act<RPC_F32>(float y) { return y; }
+template <> __device__ __forceinline__ float rpc_act<RPC_F16>(float y) {
+    return rpc_half_to_float(rpc_float_to_half(y));
+}
+template <> __device__ __forceinline__ float rpc_act<RPC_BF16>(float y) {
+    return rpc_bf16_to_float(rpc_float_to_bf16(y));
+}
+
 template <int T>
 __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, const float* __restrict__ y,
                                               float* dst, const float* add,
@@ -109,7 +121,7 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
                 if (c >= ncols) continue;
                 const float* yv = yc + c * y_col + v * per;
 #pragma unroll
-                for (int e = 0; e < 16 / Blk<T>::BYTES; ++e) acc[c] += wf[e] * yv[e];
+                for (int e = 0; e < 16 / Blk<T>::BYTES; ++e) acc[c] += wf[e] * rpc_act<T>(yv[e]);
             }
         }
     } else {
@@ -117,7 +129,7 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
             const float wv = Blk<T>::value(wrow + i * Blk<T>::BYTES, 0);
 #pragma unroll
             for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-                if (c < ncols) acc[c] += wv * yc[c * y_col + i];
+                if (c < ncols) acc[c] += wv * rpc_act<T>(yc[c * y_col + i]);
             }
         }
     }
@@ -211,7 +223,7 @@ __device__ __forceinline__ void rpc_mmv_float_split(const uint8_t* __restrict__ 
                 if (c >= ncols) continue;
                 const float* yv = yc + c * y_col + v * per;
 #pragma unroll
-                for (int e = 0; e < 16 / Blk<T>::BYTES; ++e) acc[c] += wf[e] * yv[e];
+                for (int e = 0; e < 16 / Blk<T>::BYTES; ++e) acc[c] += wf[e] * rpc_act<T>(yv[e]);
             }
         }
     } else {
@@ -219,7 +231,7 @@ __device__ __forceinline__ void rpc_mmv_float_split(const uint8_t* __restrict__ 
             const float wv = Blk<T>::value(wrow + i * Blk<T>::BYTES, 0);
 #pragma unroll
             for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-                if (c < ncols) acc[c] += wv * yc[c * y_col + i];
+                if (c < ncols) acc[c] += wv * rpc_act<T>(yc[c * y_col + i]);
             }
         }
     }
@@ -296,7 +308,7 @@ template <int T> struct RpcRowDot<T, false> {
         const float* yf = (const float*)y;
         float acc = 0.0f;
         for (int i = threadIdx.x; i < k; i += RPC_WARP) {
-            acc += Blk<T>::value(wrow + i * Blk<T>::BYTES, 0) * yf[i];
+            acc += Blk<T>::value(wrow + i * Blk<T>::BYTES, 0) * rpc_act<T>(yf[i]);
         }
         return acc;
     }
