@@ -235,8 +235,8 @@ def test_cuda_plan_launches_the_right_kernels_with_ptx_exact_arguments(name):
 def test_prefill_matmul_is_marked_uncapturable():
     g = Graph()
     w = g.tensor(T.Q4_0, (256, 64, 1, 1))
-    y = g.tensor(T.F32, (256, 16, 1, 1))
-    node = g.tensor(T.F32, (64, 16, 1, 1), Op.MUL_MAT, (), (w, y))
+    y = g.tensor(T.F32, (256, 64, 1, 1))  # 64 tokens: past the chunked matvec, cuBLAS
+    node = g.tensor(T.F32, (64, 64, 1, 1), Op.MUL_MAT, (), (w, y))
     plan = compile_plan([node], "cuda")
     assert getattr(plan.steps[0], "capturable", True) is False
     decode = compile_plan(_nodes("mul_mat_q8_0", Graph()), "cuda")
@@ -314,24 +314,24 @@ def _xp_case(name: str, rng) -> tuple[list, list]:
         pads = (1, 0, 0, 0, 2, 3, 0, 0)  # left and right, in ne0 and ne2
         return [(T.F32, (16, 8, 3, 1), x)], [Op.PAD, T.F32, (17, 8, 8, 1), pads, (0,)]
     if name.startswith("flash_attn"):
-        # 12 query rows: more than the CUDA C decode kernel takes, so the xp kernel runs
-        q = rng.standard_normal((4, 12, 64)).astype(np.float32)  # (heads, rows, d)
+        # 40 query rows: more than the CUDA C kernel takes, so the xp kernel runs
+        q = rng.standard_normal((4, 40, 64)).astype(np.float32)  # (heads, rows, d)
         k = rng.standard_normal((2, 32, 64)).astype(np.float16)  # 2 kv heads: GQA
         v = rng.standard_normal((2, 32, 64)).astype(np.float16)
-        mask = np.zeros((12, 32), np.float16)
+        mask = np.zeros((40, 32), np.float16)
         mask[:, 20:] = -np.inf  # the kv positions not yet filled
         mask[1, :5] = -np.inf
         sinks = rng.standard_normal(4).astype(np.float32)
         softcap = 30.0 if name.endswith("softcap") else 0.0
         inputs = [
-            (T.F32, (64, 12, 4, 1), q),
+            (T.F32, (64, 40, 4, 1), q),
             (T.F16, (64, 32, 2, 1), k),
             (T.F16, (64, 32, 2, 1), v),
-            (T.F16, (32, 12, 1, 1), mask),
+            (T.F16, (32, 40, 1, 1), mask),
             (T.F32, (4, 1, 1, 1), sinks),
         ]
         params = (0.125, 0.0, softcap)
-        return inputs, [Op.FLASH_ATTN_EXT, T.F32, (64, 4, 12, 1), params, (0, 1, 2, 3, 4)]
+        return inputs, [Op.FLASH_ATTN_EXT, T.F32, (64, 4, 40, 1), params, (0, 1, 2, 3, 4)]
     raise AssertionError(name)
 
 

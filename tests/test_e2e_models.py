@@ -21,6 +21,7 @@ docs/e2e.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -502,16 +503,11 @@ def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, fa: str, mo
     assert checked and not refused, "\n".join(refused.values())
 
 
-def _on_recording_cuda(nodes: list) -> tuple[list, object]:
-    """Copies of a real graph's nodes in buffers of a recording stand-in of the CUDA backend
-    (launches recorded with their PTX-checked arguments, nothing run)."""
+def _rebound(nodes: list, device, contents: dict[int, bytes] | None = None) -> list:
+    """Copies of a real graph's nodes in new buffers of `device` (filled with `contents`, by
+    id() of the original buffer, when given)."""
     from rpcnet.compute.buffer import DeviceBuffer
-    from rpcnet.compute.device import Device
-    from rpcnet.compute.memory import MemoryPool
-    from test_cuda_registry import RecordingCuda
 
-    backend = RecordingCuda()
-    device = Device(0, "CUDA0", "recording", MemoryPool(1 << 40), backend=backend)
     buffers: dict[int, DeviceBuffer] = {}
     made: dict[int, object] = {}
 
@@ -519,7 +515,9 @@ def _on_recording_cuda(nodes: list) -> tuple[list, object]:
         if buf is None:
             return None
         if id(buf) not in buffers:
-            mem = backend.allocate(buf.size)
+            mem = device.backend.allocate(buf.size)
+            if contents is not None:
+                np.asarray(mem).view(np.uint8)[:] = np.frombuffer(contents[id(buf)], np.uint8)
             buffers[id(buf)] = DeviceBuffer(buf.handle, device, buf.base, buf.size, mem)
         return buffers[id(buf)]
 
@@ -531,7 +529,134 @@ def _on_recording_cuda(nodes: list) -> tuple[list, object]:
             c.src = tuple(copy(s) for s in t.src)
         return made[id(t)]
 
-    return [copy(n) for n in nodes], backend
+    return [copy(n) for n in nodes]
+
+
+def _on_recording_cuda(nodes: list) -> tuple[list, object]:
+    """Copies of a real graph's nodes in buffers of a recording stand-in of the CUDA backend
+    (launches recorded with their PTX-checked arguments, nothing run)."""
+    from rpcnet.compute.device import Device
+    from rpcnet.compute.memory import MemoryPool
+    from test_cuda_registry import RecordingCuda
+
+    backend = RecordingCuda()
+    device = Device(0, "CUDA0", "recording", MemoryPool(1 << 40), backend=backend)
+    return _rebound(nodes, device), backend
+
+
+class EmulatedCuda:
+    """The CUDA backend's memory operations on NumPy, its kernels executed by the CPU emulator
+    (tests/support/cuda_emu): the cuda registry's builders and launchers run as on a GPU."""
+
+    name = "cuda"
+    host_resident = False
+
+    def __init__(self) -> None:
+        from support.cuda_emu import EmuBackend
+
+        self.emu = EmuBackend()
+        self.kernels, self.cp = self.emu.kernels, np
+        self.device = self.stream = contextlib.nullcontext()
+        self._scratch: dict[str, object] = {}
+
+    def allocate(self, nbytes: int):
+        return self.emu.empty(max(nbytes, 1), np.uint8)
+
+    def free(self, mem) -> None:
+        pass
+
+    def view(self, mem, offset, shape, strides, dtype):
+        from support.cuda_emu import DevArray
+
+        base = np.asarray(mem).view(np.ndarray)
+        arr = np.ndarray(tuple(shape), np.dtype(dtype), base, offset, tuple(strides))
+        return arr.view(DevArray)
+
+    def scratch(self, kind: str, nbytes: int):
+        cur = self._scratch.get(kind)
+        if cur is None or cur.size < nbytes:  # type: ignore[attr-defined]
+            cur = self._scratch[kind] = self.allocate(nbytes)
+        return cur
+
+    def synchronize(self, what: str = "") -> None:
+        pass
+
+
+#: steps of these zoo models, FA off and on, run on the emulated GPU: a decode step, and a
+#: 12-token prefill (products as matvec launches of up to 8 columns)
+EMULATED = [
+    ("llama256-q8_0", "0", 1),
+    ("llama256-q8_0", "1", 1),
+    ("llama256-Q4_K_M", "0", 1),
+    ("llama-gqa-f32", "1", 1),
+    ("qwen3moe-f32", "0", 1),
+    ("llama256-q8_0", "0", 12),
+    ("llama256-q8_0", "1", 12),
+    ("llama256-Q6_K", "0", 12),
+    ("qwen3moe-f32", "0", 12),
+]
+
+
+@pytest.mark.parametrize(("model", "fa", "tokens"), EMULATED)
+def test_cuda_step_on_the_emulated_gpu(
+    e2e: E2E, model: str, fa: str, tokens: int, monkeypatch
+) -> None:
+    """A real client's graph of `tokens` tokens, its buffers as the server held them before it
+    ran, run by the cuda plan (fusions, shared quantization, strided attention, every kernel
+    executed by the CPU emulator) and by the CPU plan: the outputs agree as the CPU's own
+    rounding allows (f32: 1e-5 of the largest logit; quantized: 1e-4)."""
+    import rpcnet.server.session as session_mod
+    from rpcnet.compute.device import Device
+    from rpcnet.compute.graph import needs_compute
+    from rpcnet.compute.memory import MemoryPool
+    from rpcnet.compute.ops import Op
+
+    compile_plan = session_mod.compile_plan
+    steps: list[tuple[list, dict[int, bytes]]] = []
+
+    def keep_decode_step(nodes, *args, **kwargs):
+        columns = [  # activation columns of each product (MUL_MAT_ID: tokens on ne[2])
+            n.src[1].ne[2 if n.op == Op.MUL_MAT_ID else 1]
+            for n in nodes
+            if needs_compute(n) and n.op in (Op.MUL_MAT, Op.MUL_MAT_ID)
+        ]
+        if not steps and columns and max(columns) == tokens:
+            held = {}
+            for t in (t for n in nodes for t in (n, *n.src) if t is not None):
+                if t.buffer is not None and id(t.buffer) not in held:
+                    held[id(t.buffer)] = bytes(t.buffer.read(0, t.buffer.size))
+            steps.append((list(nodes), held))
+        return compile_plan(nodes, *args, **kwargs)
+
+    monkeypatch.setattr(session_mod, "compile_plan", keep_decode_step)
+    opts = ("--tokens", GPU_TOKENS, "--prefill", GPU_PREFILL, "--flash-attn", fa)
+    case = Case(model, servers=("v8",), opts=opts)
+    e2e.check(f"cuda-emulated-fa{fa}-n{tokens}/{model}", case)
+    assert steps, f"no graph of {tokens} tokens reached the server"
+    nodes, held = steps[0]
+    outputs = []
+    for device in (
+        cpu_device(0, capacity=SERVER_MEM),
+        Device(0, "CUDA0", "emulated", MemoryPool(SERVER_MEM), backend=EmulatedCuda()),
+    ):
+        copies = _rebound(nodes, device, held)
+        compile_plan(copies, device.kind).run()
+        last = copies[-1]
+        mem = np.asarray(last.buffer.array).view(np.uint8)
+        outputs.append(mem[last.offset : last.offset + last.nbytes].view(np.float32).copy())
+    want, got = (o.astype(np.float64) for o in outputs)
+    rel = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+    # Only summation order differs from the CPU: with the activations rounded and quantized as
+    # the CPU does, no quantization boundary is crossed (one crossing would cost ~1e-3). With
+    # FA on, the f16 sums of V can round the other way after a last-bit difference of a dot
+    # product (the CPU's order depends on its SIMD width): the GPU bounds then.
+    klass = Case(model).tolerance_class
+    bound = (1e-5 if klass == "f32" else 1e-4) if fa == "0" else GPU_TOLERANCE[klass]
+    assert rel <= bound, rel
+    n_vocab = ZOO[model].n_vocab
+    assert np.array_equal(
+        got.reshape(-1, n_vocab).argmax(axis=1), want.reshape(-1, n_vocab).argmax(axis=1)
+    )
 
 
 @pytest.mark.parametrize("fa", ["0", "1"])

@@ -87,3 +87,72 @@ def dequant_q8_1(y: np.ndarray) -> np.ndarray:
     b = y.reshape(-1, 36)
     d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
     return (b[:, 4:].view(np.int8).astype(np.float64) * d).reshape(-1)
+
+
+def float_activations(y: np.ndarray, type_name: str) -> np.ndarray:
+    """Activations as ggml's CPU dot product multiplies them with float weights of `type_name`
+    (and as the CUDA float kernels do): rounded to f16 for F16, to bf16 (nearest even) for
+    BF16, kept for F32; as float64."""
+    y = np.asarray(y, np.float32)
+    if type_name == "F16":
+        return y.astype(np.float16).astype(np.float64)
+    if type_name == "BF16":
+        bits = y.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+    return y.astype(np.float64)
+
+
+def flash_attn_f16_like_cpu(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask: np.ndarray | None,
+    scale: float,
+    softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
+    """FLASH_ATTN_EXT with f16 K and V as ggml's CPU kernel computes it, row by row: Q rounded
+    to f16, positions in order, the V sums kept in f16 (rounded after every step), the sink
+    merged in f32 last. q (H, n_q, D) f32; k, v (H_kv, n_kv, D) f16; mask (n_q, n_kv) f16.
+    Returns (n_q, H, Dv) float64. (Dot products in float64: their order is the only freedom.)"""
+    f32, f16 = np.float32, np.float16
+    heads, n_q, _ = q.shape
+    group = heads // k.shape[0]
+    scale_f = f32(scale) / f32(softcap) if softcap else f32(scale)
+    out = np.zeros((n_q, heads, v.shape[2]))
+    for h in range(heads):
+        kh, vh = k[h // group].astype(f32), v[h // group].astype(f32)
+        for r in range(n_q):
+            qr = q[h, r].astype(f16).astype(np.float64)
+            acc = np.zeros(v.shape[2], f16)
+            m, total = f32(-np.inf), f32(0)
+            for j in range(k.shape[1]):
+                mv = f32(mask[r, j]) if mask is not None else f32(0)
+                if mv == -np.inf:
+                    continue
+                s = f32(float(qr @ kh[j].astype(np.float64))) * scale_f
+                if softcap:
+                    s = f32(softcap) * f32(np.tanh(s))
+                s = f32(s + mv)
+                ms, vs = f32(1), f32(1)
+                if s > m:
+                    ms = f32(np.exp(f32(m - s))) if m != -np.inf else f32(0)
+                    m = s
+                    acc = (acc.astype(f32) * ms).astype(f16)
+                else:
+                    vs = f32(np.exp(f32(s - m)))
+                # one rounding to f32 (a fused multiply-add), then to f16
+                acc = (vh[j].astype(np.float64) * vs + acc.astype(np.float64)).astype(f32)
+                acc = acc.astype(f16)
+                total = f32(total * ms + vs)
+            res = acc.astype(f32)
+            if sinks is not None:
+                ss = f32(sinks[h])
+                if ss > m:
+                    res = res * f32(np.exp(f32(m - ss)))
+                    total = f32(total * f32(np.exp(f32(m - ss))) + 1)
+                else:
+                    total = f32(total + f32(np.exp(f32(ss - m))))
+            out[r, h] = res * (f32(1) / total if total != 0 else f32(0))
+    return out

@@ -31,7 +31,11 @@ from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType, type_name
 
 CUDA = "cuda"
-MATVEC_MAX_COLS = 8  # launch.MV_MAXCOLS: more activation columns go the prefill way
+MATVEC_MAX_COLS = 8  # launch.MV_MAXCOLS: activation columns of one matvec launch
+# launch.MV_CHUNKED_MAX: up to this many columns a product runs as matvec launches of at most
+# MATVEC_MAX_COLS each (weights read once per launch, arithmetic exactly the decode path's);
+# more go through cuBLAS
+MATVEC_CHUNKED_MAX = 32
 _Q8_1_NOTE = "cuda.q8_1"  # PlanState.shared: (input key, written mark, scratch) of the q8_1 blocks
 
 F32, F16, BF16, I32, I64 = GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.I32, GgmlType.I64
@@ -384,11 +388,11 @@ def _mul_mat_ok(node: Tensor) -> bool:
 
 @kernel(
     Op.MUL_MAT,
-    "all 16 weight types x f32 -> f32 (2-D; N<=8 MMVQ, else f16 scratch + cuBLAS)",
+    "all 16 weight types x f32 -> f32 (2-D; N<=32 MMVQ launches of up to 8 columns, else cuBLAS)",
     _mul_mat_ok,
     priority=NATIVE,
     device=CUDA,
-    capturable=lambda node: node.ne[1] <= MATVEC_MAX_COLS,  # the prefill calls cuBLAS
+    capturable=lambda node: node.ne[1] <= MATVEC_CHUNKED_MAX,  # wider products call cuBLAS
 )
 def cuda_mul_mat(node: Tensor) -> Step:
     return _mul_mat_step(node, node, None)
@@ -405,7 +409,7 @@ def _mul_mat_step(node: Tensor, out: Tensor, add_t: Tensor | None) -> Step:
     k, m, n = w_t.ne[0], w_t.ne[1], y_t.ne[1]
     w, y, dst = _raw(w_t), _view(y_t, (n, k)), _view(out, (n, m))
     add = None if add_t is None else _view(add_t, (n, m))
-    if n <= MATVEC_MAX_COLS:
+    if n <= MATVEC_CHUNKED_MAX:
         if wt in sources.FLOAT_TYPES:
             return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, add=add)
         # Products of one input (Q, K and V; gate and up) quantize it once: the first leaves its
@@ -421,7 +425,7 @@ def _mul_mat_step(node: Tensor, out: Tensor, add_t: Tensor | None) -> Step:
         yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
         state.shared[_Q8_1_NOTE] = (key, len(state.written), yq)
         return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq, add=add)
-    assert add is None, "only decode products take a fused ADD"
+    assert add is None, "only matvec products take a fused ADD"
     w_bytes, y_bytes = launch.prefill_scratch_bytes(wt, k, m, n)
     w16 = _device_scratch(be, "f16", w_bytes) if w_bytes else None
     y16 = _device_scratch(be, "act16", y_bytes) if y_bytes else None
@@ -436,7 +440,7 @@ def _mul_mat_add_ok(mm: Tensor, add: Tensor) -> bool:
         r is not None
         and r is not mm
         and _mul_mat_ok(mm)
-        and mm.ne[1] <= MATVEC_MAX_COLS
+        and mm.ne[1] <= MATVEC_CHUNKED_MAX
         and add.type == F32
         and _contiguous(add)
         and add.ne == mm.ne
@@ -939,7 +943,7 @@ def _fa_ok(node: Tensor) -> bool:
 
 
 _FA_KV = {F16: "F16", GgmlType.Q8_0: "Q8_0"}
-FA_DECODE_MAX_Q = 8  # query rows per head for the CUDA C kernel (one block each)
+FA_DECODE_MAX_Q = 32  # query rows per head for the CUDA C kernel (one block each)
 FA_MAX_HEAD = 512  # 32 lanes x RPC_FA_PER_LANE in flash_attn.cu
 
 

@@ -109,6 +109,15 @@ def _matvec_grid(split: bool, m: int, channels: int) -> tuple[int, int]:
     return (m, channels) if split else (_cdiv(m, MV_WARPS), channels)
 
 
+#: activation columns one matvec call takes: up to MV_MAXCOLS per launch, in chunks past that
+MV_CHUNKED_MAX = 32
+
+
+def _at(a: Any, byte_offset: int) -> Any:
+    """A device pointer `byte_offset` bytes into array `a`, as a kernel argument."""
+    return a if byte_offset == 0 else np.uint64(int(a.data.ptr) + byte_offset)
+
+
 def matvec(
     be: CudaBackend,
     type_name: str,
@@ -123,14 +132,15 @@ def matvec(
     quantized: bool = False,
     add: Any | None = None,
 ) -> None:
-    """dst[c, :m] = W[m, k] @ y[c, :k] for c < ncols (<= 8); contiguous y and dst, one channel.
+    """dst[c, :m] = W[m, k] @ y[c, :k] for c < ncols (<= MV_CHUNKED_MAX; launches of up to
+    MV_MAXCOLS columns); contiguous y and dst, one channel.
 
     Quantized W: y is quantized to q8_1 into `yq_scratch` (q8_1_bytes(k, ncols) bytes) first.
     `split`: the row-splitting kernel or not (None: by `split_rows`); `quantized`: the scratch
     already holds y's q8_1 blocks (an earlier product of the plan quantized the same input);
     `add` ([ncols, m] f32, may be dst): dst = W y + add (a residual ADD fused in)."""
-    if not 1 <= ncols <= MV_MAXCOLS:
-        raise ValueError(f"matvec takes 1..{MV_MAXCOLS} columns, not {ncols}")
+    if not 1 <= ncols <= MV_CHUNKED_MAX:
+        raise ValueError(f"matvec takes 1..{MV_CHUNKED_MAX} columns, not {ncols}")
     rb = row_bytes(type_name, k)
     align = sources.WEIGHT_ALIGN[type_name]
     if int(w.data.ptr) % align or rb % align:
@@ -139,16 +149,21 @@ def matvec(
     grid, block = _matvec_grid(split, m, 1), (32, MV_WARPS)
     fn = be.kernels.function("matvec", sources.matvec_kernel(type_name, split))
     tail = (i64(rb), i64(rb * m))
-    out = (dst, NULL if add is None else add)
     if type_name in sources.FLOAT_TYPES:
-        args = (w, y, *out, i32(k), i32(m), i32(ncols), *tail, i64(k), i64(k * ncols))
+        src, col_bytes = y, 4 * k
     else:
         assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
         if not quantized:
             quantize_q8_1(be, y, yq_scratch, k, ncols, k, activation_block(type_name) == 256)
-        yb = k // 32 * Q8_1_BYTES
-        args = (w, yq_scratch, *out, i32(k), i32(m), i32(ncols), *tail, i64(yb), i64(yb * ncols))
-    _launch(be, fn, grid, block, (*args, i64(m), i64(m * ncols), i32(1)))
+        src, col_bytes = yq_scratch, k // 32 * Q8_1_BYTES
+    y_col = k if type_name in sources.FLOAT_TYPES else col_bytes  # floats, or q8_1 bytes
+    for c0 in range(0, ncols, MV_MAXCOLS):  # each launch reads the weights once
+        nc = min(MV_MAXCOLS, ncols - c0)
+        out = (_at(dst, 4 * m * c0), NULL if add is None else _at(add, 4 * m * c0))
+        args = (w, _at(src, col_bytes * c0), *out, i32(k), i32(m), i32(nc), *tail)
+        _launch(
+            be, fn, grid, block, (*args, i64(y_col), i64(y_col * nc), i64(m), i64(m * nc), i32(1))
+        )
 
 
 def matvec_strided(
@@ -482,6 +497,16 @@ def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: i
     _launch(be, fn, (_cdiv(k, 256), rows_grid(n), 1), (256,), args)
 
 
+def _fa_warps(v_type: str) -> int:
+    """Warps per (query row, head): one for f16 V (the positions in order, as the CPU)."""
+    return 1 if v_type == "F16" else FA_WARPS
+
+
+def _fa_scale(scale: float, softcap: float) -> float:
+    """ggml divides the scale by the softcap up front (s = softcap * tanh(dot * scale'))."""
+    return float(np.float32(scale) / np.float32(softcap)) if softcap != 0.0 else scale
+
+
 def flash_attn_views(
     be: CudaBackend,
     kv_types: tuple[str, str],
@@ -517,14 +542,14 @@ def flash_attn_views(
         *(i64(s) for s in strides),
         i32(mask_bcast[0]),
         i32(mask_bcast[1]),
-        f32(scale),
+        f32(_fa_scale(scale, softcap)),
         f32(max_bias),
         f32(m0),
         f32(m1),
         i32(n_head_log2),
         f32(softcap),
     )
-    _launch(be, fn, (n_q, n_head, batches), (32, FA_WARPS), args)
+    _launch(be, fn, (n_q, n_head, batches), (32, _fa_warps(kv_types[1])), args)
 
 
 def flash_attn_decode(
@@ -574,14 +599,14 @@ def flash_attn_decode(
         i64(0),
         i32(1),
         i32(1),
-        f32(scale),
+        f32(_fa_scale(scale, softcap)),
         f32(0),
         f32(1),
         f32(1),
         i32(1),
         f32(softcap),
     )
-    _launch(be, fn, (n_q, heads, 1), (32, FA_WARPS), args)
+    _launch(be, fn, (n_q, heads, 1), (32, _fa_warps(kv_type)), args)
 
 
 BINARY_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3}

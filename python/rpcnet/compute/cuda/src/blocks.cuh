@@ -485,8 +485,17 @@ RPC_HD void rpc_quantize_q8_1_block(const float* x, uint8_t* out) {
     out[3] = (uint8_t)(sh >> 8);
 }
 
-// Dot product of one 32-weight group with one q8_1 block.
-RPC_HD float rpc_dot_sub_q8_1(const RpcSub& s, const uint8_t* y) {
+// Whether ggml's CPU dot product quantizes activations to q8_K (blocks of 256, f32 scale) for
+// weights of type T: the K-quants and IQ4_XS. Their activation blocks here carry that f32
+// scale in place of q8_1's half scale and sum (the sum is taken from the quants anyway).
+RPC_HD constexpr bool rpc_act_q8_k(int t) {
+    return t == RPC_Q2_K || t == RPC_Q3_K || t == RPC_Q4_K || t == RPC_Q5_K || t == RPC_Q6_K ||
+           t == RPC_IQ4_XS;
+}
+
+// Dot product of one 32-weight group with one q8_1 block (F32_SCALE: the block's first 4 bytes
+// are an f32 scale, see rpc_act_q8_k).
+template <bool F32_SCALE = false> RPC_HD float rpc_dot_sub_q8_1(const RpcSub& s, const uint8_t* y) {
     float acc = 0.0f;
     for (int h = 0; h < 2; ++h) {
         int dot = 0, sum = 0;
@@ -497,7 +506,7 @@ RPC_HD float rpc_dot_sub_q8_1(const RpcSub& s, const uint8_t* y) {
         }
         acc += s.d[h] * (float)dot + s.m[h] * (float)sum;
     }
-    return acc * rpc_ld_half(y);
+    return acc * (F32_SCALE ? rpc_bits_to_float(rpc_ld_u32a<4>(y)) : rpc_ld_half(y));
 }
 
 // Dot product of one whole weight block with the QK/32 consecutive q8_1 blocks covering it.

@@ -3,9 +3,11 @@
 //   q [D, n_q, H, B] f32, k [D, n_kv, H_kv, B], v [Dv, n_kv, H_kv, B], f16 mask
 //   [n_kv, >=n_q, 1|H, 1|B] (broadcast over heads and sequences),
 //   dst [Dv, H, n_q, B] f32 (contiguous), head h reads K/V head h / (H / H_kv).
-// One block of RPC_FA_WARPS warps per (query row, head, batch); warp w takes kv positions
-// w, w + RPC_FA_WARPS, ... with an online softmax (running max m, sum l, accumulator of Dv
-// spread over the lanes), then the warps' partial results are merged through shared memory.
+// One block per (query row, head, batch). f16 V: one warp walks the kv positions in order as
+// ggml's CPU kernel does (Q rounded to f16, the V sums kept in f16, the sink merged last).
+// Otherwise RPC_FA_WARPS warps: warp w takes kv positions w, w + RPC_FA_WARPS, ... with an
+// online softmax (running max m, sum l, accumulator of Dv spread over the lanes), and the
+// warps' partial results are merged through shared memory.
 // D and Dv up to 32 * RPC_FA_PER_LANE (512).
 #include "blocks.cuh"
 #include "common.cuh"
@@ -51,8 +53,13 @@ __device__ __forceinline__ void rpc_flash_attn(
         qv[t] = KT == RPC_F16 ? rpc_half_to_float(rpc_float_to_half(qi)) : qi;
         acc[t] = 0.0f;
     }
-    float m = -3.402823466e38f, l = 0.0f;
-    for (int j = warp; j < n_kv; j += RPC_FA_WARPS) {
+    // f16 V: one warp walks the positions in order with the accumulator kept in f16, exactly
+    // as ggml's CPU kernel does (the launcher gives such blocks one warp); else the block's
+    // warps take every nw-th position and merge at the end.
+    const bool seq = VT == RPC_F16;
+    const int nw = blockDim.y;
+    float m = seq ? -__int_as_float(0x7f800000) : -3.402823466e38f, l = 0.0f;
+    for (int j = warp; j < n_kv; j += nw) {
         const float mv = mr != nullptr ? slope * rpc_half_to_float(mr[j]) : 0.0f;
         if (mv == -__int_as_float(0x7f800000)) continue;  // masked out
         const uint8_t* kr = kh + j * kb1;
@@ -62,19 +69,64 @@ __device__ __forceinline__ void rpc_flash_attn(
             const int i = lane + 32 * t;
             if (i < d) s += qv[t] * rpc_fa_load<KT>(kr, i);
         }
-        s = rpc_warp_sum(s) * scale;
-        if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+        s = rpc_warp_sum(s) * scale;  // scale already divided by softcap (launch.py)
+        if (softcap != 0.0f) s = softcap * tanhf(s);
         s += mv;
+        const uint8_t* vr = vh + j * vb1;
+        if (seq) {
+            float ms = 1.0f, vs = 1.0f;
+            if (s > m) {  // a new maximum: the f16 sums scaled down, this position weighs 1
+                ms = expf(m - s);
+                m = s;
+#pragma unroll
+                for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
+                    acc[t] = rpc_half_to_float(rpc_float_to_half(acc[t] * ms));
+                }
+            } else {
+                vs = expf(s - m);
+            }
+#pragma unroll
+            for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
+                const int i = lane + 32 * t;
+                if (i < dv) {
+                    const float vi = rpc_fa_load<VT>(vr, i);
+                    acc[t] = rpc_half_to_float(rpc_float_to_half(fmaf(vi, vs, acc[t])));
+                }
+            }
+            l = fmaf(l, ms, vs);
+            continue;
+        }
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new), p = expf(s - m_new);
         l = l * corr + p;
-        const uint8_t* vr = vh + j * vb1;
 #pragma unroll
         for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
             const int i = lane + 32 * t;
             if (i < dv) acc[t] = acc[t] * corr + p * rpc_fa_load<VT>(vr, i);
         }
         m = m_new;
+    }
+    float* out = dst + (((long long)b * n_q + iq) * n_head + h) * dv;
+    if (seq) {  // one warp: the sink merged in f32 as the CPU does, then 1/S
+        if (sinks != nullptr) {
+            const float ss = sinks[h];
+            float ms = 1.0f, vs = 1.0f;
+            if (ss > m) {
+                ms = expf(m - ss);
+#pragma unroll
+                for (int t = 0; t < RPC_FA_PER_LANE; ++t) acc[t] *= ms;
+            } else {
+                vs = expf(ss - m);
+            }
+            l = l * ms + vs;
+        }
+        const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+#pragma unroll
+        for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
+            const int i = lane + 32 * t;
+            if (i < dv) out[i] = acc[t] * inv;
+        }
+        return;
     }
     if (lane == 0) {
         s_m[warp] = m;
@@ -86,17 +138,16 @@ __device__ __forceinline__ void rpc_flash_attn(
     if (warp != 0) return;
 
     float mx = sinks != nullptr ? sinks[h] : -3.402823466e38f;
-    for (int w = 0; w < RPC_FA_WARPS; ++w) mx = fmaxf(mx, s_m[w]);
+    for (int w = 0; w < nw; ++w) mx = fmaxf(mx, s_m[w]);
     float total = sinks != nullptr ? expf(sinks[h] - mx) : 0.0f;
-    for (int w = 0; w < RPC_FA_WARPS; ++w) total += s_l[w] * expf(s_m[w] - mx);
+    for (int w = 0; w < nw; ++w) total += s_l[w] * expf(s_m[w] - mx);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    float* out = dst + (((long long)b * n_q + iq) * n_head + h) * dv;
 #pragma unroll
     for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
         const int i = lane + 32 * t;
         if (i >= dv) continue;
         float o = 0.0f;
-        for (int w = 0; w < RPC_FA_WARPS; ++w) o += s_acc[w][i] * expf(s_m[w] - mx);
+        for (int w = 0; w < nw; ++w) o += s_acc[w][i] * expf(s_m[w] - mx);
         out[i] = o * inv;
     }
 }

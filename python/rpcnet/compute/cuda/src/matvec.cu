@@ -44,7 +44,7 @@ __device__ __forceinline__ void rpc_mmvq(const uint8_t* __restrict__ w, const ui
         const RpcSub sub = Blk<T>::sub(wrow + blk * Blk<T>::BYTES, s % subs_per_block);
 #pragma unroll
         for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-            if (c < ncols) acc[c] += rpc_dot_sub_q8_1(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
+            if (c < ncols) acc[c] += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
         }
     }
 #pragma unroll
@@ -188,7 +188,7 @@ __device__ __forceinline__ void rpc_mmvq_split(const uint8_t* __restrict__ w,
                                        s % subs_per_block);
 #pragma unroll
         for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-            if (c < ncols) acc[c] += rpc_dot_sub_q8_1(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
+            if (c < ncols) acc[c] += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
         }
     }
     const long long at = chan * dst_chan + row;
@@ -298,7 +298,7 @@ template <int T> struct RpcRowDot<T, true> {
         for (int s = threadIdx.x; s < k / 32; s += RPC_WARP) {
             const RpcSub sub = Blk<T>::sub(wrow + (s / subs_per_block) * Blk<T>::BYTES,
                                            s % subs_per_block);
-            acc += rpc_dot_sub_q8_1(sub, yq + s * RPC_Q8_1_BYTES);
+            acc += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(sub, yq + s * RPC_Q8_1_BYTES);
         }
         return acc;
     }

@@ -93,7 +93,8 @@ extern "C" __global__ void rpc_act_round_q8_k(const float* __restrict__ x,
 // q8_1 blocks holding ggml's q8_K quantization (for the decode products of K-quant and IQ4_XS
 // weights, whose CPU dot product quantizes activations to q8_K): per 256 values the value of
 // largest magnitude m (first on ties), scale -127 / m, q = min(127, nearest_int(x * scale)),
-// d = 1 / scale; each of the eight 32-blocks stores that d (as half) and s = d * sum(q).
+// d = 1 / scale; each of the eight 32-blocks stores that d as an f32 in place of q8_1's half
+// scale and sum (blocks.cuh, rpc_act_q8_k).
 // Launch: block (32, 8) (one 256-block, a warp per 32-block), grid (k/256, ncols); x column
 // stride x_col floats, output column stride (k/32) blocks.
 extern "C" __global__ void rpc_quantize_q8_1_as_q8_k(const float* __restrict__ x,
@@ -128,11 +129,7 @@ extern "C" __global__ void rpc_quantize_q8_1_as_q8_k(const float* __restrict__ x
     const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
     const int q = amax != 0.0f ? (int)fminf(127.0f, rintf(iscale * v)) : 0;
     const float d = amax != 0.0f ? 1.0f / iscale : 0.0f;
-    const int sum = rpc_warp_sum_int(q);
     uint8_t* b = out + ((long long)col * (k / 32) + blk) * RPC_Q8_1_BYTES;
     b[4 + lane] = (uint8_t)(int8_t)q;
-    if (lane == 0) {
-        const uint32_t dh = rpc_float_to_half(d), sh = rpc_float_to_half((float)sum * d);
-        *(uint32_t*)b = dh | (sh << 16);  // blocks are 36 bytes: 4-byte aligned
-    }
+    if (lane == 0) *(float*)b = d;  // blocks are 36 bytes: 4-byte aligned
 }
