@@ -57,7 +57,7 @@ __device__ __forceinline__ void rpc_flash_attn(
     // as ggml's CPU kernel does (the launcher gives such blocks one warp); else the block's
     // warps take every nw-th position and merge at the end.
     const bool seq = VT == RPC_F16;
-    const int nw = blockDim.y;
+    const int nw = seq ? 1 : RPC_FA_WARPS;  // the launcher's block: (32, nw)
     float m = seq ? -__int_as_float(0x7f800000) : -3.402823466e38f, l = 0.0f;
     for (int j = warp; j < n_kv; j += nw) {
         const float mv = mr != nullptr ? slope * rpc_half_to_float(mr[j]) : 0.0f;
@@ -106,7 +106,6 @@ __device__ __forceinline__ void rpc_flash_attn(
         }
         m = m_new;
     }
-    float* out = dst + (((long long)b * n_q + iq) * n_head + h) * dv;
     if (seq) {  // one warp: the sink merged in f32 as the CPU does, then 1/S
         if (sinks != nullptr) {
             const float ss = sinks[h];
@@ -121,6 +120,7 @@ __device__ __forceinline__ void rpc_flash_attn(
             l = l * ms + vs;
         }
         const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+        float* out = dst + (((long long)b * n_q + iq) * n_head + h) * dv;
 #pragma unroll
         for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
             const int i = lane + 32 * t;
@@ -142,6 +142,7 @@ __device__ __forceinline__ void rpc_flash_attn(
     float total = sinks != nullptr ? expf(sinks[h] - mx) : 0.0f;
     for (int w = 0; w < nw; ++w) total += s_l[w] * expf(s_m[w] - mx);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    float* out = dst + (((long long)b * n_q + iq) * n_head + h) * dv;
 #pragma unroll
     for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
         const int i = lane + 32 * t;
