@@ -134,8 +134,11 @@ for name, key in (("gpu_e2e.json", "e2e_cases"),):
     path = os.path.join(work, name)
     if os.path.exists(path):
         data = json.load(open(path))
-        summary[key] = [{k: r.get(k) for k in ("case", "rel", "tol", "argmax_agree")}
+        summary[key] = [{k: r.get(k) for k in ("case", "rel", "tol", "steps", "argmax_differs")}
                         for r in data["cases"]] + [{"failed": f} for f in data["failures"]]
+        gpu = [r for r in data["cases"] if r.get("gpu") and r.get("steps")]
+        summary["argmax_agree"] = [sum(r["steps"] - r["argmax_differs"] for r in gpu),
+                                   sum(r["steps"] for r in gpu)]
 bench = os.path.join(work, "gpu_bench.json")
 if os.path.exists(bench):
     b = json.load(open(bench))

@@ -564,3 +564,23 @@ def test_emulator_fails_a_shuffle_naming_exited_lanes(extra):
     out = np.zeros(32, np.int32).view(DevArray)
     with pytest.raises(RuntimeError, match="exited"):
         extra.function("shfl_after_exit")((1,), (32,), (out,))
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "F16", "F32"])
+def test_prefill_product_without_a_gemm_binding(be, type_name):
+    """A product of more columns than the matvec path takes: weights dequantized to f16 (or
+    used as they are), activations rounded as the CPU's dot product, then the array module's
+    matmul (here NumPy, standing in for cuBLAS)."""
+    k, m, n = 256, 24, 40
+    raw = random_rows(type_name, m, k, seed=50)
+    w = _gguf_dequant(type_name, raw, k).astype(np.float64)
+    y = np.random.default_rng(50).standard_normal((n, k)).astype(np.float32)
+    w_bytes, y_bytes = launch.prefill_scratch_bytes(type_name, k, m, n)
+    w16, y16 = be.zeros(max(w_bytes, 1), np.uint8), be.zeros(max(y_bytes, 1), np.uint8)
+    out = be.full((n, m), np.nan, np.float32)
+    launch.matmul_prefill(be, type_name, be.asarray(raw), be.asarray(y), out, k, m, w16, y16)
+    yq = y.astype(np.float64) if type_name == "F32" else float_activations(y, "F16")
+    if type_name == "Q8_0":
+        yq = np.stack([_mmvq_activations(y[c], "Q8_0") for c in range(n)])
+    want, scale = yq @ w.T, np.abs(yq) @ np.abs(w).T
+    assert np.all(np.abs(be.asnumpy(out) - want) <= 2e-3 * scale + 1e-6)

@@ -289,15 +289,34 @@ _CUBLAS_GEMM_DEFAULT = -1
 _ONE, _ZERO = np.ones(1, np.float32), np.zeros(1, np.float32)  # host alpha and beta
 
 
+def _cublas(cp: Any) -> Any:
+    """CuPy's cuBLAS binding (`cupy_backends.cuda.libs.cublas`; older CuPy: `cupy.cuda.cublas`),
+    or None."""
+    for name in ("cupy_backends.cuda.libs.cublas", f"{cp.__name__}.cuda.cublas"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return getattr(getattr(cp, "cuda", None), "cublas", None)
+
+
 def gemm_rows(
     be: CudaBackend, w: Any, w_type: int, y: Any, y_type: int, out: Any, n: int, k: int, m: int
 ) -> None:
     """out [n, m] f32 = y [n, k] @ w [m, k]^T, row-major operands of CUDA type `w_type` and
     `y_type` (f16 or f32), accumulated in f32 and written in f32 (no rounding of the result to
-    f16), on the backend's stream."""
-    cublas = importlib.import_module(f"{be.cp.__name__}.cuda.cublas")  # CuPy's cuBLAS binding
+    f16), on the backend's stream. Without a GemmEx binding: CuPy's matmul (an f16 result)."""
+    cp = be.cp
+    cublas = _cublas(cp)
+    if cublas is None or not hasattr(cublas, "gemmEx"):
+        dtype = cp.float16 if w_type == _CUDA_R_16F else cp.float32
+        with be.device, be.stream:
+            wv = w.view(dtype)[: m * k].reshape(m, k)
+            yv = y.view(dtype)[: n * k].reshape(n, k)
+            out[...] = cp.matmul(yv, wv.T).astype(cp.float32)
+        return
     with be.device, be.stream:  # gemmEx runs on the current stream
-        handle = be.cp.cuda.device.get_cublas_handle()
+        handle = cp.cuda.device.get_cublas_handle()
         # Row-major out[n, m] is column-major out^T (m x n) = W (k x m col-major, transposed)
         # times y^T (k x n col-major).
         cublas.gemmEx(
