@@ -13,7 +13,7 @@ from support.cuda_quant import (
     FTYPES,
     QUANT_TYPES,
     dequant_q8_1,
-    flash_attn_f16_like_cpu,
+    flash_attn_oracle,
     float_activations,
     q8_1_oracle,
     real_quantized_rows,
@@ -352,7 +352,7 @@ def test_get_rows(be, cp, real_tensors, type_name):
 @pytest.mark.parametrize("kv_type", ["F16", "Q8_0"])
 def test_flash_attn_decode(be, cp, kv_type, softcap):
     import gguf
-    from gguf.quants import dequantize, quantize
+    from gguf.quants import quantize
     from rpcnet.compute.cuda import launch
 
     rng = np.random.default_rng(10)
@@ -362,29 +362,12 @@ def test_flash_attn_decode(be, cp, kv_type, softcap):
     vf = rng.standard_normal((kv_heads, n_kv, d)).astype(np.float32)
     qtype = gguf.GGMLQuantizationType[kv_type]
     k_raw, v_raw = quantize(kf, qtype), quantize(vf, qtype)  # gguf's own quantizer
-    k64 = np.asarray(dequantize(k_raw, qtype), np.float64).reshape(kf.shape)
-    v64 = np.asarray(dequantize(v_raw, qtype), np.float64).reshape(vf.shape)
     mask = np.where(np.arange(n_kv)[None, :] > 150 + np.arange(n_q)[:, None], -np.inf, 0)
     mask = mask.astype(np.float16)
     sinks = rng.standard_normal(heads).astype(np.float32)
     scale = 1 / np.sqrt(d)
 
-    group = heads // kv_heads
-    want = np.zeros((n_q, heads, d))
-    for h in range(heads):
-        qh = float_activations(q[h], kv_type) if kv_type == "F16" else q[h].astype(np.float64)
-        s = qh @ k64[h // group].T * scale
-        if softcap:
-            s = softcap * np.tanh(s / softcap)
-        s = s + mask.astype(np.float64)
-        mx = np.maximum(s.max(axis=1, keepdims=True), sinks[h])
-        e = np.exp(s - mx)
-        p = e / (e.sum(axis=1, keepdims=True) + np.exp(sinks[h] - mx))
-        want[:, h, :] = p @ v64[h // group]
-    if kv_type == "F16":  # the CPU's f16 sums of V, positions in order
-        want = flash_attn_f16_like_cpu(
-            q, k_raw.reshape(kf.shape), v_raw.reshape(vf.shape), mask, scale, softcap, sinks
-        )
+    want = flash_attn_oracle(q, k_raw, v_raw, kv_type, kf.shape, mask, scale, softcap, sinks)
     out = cp.zeros((n_q, heads, d), cp.float32)
     launch.flash_attn_decode(
         be,

@@ -156,3 +156,43 @@ def flash_attn_f16_like_cpu(
                     total = f32(total + f32(np.exp(f32(ss - m))))
             out[r, h] = res * (f32(1) / total if total != 0 else f32(0))
     return out
+
+
+def flash_attn_oracle(
+    q: np.ndarray,
+    k_raw: np.ndarray,
+    v_raw: np.ndarray,
+    kv_type: str,
+    shape: tuple[int, int, int],
+    mask: np.ndarray | None,
+    scale: float,
+    softcap: float,
+    sinks: np.ndarray,
+) -> np.ndarray:
+    """What the CUDA flash-attention kernel computes for q (H, n_q, D) and gguf-quantized K/V of
+    `shape` (H_kv, n_kv, D): the CPU's f16 algorithm for f16 K/V, else softmax(QK^T)V in
+    float64 from the dequantized cache. (n_q, H, Dv) float64."""
+    import gguf
+    from gguf.quants import dequantize
+
+    if kv_type == "F16":
+        return flash_attn_f16_like_cpu(
+            q, k_raw.reshape(shape), v_raw.reshape(shape), mask, scale, softcap, sinks
+        )
+    qtype = gguf.GGMLQuantizationType[kv_type]
+    k64 = np.asarray(dequantize(k_raw, qtype), np.float64).reshape(shape)
+    v64 = np.asarray(dequantize(v_raw, qtype), np.float64).reshape(shape)
+    heads, n_q, _ = q.shape
+    group = heads // shape[0]
+    want = np.zeros((n_q, heads, shape[2]))
+    for h in range(heads):
+        s = q[h].astype(np.float64) @ k64[h // group].T * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        if mask is not None:
+            s = s + mask.astype(np.float64)
+        mx = np.maximum(s.max(axis=1, keepdims=True), sinks[h])
+        e = np.exp(s - mx)
+        p = e / (e.sum(axis=1, keepdims=True) + np.exp(sinks[h] - mx))
+        want[:, h, :] = p @ v64[h // group]
+    return want

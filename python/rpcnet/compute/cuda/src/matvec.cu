@@ -20,6 +20,28 @@
 #define RPC_MV_WARPS 4
 #define RPC_MV_MAXCOLS 8
 
+// One thread's share of a weight row times up to RPC_MV_MAXCOLS q8_1 activation columns: the
+// row's 32-groups first, first + stride, ... (a warp's lanes, or a whole block's threads).
+template <int T>
+__device__ __forceinline__ void rpc_mmvq_lane(const uint8_t* wrow, const uint8_t* y, int k,
+                                              int ncols, long long y_col_bytes, int first,
+                                              int stride, float* acc) {
+    const int subs_per_block = Blk<T>::QK / 32;
+#pragma unroll
+    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
+    for (int s = first; s < k / 32; s += stride) {
+        const RpcSub sub = Blk<T>::sub(wrow + (s / subs_per_block) * Blk<T>::BYTES,
+                                       s % subs_per_block);
+#pragma unroll
+        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+            if (c < ncols) {
+                acc[c] += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(
+                    sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
+            }
+        }
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void rpc_mmvq(const uint8_t* __restrict__ w, const uint8_t* __restrict__ yq,
                                          float* dst, const float* add,
@@ -31,22 +53,9 @@ __device__ __forceinline__ void rpc_mmvq(const uint8_t* __restrict__ w, const ui
     if (row >= m) return;
     const int chan = blockIdx.y;
     const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    const uint8_t* y = yq + chan * y_chan_bytes;
-    const int subs_per_block = Blk<T>::QK / 32;
-    const int nsub = k / 32;
-
     float acc[RPC_MV_MAXCOLS];
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
-
-    for (int s = threadIdx.x; s < nsub; s += RPC_WARP) {
-        const int blk = s / subs_per_block;
-        const RpcSub sub = Blk<T>::sub(wrow + blk * Blk<T>::BYTES, s % subs_per_block);
-#pragma unroll
-        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-            if (c < ncols) acc[c] += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
-        }
-    }
+    rpc_mmvq_lane<T>(wrow, yq + chan * y_chan_bytes, k, ncols, y_col_bytes, threadIdx.x,
+                     RPC_WARP, acc);
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
         if (c < ncols) {
@@ -94,26 +103,18 @@ template <> __device__ __forceinline__ float rpc_act<RPC_BF16>(float y) {
     return rpc_bf16_to_float(rpc_float_to_bf16(y));
 }
 
+// One thread's share of a float weight row times up to RPC_MV_MAXCOLS f32 activation columns
+// (elements first, first + stride, ...; 16-byte vectors of them when the row is aligned).
 template <int T>
-__device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, const float* __restrict__ y,
-                                              float* dst, const float* add,
-                                              int k, int m, int ncols,
-                                              long long w_row_bytes, long long w_chan_bytes,
-                                              long long y_col, long long y_chan,
-                                              long long dst_col, long long dst_chan, int ratio) {
-    const int row = blockIdx.x * RPC_MV_WARPS + threadIdx.y;
-    if (row >= m) return;
-    const int chan = blockIdx.y;
-    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    const float* yc = y + chan * y_chan;
-
-    float acc[RPC_MV_MAXCOLS];
+__device__ __forceinline__ void rpc_mmv_float_lane(const uint8_t* wrow, const float* yc, int k,
+                                                   int ncols, long long y_col, int first,
+                                                   int stride, float* acc) {
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
     const int per = 16 / Blk<T>::BYTES;  // elements per 16-byte load
     const bool vec = ((((unsigned long long)wrow) & 15) == 0) && (k % per == 0);
-    if (vec) {  // 16 bytes of weights per lane per step: 512 bytes per warp
-        for (int v = threadIdx.x; v < k / per; v += RPC_WARP) {
+    if (vec) {  // 16 bytes of weights per thread per step
+        for (int v = first; v < k / per; v += stride) {
             float wf[8];
             rpc_unpack16<T>(((const uint4*)wrow)[v], wf);
 #pragma unroll
@@ -125,7 +126,7 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
             }
         }
     } else {
-        for (int i = threadIdx.x; i < k; i += RPC_WARP) {
+        for (int i = first; i < k; i += stride) {
             const float wv = Blk<T>::value(wrow + i * Blk<T>::BYTES, 0);
 #pragma unroll
             for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
@@ -133,6 +134,21 @@ __device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, con
             }
         }
     }
+}
+
+template <int T>
+__device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, const float* __restrict__ y,
+                                              float* dst, const float* add,
+                                              int k, int m, int ncols,
+                                              long long w_row_bytes, long long w_chan_bytes,
+                                              long long y_col, long long y_chan,
+                                              long long dst_col, long long dst_chan, int ratio) {
+    const int row = blockIdx.x * RPC_MV_WARPS + threadIdx.y;
+    if (row >= m) return;
+    const int chan = blockIdx.y;
+    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
+    float acc[RPC_MV_MAXCOLS];
+    rpc_mmv_float_lane<T>(wrow, y + chan * y_chan, k, ncols, y_col, threadIdx.x, RPC_WARP, acc);
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
         if (c < ncols) {
@@ -177,20 +193,9 @@ __device__ __forceinline__ void rpc_mmvq_split(const uint8_t* __restrict__ w,
     const int row = blockIdx.x, chan = blockIdx.y;
     const int tid = threadIdx.y * RPC_WARP + threadIdx.x;
     const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    const uint8_t* y = yq + chan * y_chan_bytes;
-    const int subs_per_block = Blk<T>::QK / 32;
-    const int nsub = k / 32;
     float acc[RPC_MV_MAXCOLS];
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
-    for (int s = tid; s < nsub; s += RPC_WARP * RPC_MV_WARPS) {
-        const RpcSub sub = Blk<T>::sub(wrow + (s / subs_per_block) * Blk<T>::BYTES,
-                                       s % subs_per_block);
-#pragma unroll
-        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-            if (c < ncols) acc[c] += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
-        }
-    }
+    rpc_mmvq_lane<T>(wrow, yq + chan * y_chan_bytes, k, ncols, y_col_bytes, tid,
+                     RPC_WARP * RPC_MV_WARPS, acc);
     const long long at = chan * dst_chan + row;
     rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
 }
@@ -208,33 +213,9 @@ __device__ __forceinline__ void rpc_mmv_float_split(const uint8_t* __restrict__ 
     const int row = blockIdx.x, chan = blockIdx.y;
     const int tid = threadIdx.y * RPC_WARP + threadIdx.x;
     const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    const float* yc = y + chan * y_chan;
     float acc[RPC_MV_MAXCOLS];
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
-    const int per = 16 / Blk<T>::BYTES;
-    const bool vec = ((((unsigned long long)wrow) & 15) == 0) && (k % per == 0);
-    if (vec) {
-        for (int v = tid; v < k / per; v += RPC_WARP * RPC_MV_WARPS) {
-            float wf[8];
-            rpc_unpack16<T>(((const uint4*)wrow)[v], wf);
-#pragma unroll
-            for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-                if (c >= ncols) continue;
-                const float* yv = yc + c * y_col + v * per;
-#pragma unroll
-                for (int e = 0; e < 16 / Blk<T>::BYTES; ++e) acc[c] += wf[e] * rpc_act<T>(yv[e]);
-            }
-        }
-    } else {
-        for (int i = tid; i < k; i += RPC_WARP * RPC_MV_WARPS) {
-            const float wv = Blk<T>::value(wrow + i * Blk<T>::BYTES, 0);
-#pragma unroll
-            for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-                if (c < ncols) acc[c] += wv * rpc_act<T>(yc[c * y_col + i]);
-            }
-        }
-    }
+    rpc_mmv_float_lane<T>(wrow, y + chan * y_chan, k, ncols, y_col, tid, RPC_WARP * RPC_MV_WARPS,
+                          acc);
     const long long at = chan * dst_chan + row;
     rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
 }

@@ -46,6 +46,38 @@ extern "C" __global__ void rpc_act_round_q8_32(const float* __restrict__ x,
     }
 }
 
+// q8_K's block extreme over a block (32, 8) of threads holding one value each: the value of
+// largest magnitude (the first in index order on ties), with that magnitude in *amax. The
+// caller's shared s_abs/s_val[8] must be free (a barrier before a second use).
+__device__ __forceinline__ float rpc_signed_max_256(float v, float* s_abs, float* s_val,
+                                                    float* amax) {
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    float a = fabsf(v), m = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float a2 = __shfl_down_sync(RPC_FULL_MASK, a, o);
+        const float m2 = __shfl_down_sync(RPC_FULL_MASK, m, o);
+        if (lane + o < 32 && a2 > a) {
+            a = a2;
+            m = m2;
+        }
+    }
+    if (lane == 0) {
+        s_abs[warp] = a;
+        s_val[warp] = m;
+    }
+    __syncthreads();
+    float best = s_abs[0], max = s_val[0];
+    for (int w = 1; w < 8; ++w) {
+        if (s_abs[w] > best) {
+            best = s_abs[w];
+            max = s_val[w];
+        }
+    }
+    *amax = best;
+    return max;
+}
+
 // Blocks of 256 (q8_K): the value of largest magnitude m (the first one on ties), scale
 // -127 / m, q = min(127, nearest_int(x * scale)), d = 1 / scale kept in f32.
 // Launch: block (32, 8) (one 256-block), grid (k/256, min(rows, 65535)).
@@ -56,30 +88,9 @@ extern "C" __global__ void rpc_act_round_q8_k(const float* __restrict__ x,
     RPC_FOR_ROWS_Y(r, rows) {
         const long long i = r * k + blockIdx.x * 256 + warp * 32 + lane;
         const float v = x[i];
-        // (|v|, v) of largest |v|, earliest index on ties: lanes and warps in index order
-        float a = fabsf(v), m = v;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float a2 = __shfl_down_sync(RPC_FULL_MASK, a, o);
-            const float m2 = __shfl_down_sync(RPC_FULL_MASK, m, o);
-            if (lane + o < 32 && a2 > a) {
-                a = a2;
-                m = m2;
-            }
-        }
         __syncthreads();  // the previous row's readers are done with s_abs / s_val
-        if (lane == 0) {
-            s_abs[warp] = a;
-            s_val[warp] = m;
-        }
-        __syncthreads();
-        float amax = s_abs[0], max = s_val[0];
-        for (int w = 1; w < 8; ++w) {
-            if (s_abs[w] > amax) {
-                amax = s_abs[w];
-                max = s_val[w];
-            }
-        }
+        float amax;
+        const float max = rpc_signed_max_256(v, s_abs, s_val, &amax);
         float value = 0.0f;
         if (amax != 0.0f) {
             const float iscale = -127.0f / max;
@@ -104,28 +115,8 @@ extern "C" __global__ void rpc_quantize_q8_1_as_q8_k(const float* __restrict__ x
     const int lane = threadIdx.x, warp = threadIdx.y, col = blockIdx.y;
     const int blk = blockIdx.x * 8 + warp;  // 32-block index in the column
     const float v = x[col * x_col + blk * 32 + lane];
-    float a = fabsf(v), m = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const float a2 = __shfl_down_sync(RPC_FULL_MASK, a, o);
-        const float m2 = __shfl_down_sync(RPC_FULL_MASK, m, o);
-        if (lane + o < 32 && a2 > a) {
-            a = a2;
-            m = m2;
-        }
-    }
-    if (lane == 0) {
-        s_abs[warp] = a;
-        s_val[warp] = m;
-    }
-    __syncthreads();
-    float amax = s_abs[0], max = s_val[0];
-    for (int w = 1; w < 8; ++w) {
-        if (s_abs[w] > amax) {
-            amax = s_abs[w];
-            max = s_val[w];
-        }
-    }
+    float amax;
+    const float max = rpc_signed_max_256(v, s_abs, s_val, &amax);
     const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
     const int q = amax != 0.0f ? (int)fminf(127.0f, rintf(iscale * v)) : 0;
     const float d = amax != 0.0f ? 1.0f / iscale : 0.0f;
