@@ -457,3 +457,44 @@ def test_attention_output_is_written_in_the_order_its_cont_wants():
     *_, args = g.backend.kernels.calls[-1]
     assert int(args[2].data.ptr) == BASE + cont.offset
     assert [int(a) for a in args[-3:-1]] == [64 * 4, 64]  # token stride, head stride
+
+
+@pytest.mark.parametrize(
+    ("mode", "n_dims", "ext_factor", "freqs"),
+    [(0, 64, 0.0, False), (2, 64, 0.0, True), (2, 32, 1.0, False), (0, 64, 1.0, True)],
+)
+def test_rope_on_the_emulated_gpu_matches_the_cpu(mode, n_dims, ext_factor, freqs):
+    """ROPE with Llama 3.1's frequency factors, YaRN and partial rotation: the cuda builder
+    and kernel (executed by the CPU emulator) against the CPU kernel."""
+    from support.cuda_emu import EmulatedCudaBackend
+
+    rng = np.random.default_rng(5)
+    tokens, heads, d = 5, 3, 64
+    x = rng.standard_normal((tokens, heads, d)).astype(np.float32)
+    pos = np.array([0, 1, 7, 300, 4000], np.int32)
+    ff = rng.uniform(1, 8, d // 2).astype(np.float32)
+    # n_past, n_dims, mode, n_ctx, n_ctx_orig, base, freq_scale, ext_factor, attn_factor,
+    # beta_fast, beta_slow
+    params = (0, n_dims, mode, 0, 4096, 500000.0, 0.25, ext_factor, 1.0, 32.0, 1.0)
+    results = []
+    for backend in (CpuBackend(), EmulatedCudaBackend()):
+        device, buf = _host_graph(backend)
+        g = Graph.__new__(Graph)
+        g.buffer, g.used, g.ids = buf, 0, 0
+        srcs = []
+        for type_, ne, values in [
+            (T.F32, (d, heads, tokens, 1), x),
+            (T.I32, (tokens, 1, 1, 1), pos),
+            (T.F32, (d // 2, 1, 1, 1), ff),
+        ][: 3 if freqs else 2]:
+            t = g.tensor(type_, ne)
+            buf.write(t.offset, np.ascontiguousarray(values).tobytes())
+            srcs.append(t)
+        node = g.tensor(T.F32, (d, heads, tokens, 1), Op.ROPE, params, tuple(srcs))
+        assert registry.select(node, device.kind).device == device.kind
+        compile_plan([node], device.kind).run()
+        mem = np.asarray(buf.array).view(np.uint8)
+        results.append(mem[node.offset : node.offset + node.nbytes].view(np.float32).copy())
+    want, got = results
+    # angles in float32 both ways (the CPU steps theta by products, the GPU by powf)
+    assert np.abs(got - want).max() <= 2e-4 * np.abs(want).max(), np.abs(got - want).max()

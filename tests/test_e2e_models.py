@@ -21,7 +21,6 @@ docs/e2e.md.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -38,6 +37,7 @@ import pytest
 from rpcnet.compute import device as device_module
 from rpcnet.compute.device import cpu_device
 from support import refenv, require
+from support.cuda_emu import EmulatedCudaBackend
 from support.fakebackend import FakeStagedBackend
 from support.inproc import ServerThread
 from support.models import ZOO, ensure_model, tensor_types
@@ -550,44 +550,6 @@ def _on_recording_cuda(nodes: list) -> tuple[list, object]:
     return _rebound(nodes, device), backend
 
 
-class EmulatedCuda:
-    """The CUDA backend's memory operations on NumPy, its kernels executed by the CPU emulator
-    (tests/support/cuda_emu): the cuda registry's builders and launchers run as on a GPU."""
-
-    name = "cuda"
-    host_resident = False
-
-    def __init__(self) -> None:
-        from support.cuda_emu import EmuBackend
-
-        self.emu = EmuBackend()
-        self.kernels, self.cp = self.emu.kernels, np
-        self.device = self.stream = contextlib.nullcontext()
-        self._scratch: dict[str, object] = {}
-
-    def allocate(self, nbytes: int):
-        return self.emu.empty(max(nbytes, 1), np.uint8)
-
-    def free(self, mem) -> None:
-        pass
-
-    def view(self, mem, offset, shape, strides, dtype):
-        from support.cuda_emu import DevArray
-
-        base = np.asarray(mem).view(np.ndarray)
-        arr = np.ndarray(tuple(shape), np.dtype(dtype), base, offset, tuple(strides))
-        return arr.view(DevArray)
-
-    def scratch(self, kind: str, nbytes: int):
-        cur = self._scratch.get(kind)
-        if cur is None or cur.size < nbytes:  # type: ignore[attr-defined]
-            cur = self._scratch[kind] = self.allocate(nbytes)
-        return cur
-
-    def synchronize(self, what: str = "") -> None:
-        pass
-
-
 #: steps of these zoo models, FA off and on, run on the emulated GPU: a decode step, and a
 #: 12-token prefill (products as matvec launches of up to 8 columns)
 EMULATED = [
@@ -643,7 +605,7 @@ def test_cuda_step_on_the_emulated_gpu(
     outputs = []
     for device in (
         cpu_device(0, capacity=SERVER_MEM),
-        Device(0, "CUDA0", "emulated", MemoryPool(SERVER_MEM), backend=EmulatedCuda()),
+        Device(0, "CUDA0", "emulated", MemoryPool(SERVER_MEM), backend=EmulatedCudaBackend()),
     ):
         copies = _rebound(nodes, device, held)
         compile_plan(copies, device.kind).run()

@@ -354,3 +354,44 @@ def compile_test_module(source_text: str, out_dir: Path, name: str = "extra") ->
     src.write_text(source_text)
     so = build_module(src, out_dir / f"{name}.so")
     return EmuModule(so, _Buffers())
+
+
+class EmulatedCudaBackend:
+    """The CUDA backend's memory operations on NumPy, its kernels executed by the CPU emulator
+    (tests/support/cuda_emu): the cuda registry's builders and launchers run as on a GPU."""
+
+    name = "cuda"
+    host_resident = False
+
+    def __init__(self) -> None:
+        self.emu = EmuBackend()
+        self.kernels, self.cp = self.emu.kernels, np
+        self.device = self.stream = contextlib.nullcontext()
+        self._scratch: dict[str, object] = {}
+
+    def allocate(self, nbytes: int):
+        return self.emu.empty(max(nbytes, 1), np.uint8)
+
+    def free(self, mem) -> None:
+        pass
+
+    def view(self, mem, offset, shape, strides, dtype):
+        base = np.asarray(mem).view(np.ndarray)
+        arr = np.ndarray(tuple(shape), np.dtype(dtype), base, offset, tuple(strides))
+        return arr.view(DevArray)
+
+    def scratch(self, kind: str, nbytes: int):
+        cur = self._scratch.get(kind)
+        if cur is None or cur.size < nbytes:  # type: ignore[attr-defined]
+            cur = self._scratch[kind] = self.allocate(nbytes)
+        return cur
+
+    def synchronize(self, what: str = "") -> None:
+        pass
+
+    def to_device(self, mem, offset: int, data) -> None:
+        src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+        np.asarray(mem).view(np.uint8)[offset : offset + src.size] = src
+
+    def to_host(self, mem, offset: int, nbytes: int) -> memoryview:
+        return memoryview(np.asarray(mem).view(np.uint8)[offset : offset + nbytes].tobytes())

@@ -26,6 +26,8 @@ from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels import registry
 from rpcnet.compute.kernels.registry import GENERIC, NATIVE, Step, fusion, kernel
+from rpcnet.compute.kernels.rope import RopeParams, rope_mscale
+from rpcnet.compute.kernels.rope import corr_dims as rope_corr_dims
 from rpcnet.compute.ops import Glu, Op, Unary
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType, type_name
@@ -59,7 +61,7 @@ NOT_YET_ON_CUDA: dict[str, str] = {
     "decode kernel takes head-major contiguous K/V, llama.cpp's cache views are strided)",
     "GLU": "the split form (one source, halves) and SWIGLU_CLAMP",
     "SOFT_MAX": "ALiBi (max_bias > 0) and non-contiguous inputs",
-    "ROPE": "MROPE/IMROPE/VISION, YaRN and freq factors (kernels exist, builders do not)",
+    "ROPE": "MROPE/IMROPE/VISION and f16 (kernels exist, builders do not)",
     "NORM": "f16/bf16 (f32 runs as an xp kernel; the CUDA C rpc_norm_f32 has no builder yet)",
     "MUL_MAT": "quantized or bf16 weights in batched (ne2/ne3 > 1) or strided products",
     "CPY": "to and from quantized types and i32",
@@ -693,33 +695,57 @@ def _rope_ok(node: Tensor) -> bool:
         return False
     x, pos = s
     freq = node.src[2] if len(node.src) > 2 else None
-    d, n_dims = x.ne[0], node.i32(1)
+    p = RopeParams(node)
     return (
-        freq is None
-        and x.type == F32
+        x.type == F32
         and x.ne == node.ne
         and x.ne[3] == 1
         and _contiguous(x)
         and _contiguous(node)
         and pos.type == I32
         and pos.ne[0] == x.ne[2]
-        and node.i32(2) in (_ROPE_NORMAL, _ROPE_NEOX)
-        and 0 < n_dims == d  # partial rotation leaves a tail the kernel does not copy
-        and n_dims % 2 == 0
-        and node.f32(6) == 1.0  # freq_scale
-        and node.f32(7) == 0.0  # ext_factor: no YaRN
-        and node.f32(8) == 1.0  # attn_factor
+        and p.mode in (_ROPE_NORMAL, _ROPE_NEOX)
+        and p.n_offs == 0
+        and 0 < p.n_dims <= x.ne[0]  # the pairs past n_dims are copied
+        and p.n_dims % 2 == 0
+        and x.ne[0] % 2 == 0
+        and (
+            freq is None or (freq.type == F32 and _contiguous(freq) and freq.ne[0] >= p.n_dims // 2)
+        )
     )
 
 
-@kernel(Op.ROPE, "f32 NORMAL/NEOX (no YaRN, no freq factors)", _rope_ok, device=CUDA)
+@kernel(
+    Op.ROPE, "f32 NORMAL/NEOX, YaRN, frequency factors, partial rotation", _rope_ok, device=CUDA
+)
 def cuda_rope(node: Tensor) -> Step:
     x_t, pos_t = _need(node, 2)
+    freq_t = node.src[2] if len(node.src) > 2 else None
     be, launch = _backend(node), _launch_module()
     shape = (node.ne[2], node.ne[1], node.ne[0])
     x, dst, pos = _view(x_t, shape), _view(node, shape), _view(pos_t, (pos_t.ne[0],))
-    n_dims, mode, base = node.i32(1), node.i32(2), node.f32(5)
-    return lambda: launch.rope_neox_or_normal(be, x, pos, dst, n_dims, mode, base)
+    ff = None if freq_t is None else _view(freq_t, (freq_t.ne[0],))
+    p = RopeParams(node)
+    lo, hi = rope_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+    corr, mscale = (float(lo), float(hi)), float(rope_mscale(p))
+
+    def run() -> None:
+        launch.rope(
+            be,
+            x,
+            pos,
+            dst,
+            p.n_dims,
+            p.mode,
+            p.freq_base,
+            p.freq_scale,
+            p.ext_factor,
+            mscale,
+            corr,
+            ff,
+        )
+
+    return run
 
 
 def _glu_ok(node: Tensor) -> bool:

@@ -450,6 +450,26 @@ def rope_neox_or_normal(
     be: CudaBackend, x: Any, pos: Any, dst: Any, n_dims: int, mode: int, freq_base: float
 ) -> None:
     """x [tokens, heads, d] f32 contiguous, plain RoPE (no YaRN, no freq factors)."""
+    rope(be, x, pos, dst, n_dims, mode, freq_base)
+
+
+def rope(
+    be: CudaBackend,
+    x: Any,
+    pos: Any,
+    dst: Any,
+    n_dims: int,
+    mode: int,
+    freq_base: float,
+    freq_scale: float = 1.0,
+    ext_factor: float = 0.0,
+    mscale: float = 1.0,
+    corr: tuple[float, float] = (0.0, 0.0),
+    freq_factors: Any | None = None,
+) -> None:
+    """x [tokens, heads, d] f32 contiguous, NORMAL or NEOX RoPE of the first `n_dims` (the rest
+    copied), ggml's YaRN (`ext_factor`, `corr` dims, `mscale` = attn_factor with YaRN's
+    correction) and per-pair frequency divisors (`freq_factors`, f32 [>= n_dims/2])."""
     tokens, heads, d = x.shape
     fn = be.kernels.function("rope", "rpc_rope_f32")
     theta_scale = float(np.float32(freq_base) ** np.float32(-2.0 / n_dims))
@@ -457,7 +477,7 @@ def rope_neox_or_normal(
     args = (
         x,
         pos,
-        NULL,
+        NULL if freq_factors is None else freq_factors,
         dst,
         i32(d),
         i32(heads),
@@ -471,11 +491,11 @@ def rope_neox_or_normal(
         i32(0),
         i32(0),
         f32(theta_scale),
-        f32(1),
-        f32(0),
-        f32(1),
-        f32(0),
-        f32(0),
+        f32(freq_scale),
+        f32(ext_factor),
+        f32(mscale),
+        f32(corr[0]),
+        f32(corr[1]),
         i64(heads * tokens),
     )
     _launch(be, fn, (_cdiv(d // 2, 256), rows_grid(heads * tokens)), (256,), args)

@@ -103,6 +103,16 @@ def _supported(node: Tensor) -> bool:
     return True
 
 
+def rope_mscale(p: RopeParams) -> np.float32:
+    """The cos/sin scale: attn_factor, with YaRN's 1 + 0.1·ln(1/freq_scale), in float32."""
+    mscale = f32(p.attn_factor)
+    if p.ext_factor != 0.0:
+        mscale = f32(
+            mscale * f32(f32(1) + f32(f32(0.1) * _f(math.log(f32(1) / f32(p.freq_scale)))))
+        )
+    return mscale
+
+
 def _plan_constants(p: RopeParams):
     """Per-pair constants that do not depend on data: ramp mix, stream selection, resets."""
     k = np.arange(p.n_rot)
@@ -111,11 +121,7 @@ def _plan_constants(p: RopeParams):
     y = (k.astype(f32) - lo) / f32(max(f32(0.001), f32(hi - lo)))
     ramp = (f32(1) - np.minimum(f32(1), np.maximum(f32(0), y))).astype(f32)
     ramp_mix = (ramp * f32(p.ext_factor)).astype(f32)
-    mscale = f32(p.attn_factor)
-    if p.ext_factor != 0.0:
-        mscale = f32(
-            mscale * f32(f32(1) + f32(f32(0.1) * _f(math.log(f32(1) / f32(p.freq_scale)))))
-        )
+    mscale = rope_mscale(p)
 
     # which position stream (t, h, w, e) each pair uses, and where a stream restarts (vision)
     sel = np.zeros(p.n_rot, dtype=np.intp)
