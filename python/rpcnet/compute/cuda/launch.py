@@ -300,26 +300,34 @@ def _cublas(cp: Any) -> Any:
     return getattr(getattr(cp, "cuda", None), "cublas", None)
 
 
+def _matmul_rows(
+    be: CudaBackend, w: Any, w_type: int, y: Any, out: Any, n: int, k: int, m: int
+) -> None:
+    """gemm_rows through CuPy's matmul (its result in the operands' type, then f32)."""
+    cp = be.cp
+    dtype = cp.float16 if w_type == _CUDA_R_16F else cp.float32
+    with be.device, be.stream:
+        wv = w.view(dtype)[: m * k].reshape(m, k)
+        yv = y.view(dtype)[: n * k].reshape(n, k)
+        out[...] = cp.matmul(yv, wv.T).astype(cp.float32)
+
+
 def gemm_rows(
     be: CudaBackend, w: Any, w_type: int, y: Any, y_type: int, out: Any, n: int, k: int, m: int
 ) -> None:
     """out [n, m] f32 = y [n, k] @ w [m, k]^T, row-major operands of CUDA type `w_type` and
     `y_type` (f16 or f32), accumulated in f32 and written in f32 (no rounding of the result to
-    f16), on the backend's stream. Without a GemmEx binding: CuPy's matmul (an f16 result)."""
+    f16), on the backend's stream. Without a usable GemmEx binding: CuPy's matmul."""
     cp = be.cp
     cublas = _cublas(cp)
     if cublas is None or not hasattr(cublas, "gemmEx"):
-        dtype = cp.float16 if w_type == _CUDA_R_16F else cp.float32
-        with be.device, be.stream:
-            wv = w.view(dtype)[: m * k].reshape(m, k)
-            yv = y.view(dtype)[: n * k].reshape(n, k)
-            out[...] = cp.matmul(yv, wv.T).astype(cp.float32)
+        _matmul_rows(be, w, w_type, y, out, n, k, m)
         return
     with be.device, be.stream:  # gemmEx runs on the current stream
         handle = cp.cuda.device.get_cublas_handle()
         # Row-major out[n, m] is column-major out^T (m x n) = W (k x m col-major, transposed)
         # times y^T (k x n col-major).
-        cublas.gemmEx(
+        args = (
             handle,
             _CUBLAS_OP_T,
             _CUBLAS_OP_N,
@@ -340,6 +348,10 @@ def gemm_rows(
             _CUBLAS_COMPUTE_32F,
             _CUBLAS_GEMM_DEFAULT,
         )
+        try:
+            cublas.gemmEx(*args)
+        except TypeError:  # another binding signature: nothing reached the GPU
+            _matmul_rows(be, w, w_type, y, out, n, k, m)
 
 
 def prefill_scratch_bytes(type_name: str, k: int, m: int, n: int) -> tuple[int, int]:
