@@ -14,9 +14,16 @@
 #   5. bench/gpu_speed.py: tg128 / pp512 of `rpcnet serve --device cuda` on the 1.1 B llama
 #      (q8_0, Q4_K_M, f16) through the real v8 client, against the rpc-server baseline.
 # Every test that skips fails (RPCNET_REQUIRE_REFENV=1).
+#
+# `--dry-run` (a CPU machine, the installed rpcnet and reference env; CI runs it): the same
+# stages and summary with the CUDA kernels executed by the CPU emulator (tests/support/cuda_emu):
+# the emulated kernel tests, real client steps run by the cuda plans on the emulator against the
+# CPU plans, no kernel benchmark, and the speed script's plumbing on a tiny model on the CPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
+DRY=false
+if [ "${1:-}" = "--dry-run" ]; then DRY=true; shift; fi
 DEST=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$DEST"
 WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
@@ -35,6 +42,10 @@ log "python $PYVER, glibc $GLIBC, $(nvidia-smi --query-gpu=name,driver_version,m
 
 # ---- 1. install ----------------------------------------------------------------------------
 install_ok=true
+if $DRY; then
+    wheels=""
+    "$PY" -c 'import rpcnet' >>"$WORK/check.log" 2>&1 || install_ok=false
+else
 rm -rf "$SITE" && mkdir -p "$SITE"
 wheels=$(ls "$CARRY"/wheels/*.whl 2>/dev/null | grep -v -E '/numpy-' || true)
 if [ -z "$wheels" ]; then
@@ -48,6 +59,7 @@ fi
 export PYTHONPATH="$SITE"
 "$PY" -c 'import rpcnet, cupy; print("rpcnet", rpcnet.__file__, "cupy", cupy.__version__)' \
     >>"$WORK/check.log" 2>&1 || install_ok=false
+fi
 
 # Reference env: the v8 client (cp312) and Debian 13's libc under .refenv.
 REFENV="$PWD/.refenv"
@@ -72,7 +84,8 @@ log "install: $install_ok"
 # ---- 2. GPU tests ----------------------------------------------------------------------------
 tests_rc=-1
 if $install_ok; then
-    timeout "$(cap 130)" "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/test_cuda_gpu.py \
+    if $DRY; then test_args=(tests/test_cuda_emulated.py); else test_args=(-m gpu tests/test_cuda_gpu.py); fi
+    timeout "$(cap 130)" "$PY" -m pytest -q -rfEs -p no:cacheprovider "${test_args[@]}" \
         --junitxml="$WORK/gpu_tests.xml" >"$WORK/gpu_tests.log" 2>&1
     tests_rc=$?
     log "pytest -m gpu: rc=$tests_rc, $(tail -1 "$WORK/gpu_tests.log")"
@@ -81,16 +94,20 @@ fi
 # ---- 3. end to end with the real v8 client on cuda -------------------------------------------
 e2e_rc=-1
 if $install_ok; then
-    RPCNET_E2E_REPORT="$WORK/gpu_e2e.json" timeout "$(cap 170)" "$PY" -m pytest -m gpu -q -rfEs \
-        -p no:cacheprovider tests/test_e2e_models.py --junitxml="$WORK/gpu_e2e.xml" \
-        >"$WORK/gpu_e2e.log" 2>&1
+    if $DRY; then e2e_args=(-k "emulated or kernel_count"); else e2e_args=(-m gpu); fi
+    RPCNET_E2E_REPORT="$WORK/gpu_e2e.json" timeout "$(cap 170)" "$PY" -m pytest -q -rfEs \
+        "${e2e_args[@]}" -p no:cacheprovider tests/test_e2e_models.py \
+        --junitxml="$WORK/gpu_e2e.xml" >"$WORK/gpu_e2e.log" 2>&1
     e2e_rc=$?
     log "e2e on cuda: rc=$e2e_rc, $(tail -1 "$WORK/gpu_e2e.log")"
 fi
 
 # ---- 4. kernel benchmark ---------------------------------------------------------------------
 bench_rc=-1
-if $install_ok; then
+if $install_ok && $DRY; then
+    bench_rc=0
+    log "gpu_bench: none without a GPU (dry run)"
+elif $install_ok; then
     timeout "$(cap 60)" "$PY" bench/gpu_bench.py --out "$WORK/gpu_bench.json" >"$WORK/gpu_bench.log" 2>&1
     bench_rc=$?
     log "gpu_bench: rc=$bench_rc"
@@ -101,7 +118,9 @@ speed_rc=-1
 if $install_ok; then
     budget=$(left "$BUDGET")
     if [ "$budget" -gt 30 ]; then
-        timeout "$budget" "$PY" bench/gpu_speed.py --out "$WORK/gpu_speed.json" --profile q8_0 \
+        speed_args=(--profile q8_0)
+        $DRY && speed_args+=(--tiny --device cpu --tg 16 --pp 64 --threads 2 --reps 1)
+        timeout "$budget" "$PY" bench/gpu_speed.py --out "$WORK/gpu_speed.json" "${speed_args[@]}" \
             >"$WORK/gpu_speed.log" 2>&1
         speed_rc=$?
     fi
@@ -109,12 +128,13 @@ if $install_ok; then
 fi
 
 # ---- summary ---------------------------------------------------------------------------------
-"$PY" - "$WORK" "$DEST" "$install_ok" $((SECONDS - START)) "$tests_rc" "$e2e_rc" "$bench_rc" \
+GPU_CHECK_DRY=$($DRY && echo 1 || echo 0) "$PY" - "$WORK" "$DEST" "$install_ok" $((SECONDS - START)) "$tests_rc" "$e2e_rc" "$bench_rc" \
     "$speed_rc" <<'PYEOF'
 import json, os, sys, xml.etree.ElementTree as ET
 work, dest, install_ok, seconds, *rcs = sys.argv[1:]
 rc = dict(zip(("tests", "e2e", "bench", "speed"), map(int, rcs)))
 summary = {"ok": install_ok == "true" and all(v == 0 for v in rc.values()),
+           "dry_run": os.environ.get("GPU_CHECK_DRY") == "1",
            "install_ok": install_ok == "true", "seconds": int(seconds), "rc": rc}
 
 def junit(name):
