@@ -37,7 +37,7 @@ import pytest
 from rpcnet.compute import device as device_module
 from rpcnet.compute.device import cpu_device
 from support import refenv, require
-from support.cuda_emu import EmulatedCudaBackend
+from support.cuda_emu import EmulatedCudaBackend, emulated_cuda_device
 from support.fakebackend import FakeStagedBackend
 from support.inproc import ServerThread
 from support.models import ZOO, ensure_model, tensor_types
@@ -142,6 +142,8 @@ def servers(server_logs: _LogCapture, tmp_path_factory: pytest.TempPathFactory) 
                 if key.endswith("-staged"):  # transfers the CUDA backend's way, on NumPy
                     devices = [cpu_device(0, capacity=SERVER_MEM)]
                     devices[0].backend = FakeStagedBackend()
+                elif key.endswith("-emucuda"):  # the CUDA builders and kernels, emulated
+                    devices = [emulated_cuda_device(0, SERVER_MEM)]
                 elif key.endswith("-cuda"):  # the GPU (gpu-marked cases only)
                     from rpcnet.compute.cuda.serve import make_cuda_devices
 
@@ -440,17 +442,24 @@ def test_prefill_then_decode(e2e: E2E, model: str, version: str, fa: str) -> Non
 
 
 @pytest.mark.parametrize(
-    "backend", ["cpu", "fake-staged", pytest.param("cuda", marks=pytest.mark.gpu)]
+    "backend", ["cpu", "fake-staged", "emulated-cuda", pytest.param("cuda", marks=pytest.mark.gpu)]
 )
 @pytest.mark.parametrize(("model", "fa"), [("llama-gqa-f32", "1"), ("llama256-Q4_K_M", "0")])
 def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
     """The backend seam end to end: the same prefill + decode through host memory and through
     a backend that moves every byte the CUDA backend's way (staged, deferred copies)."""
-    key = {"cpu": "v8", "fake-staged": "v8-staged", "cuda": "v8-cuda"}[backend]
-    case = Case(
-        model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa), gpu=key == "v8-cuda"
-    )
+    key = {
+        "cpu": "v8",
+        "fake-staged": "v8-staged",
+        "emulated-cuda": "v8-emucuda",
+        "cuda": "v8-cuda",
+    }[backend]
+    gpu = backend in ("cuda", "emulated-cuda")
+    case = Case(model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa), gpu=gpu)
     e2e.check(f"backend-{backend}-fa{fa}/{model}", case)
+    if backend == "emulated-cuda":  # decode steps were captured once, then replayed
+        stats = e2e.servers["started"][key].devices[0].runner.replay.stats
+        assert stats.captures > 0 and stats.replays > 0, stats
     if backend == "fake-staged":
         staged = e2e.servers["started"][key].devices[0].backend
         assert staged.copier.copies > 0, "no byte went through the staging slots"

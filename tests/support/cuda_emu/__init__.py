@@ -389,9 +389,55 @@ class EmulatedCudaBackend:
     def synchronize(self, what: str = "") -> None:
         pass
 
+    def _bytes(self, mem) -> np.ndarray:
+        return np.asarray(mem).view(np.ndarray).view(np.uint8)
+
     def to_device(self, mem, offset: int, data) -> None:
         src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
-        np.asarray(mem).view(np.uint8)[offset : offset + src.size] = src
+        self._bytes(mem)[offset : offset + src.size] = src
 
     def to_host(self, mem, offset: int, nbytes: int) -> memoryview:
-        return memoryview(np.asarray(mem).view(np.uint8)[offset : offset + nbytes].tobytes())
+        return memoryview(self._bytes(mem)[offset : offset + nbytes].tobytes())  # a copy
+
+    def fill(self, mem, offset: int, nbytes: int, value: int) -> None:
+        self._bytes(mem)[offset : offset + nbytes].fill(value)
+
+    def copy(self, dst, dst_offset: int, src, src_offset: int, nbytes: int) -> None:
+        self._bytes(dst)[dst_offset : dst_offset + nbytes] = self._bytes(src)[
+            src_offset : src_offset + nbytes
+        ]
+
+    def host_sink(self, mem, offset: int, nbytes: int):
+        from rpcnet.compute.backend import DirectSink
+
+        return DirectSink(self._bytes(mem)[offset : offset + nbytes])
+
+
+class ReplayingCapturer:
+    """capture.Capturer of the emulated GPU: a "graph" is the plan's run, recorded (not run)
+    when captured and run again at each launch, as a CUDA graph replays its kernels."""
+
+    def capture(self, run):
+        return run
+
+    def launch(self, graph) -> None:
+        graph()
+
+
+def emulated_cuda_device(index: int, capacity: int):
+    """A protocol device like `make_cuda_devices` builds, its backend the emulated GPU."""
+    from rpcnet.compute.cuda.execute import PlanRunner
+    from rpcnet.compute.cuda.serve import CUDA_ALIGNMENT
+    from rpcnet.compute.device import Device
+    from rpcnet.compute.memory import MemoryPool
+
+    backend = EmulatedCudaBackend()
+    return Device(
+        index=index,
+        name=f"CUDA{index}",
+        description="emulated",
+        memory=MemoryPool(capacity),
+        alignment=CUDA_ALIGNMENT,
+        backend=backend,
+        runner=PlanRunner(backend, ReplayingCapturer()),
+    )
