@@ -100,31 +100,38 @@ def serve(port: int, device: str, log: Path, profile: Path | None = None) -> sub
     return proc
 
 
-def profile_run(args: argparse.Namespace, base: ModelSpec, kind: str) -> dict:
-    """Decode only (a warm prompt of 8, then `--profile-tg` tokens), every kernel timed."""
-    model = model_for(base, kind, args.model_cache, args.threads)
+def probe_fresh_server(
+    args: argparse.Namespace, model: Path, log: Path, probe_args: list, profile: Path | None = None
+) -> dict:
+    """The speed probe against a fresh server (its log in `log`), stopped afterwards (a
+    profile report is written at exit); {"error": ...} when the probe failed, "server_rc"."""
     port = refenv.free_port()
-    report = args.out.with_name(f"{args.out.stem}-{kind}-profile.txt")
-    log = args.out.with_name(f"{args.out.stem}-{kind}-profile-server.log")
-    proc = serve(port, args.device, log, profile=report)
+    proc = serve(port, args.device, log, profile=profile)
     try:
         r = refenv.run_probe(
             "v8",
             PROBE,
             model,
             f"127.0.0.1:{port}",
-            "--pp",
-            "",
-            "--tg",
-            args.profile_tg,
+            *probe_args,
             "--threads",
             args.threads,
             timeout=300,
         )
-    except Exception as exc:  # noqa: BLE001
-        r = {"error": str(exc)[-2000:]}
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON
+        r = {"error": str(exc)[-3000:]}
     finally:
-        refenv.stop_process(proc, timeout=60)  # the report is written at exit
+        refenv.stop_process(proc, timeout=60)
+    r["server_rc"] = proc.returncode
+    return r
+
+
+def profile_run(args: argparse.Namespace, base: ModelSpec, kind: str) -> dict:
+    """Decode only (a warm prompt of 8, then `--profile-tg` tokens), every kernel timed."""
+    model = model_for(base, kind, args.model_cache, args.threads)
+    report = args.out.with_name(f"{args.out.stem}-{kind}-profile.txt")
+    log = args.out.with_name(f"{args.out.stem}-{kind}-profile-server.log")
+    r = probe_fresh_server(args, model, log, ["--pp", "", "--tg", args.profile_tg], report)
     r["report"] = report.read_text().splitlines()[:40] if report.is_file() else None
     r["commands_ms"] = command_latencies(log)
     return r
@@ -175,35 +182,13 @@ def main(argv: list[str] | None = None) -> int:
             save()
             continue
         entry["model_s"] = round(time.perf_counter() - t0, 1)
-        port = refenv.free_port()
         log = args.out.with_name(f"{args.out.stem}-{kind}-server.log")
-        proc = serve(port, args.device, log)
-        try:
-            r = refenv.run_probe(
-                "v8",
-                PROBE,
-                model,
-                f"127.0.0.1:{port}",
-                "--pp",
-                args.pp,
-                "--tg",
-                args.tg,
-                "--threads",
-                args.threads,
-                "--reps",
-                args.reps,
-                timeout=300,
-            )
-            entry.update(r)
-            if kind in BASELINE and not args.tiny:
-                tg_base, pp_base = BASELINE[kind]
-                entry["tg_ratio"] = round(r["tg"] / tg_base, 3)
-                entry["pp_ratio"] = round(r["pp"][str(args.pp)] / pp_base, 3)
-        except Exception as exc:  # noqa: BLE001
-            entry["error"] = str(exc)[-3000:]
-        finally:
-            refenv.stop_process(proc, timeout=30)
-            entry["server_rc"] = proc.returncode
+        probe_args = ["--pp", args.pp, "--tg", args.tg, "--reps", args.reps]
+        entry.update(probe_fresh_server(args, model, log, probe_args))
+        if kind in BASELINE and not args.tiny and "error" not in entry:
+            tg_base, pp_base = BASELINE[kind]
+            entry["tg_ratio"] = round(entry["tg"] / tg_base, 3)
+            entry["pp_ratio"] = round(entry["pp"][str(args.pp)] / pp_base, 3)
         entry["runs"] = [
             ln.split("INFO ", 1)[-1] for ln in log.read_text().splitlines() if "cuda graphs" in ln
         ]

@@ -936,12 +936,23 @@ def _fa_srcs(node: Tensor) -> tuple[Tensor | None, ...]:
     return (tuple(node.src) + (None,) * 5)[:5]
 
 
-def _fa_ok(node: Tensor) -> bool:
+def _fa_operands(
+    node: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None] | None:
+    """(q, k, v, mask, sinks) of an f32 FLASH_ATTN_EXT whose operands all live in buffers."""
     q, k, v, mask, sinks = _fa_srcs(node)
     if q is None or k is None or v is None or node.type != F32 or q.type != F32:
-        return False
+        return None
     if any(t is not None and t.buffer is None for t in (q, k, v, mask, sinks)):
+        return None
+    return q, k, v, mask, sinks
+
+
+def _fa_ok(node: Tensor) -> bool:
+    parts = _fa_operands(node)
+    if parts is None:
         return False
+    q, k, v, mask, sinks = parts
     dk, n_q, n_head, n3 = q.ne
     n_kv = k.ne[1]
     return (
@@ -975,11 +986,10 @@ FA_MAX_HEAD = 512  # 32 lanes x RPC_FA_PER_LANE in flash_attn.cu
 
 def _fa_decode_ok(node: Tensor) -> bool:
     """The CUDA C decode kernel: f16 or q8_0 K/V views as the cache lays them out, f16 mask."""
-    q, k, v, mask, sinks = _fa_srcs(node)
-    if q is None or k is None or v is None or node.type != F32 or q.type != F32:
+    parts = _fa_operands(node)
+    if parts is None:
         return False
-    if any(t is not None and t.buffer is None for t in (q, k, v, mask, sinks)):
-        return False
+    q, k, v, mask, sinks = parts
     d, n_q, n_head, batches = q.ne
     return (
         k.type in _FA_KV

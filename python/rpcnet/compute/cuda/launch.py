@@ -105,6 +105,15 @@ def split_rows(type_name: str, k: int) -> bool:
     return k // 32 >= SPLIT_MIN_ITEMS
 
 
+def _aligned_row_bytes(type_name: str, w: Any, k: int) -> int:
+    """Bytes per weight row, after checking the rows start as aligned as the kernels load them."""
+    rb = row_bytes(type_name, k)
+    align = sources.WEIGHT_ALIGN[type_name]
+    if int(w.data.ptr) % align or rb % align:
+        raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
+    return rb
+
+
 def _matvec_grid(split: bool, m: int, channels: int) -> tuple[int, int]:
     return (m, channels) if split else (_cdiv(m, MV_WARPS), channels)
 
@@ -141,10 +150,7 @@ def matvec(
     `add` ([ncols, m] f32, may be dst): dst = W y + add (a residual ADD fused in)."""
     if not 1 <= ncols <= MV_CHUNKED_MAX:
         raise ValueError(f"matvec takes 1..{MV_CHUNKED_MAX} columns, not {ncols}")
-    rb = row_bytes(type_name, k)
-    align = sources.WEIGHT_ALIGN[type_name]
-    if int(w.data.ptr) % align or rb % align:
-        raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
+    rb = _aligned_row_bytes(type_name, w, k)
     split = split_rows(type_name, k) if split is None else split
     grid, block = _matvec_grid(split, m, 1), (32, MV_WARPS)
     fn = be.kernels.function("matvec", sources.matvec_kernel(type_name, split))
@@ -209,10 +215,7 @@ def matvec_id(
     = W[ids] @ y[slot % ne11]."""
     n_tokens, ne11 = int(y.shape[0]), int(y.shape[1])
     n_slots = int(ids.shape[1])
-    rb = row_bytes(type_name, k)
-    align = sources.WEIGHT_ALIGN[type_name]
-    if int(w.data.ptr) % align or rb % align:
-        raise ValueError(f"{type_name} weights must start {align}-byte aligned for matvec")
+    rb = _aligned_row_bytes(type_name, w, k)
     fn = be.kernels.function("matvec", sources.matvec_id_kernel(type_name))
     if type_name in sources.FLOAT_TYPES:
         yarg, y_col, y_tok = y, k, k * ne11
