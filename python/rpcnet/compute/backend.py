@@ -1,13 +1,14 @@
-"""The backend seam: where a device's memory lives and how bytes get in and out of it.
+"""Device memory behind one interface: allocation, views, transfers, fills, copies.
 
-Buffers, views and transfers of every device go through one small interface, so the server
-never slices raw arrays and the same session code serves host memory (NumPy) and GPU memory
-(CuPy, `rpcnet.compute.cuda.backend`).
+`Backend` is the protocol every device implements; buffers, views and transfers go through it,
+so the same session code serves host memory and GPU memory. `CpuBackend` (`CPU`) keeps buffers
+as NumPy uint8 arrays in host memory; the GPU's is `CudaBackend` in `rpcnet.compute.cuda.device`
+(CuPy arrays, its own streams).
 
-Receiving a payload goes through a `HostSink`: host memory the socket (or a cache file) writes
-into, in pieces. On the CPU the one piece is the buffer region itself (zero-copy receive); a
-GPU backend hands out pinned staging slots and copies each to the device while the next one
-arrives.
+A received payload goes through a `HostSink`: host memory that the socket (or a cache file)
+fills, in pieces. On the CPU the one piece is the buffer region itself (`DirectSink`: zero-copy
+receive); the GPU's sink hands out pinned staging slots and copies each to the device while the
+next one arrives.
 """
 
 from __future__ import annotations

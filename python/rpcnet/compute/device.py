@@ -100,7 +100,6 @@ class Device:
     name: str
     description: str
     memory: MemoryPool
-    xp: Any = np
     backend: Backend = CPU  # where buffers live and how bytes move (compute/backend.py)
     alignment: int = 32
     max_size: int = (1 << 64) - 1
