@@ -1,14 +1,15 @@
-"""The mission's scenario: a REAL llama-server in router mode, two models, every layer on one RPC
+"""The router scenario: a REAL llama-server in router mode, two models, every layer on one RPC
 server — rpcnet (`--proto 7`) versus the reference rpc-server of the same llama.cpp build.
 
 llama-server (protocol 7, built by bench/build_llama_server.sh) is started with `--models-dir`
 holding two models and `--rpc` pointing at the backend. Completions for both models run one after
 the other and then at the same time. Each router child opens its own RPC connection; rpc-server
-serves one connection at a time, so the second child hangs at HELLO (llama.cpp #28908), while
-rpcnet serves both. Greedy completions with top-5 probabilities are compared with a local run
-(no --rpc) of the same router: tokens must agree, probabilities within 5e-2 absolute.
+serves one connection at a time, so the second child hangs at HELLO, while rpcnet serves both.
+Greedy completions with top-5 probabilities are compared with a local run (no --rpc) of the same
+router: tokens must agree, probabilities within 5e-2 absolute.
 
-Usage: PYTHONPATH=python:tests python bench/router_scenario.py [--out docs/router-scenario.md]
+Usage: PYTHONPATH=python:tests python bench/router_scenario.py [--out TABLE.md]
+(--out: the table of docs/router-scenario.md)
 """
 
 from __future__ import annotations

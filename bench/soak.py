@@ -1,6 +1,7 @@
 """Soak for the record: 4 real clients load and decode for 10 minutes with random kills.
 
-Usage: PYTHONPATH=python:tests python bench/soak.py [--minutes 10] [--out docs/soak.md]
+Usage: PYTHONPATH=python:tests python bench/soak.py [--minutes 10] [--out TABLE.md]
+(--out: the table of docs/soak.md)
 """
 
 from __future__ import annotations
