@@ -1,4 +1,4 @@
-"""Server CPU time per token, rpcnet vs the REAL reference rpc-server (issue 10).
+"""Server CPU time per token, rpcnet vs the REAL reference rpc-server.
 
 Wall-clock ratios swing when other processes share the host (the reference's spinning threads
 suffer most); CPU seconds do not. Both servers run with one thread (`-t 1` / `--threads 1`), the

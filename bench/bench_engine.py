@@ -1,4 +1,4 @@
-"""Engine benchmark (issue 10): rpcnet vs the REAL reference rpc-server, same client, same run.
+"""Engine benchmark: rpcnet vs the REAL reference rpc-server, same client, same run.
 
 The REAL v8 llama.cpp client (probe ``bench/probes/engine_speed.py``, llama-bench's method)
 puts every layer and the output head on the server, 2 threads each side. Sections:
@@ -23,7 +23,7 @@ Achieved GB/s (decode) and GFLOP/s (prefill) are set against the machine's measu
 bandwidth and AVX2 FMA peak (``engine_machine.py``). Models: random llamas (336 M and ~1 B)
 in f16, quantized by the REAL quantizer; GGUFs are cached in ``--model-cache``.
 
-Full run (writes the marked section of docs/benchmarks.md and docs/bench-engine.json):
+Full run (writes bench/results/engine.json and regenerates docs/benchmarks.md, bench/report.py):
     python bench/bench_engine.py
 Smoke test (336 M, q8_0, pp64 + tg32, one round; writes only the JSON in /tmp):
     python bench/bench_engine.py --quick
@@ -46,13 +46,13 @@ from pathlib import Path
 import engine_machine
 import engine_report
 import engine_servers
+import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support import refenv  # noqa: E402
 from support.models import ModelSpec, ensure_model  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "probes" / "engine_speed.py"
 SECTIONS = ("speed", "depth", "memory", "profile", "multi")
 PROBE_TIMEOUT_S = 3600
@@ -393,8 +393,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--doc",
         type=Path,
         default=None,
-        help="markdown file whose marked section is replaced (full runs: "
-        "docs/benchmarks.md; --quick: none unless given)",
+        help="benchmarks page regenerated from bench/results (full runs: docs/benchmarks.md; "
+        "--quick: none unless given)",
     )
     p.add_argument("--no-doc", action="store_true")
     p.add_argument(
@@ -420,10 +420,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.json = (
             Path(tempfile.gettempdir()) / "rpcnet-bench-engine-quick.json"
             if quick
-            else REPO / "docs" / "bench-engine.json"
+            else report.RESULTS / "engine.json"
         )
     if args.doc is None and not quick:
-        args.doc = REPO / "docs" / "benchmarks.md"
+        args.doc = report.DOC
     if args.no_doc:
         args.doc = None
     return args
@@ -442,6 +442,7 @@ def main(argv: list[str]) -> int:
     _, steal0, total0 = engine_machine.cpu_times()
     machine = engine_machine.measure(args.threads)
     machine_doc = {
+        **report.host_cpu(),
         **dataclasses.asdict(machine),
         "bandwidth_gbs": machine.bandwidth_gbs,
         "fma_peak_gflops": machine.fma_peak_gflops(args.threads),
@@ -506,7 +507,7 @@ def main(argv: list[str]) -> int:
     text = engine_report.render(results)
     print(text)
     if args.doc is not None:
-        engine_report.write_doc_section(args.doc, text)
+        report.write(args.doc)
         bench.log("wrote", args.doc)
     bench.log("wrote", args.json, f"({results['duration_min']:.1f} min)")
     return 0

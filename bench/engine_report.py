@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
-BEGIN = "<!-- bench_engine:begin -->"
-END = "<!-- bench_engine:end -->"
 BUSY_CORES = 0.5  # cores busy before a run above this: someone else is computing
 LOAD_IDLE = 1.0  # the same for results that recorded only the 1-minute load average
-OLD_ENGINE_HEADING = "## Engine — `bench/bench_engine.py`"
 
 
 def median(values: list[float] | None) -> float | None:
@@ -203,8 +199,9 @@ def machine_lines(machine: dict, config: dict) -> list[str]:
             "flops/cycle, AVX2 2 FMA × 8 × 2)"
         ).replace("( ", "(")
     )
+    cpu = "".join(f"{machine[k]}; " for k in ("cpu", "flags") if machine.get(k))
     return [
-        f"Machine: {machine['cores']} cores; memory bandwidth (NumPy copy of 256 MiB, read + "
+        f"Machine: {cpu}{machine['cores']} cores; memory bandwidth (NumPy copy of 256 MiB, read + "
         f"write) {machine['copy_gbs_1t']:.1f} GB/s on one thread, {machine['copy_gbs_nt']:.1f} "
         f"GB/s on {config['threads']}; FMA peak {peak_text}; NumPy/BLAS f32 matmul reaches "
         f"{machine['sgemm_gflops']:.0f} GFLOP/s. AVX-512: {'yes' if machine['avx512'] else 'no'}.",
@@ -275,7 +272,7 @@ def _rounds(results: dict) -> int:
 def render(results: dict) -> str:
     config, machine = results["config"], results["machine"]
     lines = [
-        f"## Engine vs the reference (issue 10) — `bench/bench_engine.py` ({results['date']})",
+        "## Engine vs the reference — `bench/bench_engine.py`",
         "",
         "Command"
         + ("s" if len(config["commands"]) > 1 else "")
@@ -305,7 +302,8 @@ def render(results: dict) -> str:
         "GFLOP/s: 2 flops per weight per token + causal attention, the output head once per batch.",
         "",
         "Rerun on an idle machine: `python bench/bench_engine.py` (every section, 336 M and 1 B, "
-        "q8_0 / Q4_K_M / f16; JSON in docs/bench-engine.json); the same with `--models 336m "
+        "q8_0 / Q4_K_M / f16; JSON in bench/results/engine.json, docs/benchmarks.md regenerated); "
+        "the same with `--models 336m "
         "--types q8_0` etc. and `--merge` to run it in parts; `--quick` for a smoke test.",
         "",
         *machine_lines(machine, config),
@@ -331,19 +329,3 @@ def render(results: dict) -> str:
                 lines += profile_block(mname, kind, entry["profile"])
     lines += ["Every run (medians):", "", *detail_table(results), ""]
     return "\n".join(lines)
-
-
-def write_doc_section(doc: Path, text: str) -> None:
-    """Replace the marked section of ``doc`` (or insert it before the old engine section)."""
-    body = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
-    old = doc.read_text() if doc.exists() else ""
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        new = head + body + ("\n" + tail if tail else "")
-    elif OLD_ENGINE_HEADING in old:
-        head, tail = old.split(OLD_ENGINE_HEADING, 1)
-        new = head + body + "\n" + OLD_ENGINE_HEADING + tail
-    else:
-        new = old.rstrip() + "\n\n" + body
-    doc.write_text(new)

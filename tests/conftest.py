@@ -27,6 +27,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_bad_input": ("unit",),
     "test_cache": ("unit",),
     "test_chain": ("unit",),
+    "test_docs": ("unit",),
     "test_cli": ("unit",),
     "test_commands": ("unit",),
     "test_concurrency": ("unit",),

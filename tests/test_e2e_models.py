@@ -5,10 +5,10 @@ CPU backend (the baseline, shared between cases through a session cache) and onc
 on in-process rpcnet servers. Teacher-forced logits (or pooled embeddings) must match:
 
 * ``rel = max|rpcnet - local| / max|local|`` over the whole ``[n_tokens, n_vocab]`` matrix is at
-  most 1e-3 for f32 models, quantized weights and a quantized KV cache (issue 10's bound), 2e-2
-  for f16/bf16, and 5e-2 for models with Q4_0/Q4_K weights, which the client's local CPU backend
-  repacks (the reference server itself is ~1.5e-2 from local there; tests/test_numerics.py
-  compares those against the reference server at 1e-3);
+  most 1e-3 for f32 models, quantized weights and a quantized KV cache (the bound of
+  docs/numerics.md), 2e-2 for f16/bf16, and 5e-2 for models with Q4_0/Q4_K weights, which the
+  client's local CPU backend repacks (the reference server itself is ~1.5e-2 from local there;
+  tests/test_numerics.py compares those against the reference server at 1e-3);
 * the argmax of every position is equal (a mismatch that is a *near tie* — rpcnet's pick within
   ``2 * max|diff|`` of the row maximum — is named as such in the failure, but still fails).
 
@@ -42,9 +42,9 @@ from support.fakebackend import FakeStagedBackend
 from support.inproc import ServerThread
 from support.models import ZOO, ensure_model, tensor_types
 
-#: ``quant`` is issue 10's bound; ``repacked``: models with weights the client's local CPU backend
-#: repacks (Q4_0, Q4_K on AVX2), where even the reference server is ~1.5e-2 from the local run
-#: (tests/test_numerics.py holds those to 1e-3 against the reference server instead)
+#: ``quant``: the bound of docs/numerics.md; ``repacked``: models with weights the client's local
+#: CPU backend repacks (Q4_0, Q4_K on AVX2), where even the reference server is ~1.5e-2 from the
+#: local run (tests/test_numerics.py holds those to 1e-3 against the reference server instead)
 TOLERANCE = {"f32": 1e-3, "f16": 2e-2, "quant": 1e-3, "repacked": 5e-2}
 #: on a GPU, whose arithmetic differs from the CPU backend's as ggml-cuda's does (docs/gpu.md)
 GPU_TOLERANCE = {"f32": 1e-3, "f16": 1e-2, "quant": 2e-2, "repacked": 5e-2}
