@@ -33,7 +33,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_concurrency": ("unit",),
     "test_derived_cache": ("unit",),
     "test_device_inline": ("unit",),
-    "test_device_joint": ("unit",),
+    "test_device_shared_decode": ("unit",),
     "test_faults": ("unit",),
     "test_fuzz_corpus": ("unit",),
     "test_fuzz_session": ("unit",),

@@ -719,7 +719,7 @@ def test_clients_of_one_model_decode_as_one(
     e2e: E2E, servers: dict, model: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Three client processes that loaded the same model decode at once: the server runs their
-    decode steps as one pass over the weights (compute/joint.py), and each client gets bit for
+    decode steps as one pass over the weights (compute/shared_decode.py), and each client gets bit for
     bit the logits it gets with the server to itself (and within the bound of its local run)."""
     # the worker waits for a client whose step is due, so that steps join on a slow host too
     monkeypatch.setattr(device_module, "JOIN_WAIT_SECONDS", 0.5)

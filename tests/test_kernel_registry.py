@@ -44,7 +44,7 @@ def test_every_op_has_distinct_priorities_and_native_first():
         assert len({k.priority for k in ks}) == len(ks), op
     mul_mat = registry._KERNELS[(Op.MUL_MAT, "cpu")]
     modules = [k.build.__module__.rsplit(".", 1)[1] for k in mul_mat]
-    assert modules == ["matmul_hadamard", "matmul_native", "matmul"]
+    assert modules == ["fwht", "matmul_native", "matmul"]
     assert [k.priority for k in mul_mat] == [registry.HINT, registry.NATIVE, registry.GENERIC]
 
 

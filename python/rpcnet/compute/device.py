@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rpcnet.compute import joint
+from rpcnet.compute import shared_decode
 from rpcnet.compute.backend import CPU, Backend
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
@@ -26,8 +26,8 @@ INLINE_MAX_SECONDS = 0.1
 # served by the worker, in the order their graphs arrived (inline runs block the event loop, and
 # the clients whose requests pile up meanwhile would be served in poll order, not arrival order).
 SHARED_WINDOW_SECONDS = 1.0
-# Decode steps of clients with the same weights run as one (compute/joint.py). The worker waits
-# for a client whose last step could have joined, but at most this long and this share of the
+# Decode steps of clients with the same weights run as one (compute/shared_decode.py). The worker
+# waits for a client whose last step could have joined, but at most this long and this share of the
 # step's own last run: a client whose answer is on its way sends its next step within ~1 ms.
 JOIN_WAIT_SECONDS = 0.004
 JOIN_WAIT_SHARE = 0.25
@@ -122,7 +122,7 @@ class Device:
         self._recent_owners: dict[int, float] = {}  # id(owner) -> when it last launched a plan
         # id(owner) -> (when it last launched a joinable plan, that plan): whose step is due
         self._joiners: dict[int, tuple[float, weakref.ref[Any]]] = {}
-        self.joint_index = joint.JointIndex()
+        self.joint_index = shared_decode.JointIndex()
         self.joint_runs = 0  # joint runs so far, and the plans they ran (for tests and metrics)
         self.joint_plans = 0
         self._thread = threading.Thread(target=self._work, name=f"rpcnet-{self.name}", daemon=True)
@@ -313,7 +313,8 @@ class Device:
             return
         plans = [job.fn.plan for job in jobs if isinstance(job.fn, OwnedPlan)]
         try:
-            ok = joint.run_together(plans, joint.joint_positions(plans, self.joint_index))
+            positions = shared_decode.joint_positions(plans, self.joint_index)
+            ok = shared_decode.run_together(plans, positions)
         except BaseException as exc:  # noqa: BLE001 - every job's outcome, for its waiter
             for job in jobs:
                 job.future.set_exception(exc)

@@ -15,10 +15,10 @@ from rpcnet.compute import (
     scratch,
 )
 from rpcnet.compute.errors import ComputeError
-from rpcnet.compute.joint import JointForm, WeightSite
 from rpcnet.compute.kernels import registry
 from rpcnet.compute.ops import VIEW_OPS, Op, op_name
 from rpcnet.compute.plan_run import plan_run
+from rpcnet.compute.shared_decode import JointForm, WeightSite
 from rpcnet.compute.tensor import FLAG_OUTPUT, Tensor
 
 # (wire tensor) -> (buffer or None, byte offset in it); raises for invalid tensors.
@@ -73,7 +73,7 @@ class Plan:
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
     uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
     last_seconds: float | None = None  # how long the last run took (None: never run)
-    joint: JointForm | None = None  # how it may run with other clients' plans (compute/joint.py)
+    joint: JointForm | None = None  # running with other clients' plans: compute/shared_decode.py
 
     def release(self) -> None:
         """Return the plan's scratch reservation and footprint to the device now."""

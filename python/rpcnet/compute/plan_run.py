@@ -1,5 +1,5 @@
 """What every run of compiled plans does around its kernels, one plan alone or several side by
-side (compute/joint.py)."""
+side (compute/shared_decode.py)."""
 
 from __future__ import annotations
 

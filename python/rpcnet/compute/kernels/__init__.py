@@ -16,7 +16,7 @@ KERNEL_MODULES = (
     "glu",
     "glu_native",
     "matmul",
-    "matmul_hadamard",
+    "fwht",
     "matmul_native",
     "moe",
     "moe_native",

@@ -1,4 +1,4 @@
-"""compute/device.py + compute/joint.py: decode steps of clients whose weights hold the same
+"""compute/device.py + compute/shared_decode.py: decode steps of clients whose weights hold the same
 bytes run as one pass (each single-row MUL_MAT of all of them one product), and each client's
 results keep the bits its own run gives. Plans are made of REAL native MUL_MAT steps over q8_0
 weights quantized by rpcnet's quantizer; the worker is held by a gate job while the plans queue,
@@ -18,8 +18,8 @@ from rpcnet.compute import device as device_module
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.device import Device, OwnedPlan, cpu_device
 from rpcnet.compute.graph import Plan
-from rpcnet.compute.joint import JointForm, WeightSite
 from rpcnet.compute.quant import quantize
+from rpcnet.compute.shared_decode import JointForm, WeightSite
 from rpcnet.ggml_types import GgmlType
 
 K, M = 256, 40
