@@ -104,7 +104,7 @@ def test_graph_sees_the_package():
     graph = import_graph()
     assert "rpcnet.compute.device" in graph
     assert "rpcnet.compute.derived" in graph["rpcnet.compute.device"]
-    assert "rpcnet.compute.quant.iquants" in graph["rpcnet.compute.quant.registry"]
+    assert "rpcnet.compute.quant.iquants" in graph["rpcnet.compute.quant.codecs"]
 
 
 def test_cycle_finder_finds_a_lazy_cycle():

@@ -9,7 +9,7 @@ row_bytes(type_id, row_elems)                           -> int
 Type ids are ``rpcnet.ggml_types.GgmlType`` members (or plain ints).
 """
 
-from rpcnet.compute.quant.registry import (
+from rpcnet.compute.quant.codecs import (
     block_size,
     dequantizable_types,
     dequantize,
