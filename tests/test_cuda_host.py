@@ -245,16 +245,16 @@ def test_weight_alignment_table_matches_block_layouts():
 
 def test_cuda_op_table_names_real_entry_points_and_ops():
     from rpcnet.compute import kernels  # noqa: F401 - registers the CPU kernels
-    from rpcnet.compute.cuda import registry, sources
+    from rpcnet.compute.cuda import op_coverage, sources
     from rpcnet.compute.kernels.registry import table
     from rpcnet.compute.ops import op_name
 
     launched = set().union(*sources.expected_kernels().values())
     cpu_ops = {op_name(k.op) for k in table("cpu")}
-    for op, entries in registry.op_table().items():
+    for op, entries in op_coverage.op_table().items():
         assert op in cpu_ops, op
         assert entries and entries <= launched, op
-    missing = registry.missing_ops()
+    missing = op_coverage.missing_ops()
     assert "MUL_MAT" not in missing and "ADD" not in missing and "TOP_K" in missing
     on_cuda = {op_name(k.op) for k in table("cuda")}
     assert set(missing) | on_cuda == cpu_ops and not set(missing) & on_cuda
