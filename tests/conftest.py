@@ -71,7 +71,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_cuda_registry": ("unit",),
     "test_cuda_serving": ("unit",),
     "test_ggml_types": ("unit",),
-    "test_kernel_registry": ("unit",),
+    "test_kernel_table": ("unit",),
     "test_layering": ("unit",),
     "test_module_graph": ("unit",),
     "test_scratch": ("unit", "reference"),

@@ -246,7 +246,7 @@ def test_weight_alignment_table_matches_block_layouts():
 def test_cuda_op_table_names_real_entry_points_and_ops():
     from rpcnet.compute import kernels  # noqa: F401 - registers the CPU kernels
     from rpcnet.compute.cuda import op_coverage, sources
-    from rpcnet.compute.kernels.registry import table
+    from rpcnet.compute.kernels.kernel_table import table
     from rpcnet.compute.ops import op_name
 
     launched = set().union(*sources.expected_kernels().values())

@@ -26,7 +26,7 @@ from rpcnet.compute.cuda.kernels import NOT_YET_ON_CUDA
 from rpcnet.compute.device import Device
 from rpcnet.compute.errors import UnsupportedOp
 from rpcnet.compute.graph import compile_plan
-from rpcnet.compute.kernels import registry
+from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.memory import MemoryPool
 from rpcnet.compute.ops import Glu, Op, Unary, op_name
 from rpcnet.compute.tensor import FLAG_COMPUTE, Tensor
@@ -58,7 +58,7 @@ def test_every_cpu_op_has_a_cuda_kernel_or_a_documented_gap():
 def test_registering_the_cuda_kernels_imports_no_cupy():
     code = (
         "import sys; import rpcnet.compute.kernels; "
-        "from rpcnet.compute.kernels.registry import table; "
+        "from rpcnet.compute.kernels.kernel_table import table; "
         "assert table('cuda'); assert 'cupy' not in sys.modules, 'cupy imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -498,7 +498,7 @@ def test_cuda_kernels_cover_real_client_graphs(e2e: E2E, model: str, fa: str, mo
     import rpcnet.server.session as session_mod
     from rpcnet.compute.errors import UnsupportedOp
     from rpcnet.compute.graph import needs_compute
-    from rpcnet.compute.kernels import registry
+    from rpcnet.compute.kernels import kernel_table as registry
 
     compile_plan = session_mod.compile_plan
     refused: dict[str, str] = {}
@@ -719,8 +719,9 @@ def test_clients_of_one_model_decode_as_one(
     e2e: E2E, servers: dict, model: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Three client processes that loaded the same model decode at once: the server runs their
-    decode steps as one pass over the weights (compute/shared_decode.py), and each client gets bit for
-    bit the logits it gets with the server to itself (and within the bound of its local run)."""
+    decode steps as one pass over the weights (compute/shared_decode.py), and each client gets
+    bit for bit the logits it gets with the server to itself (and within the bound of its local
+    run)."""
     # the worker waits for a client whose step is due, so that steps join on a slow host too
     monkeypatch.setattr(device_module, "JOIN_WAIT_SECONDS", 0.5)
     monkeypatch.setattr(device_module, "JOIN_WAIT_SHARE", 1e6)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from rpcnet import _native
-from rpcnet.compute.kernels.registry import select
+from rpcnet.compute.kernels.kernel_table import select
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
 from support import require

@@ -15,7 +15,7 @@ import pytest
 from gguf.quants import dequantize as gguf_dequantize
 from rpcnet import _native
 from rpcnet.compute.cuda.sources import TYPE_IDS
-from rpcnet.compute.kernels.registry import select
+from rpcnet.compute.kernels.kernel_table import select
 from rpcnet.compute.tensor import Tensor
 from support import refenv
 from support.ggml_oracle import q8_x86

@@ -17,7 +17,7 @@ import ctypes.util
 import numpy as np
 import pytest
 from rpcnet import _native
-from rpcnet.compute.kernels.registry import select
+from rpcnet.compute.kernels.kernel_table import select
 from rpcnet.compute.tensor import Tensor
 from support.opgraph import OpGraph, as_f32, pack_params
 

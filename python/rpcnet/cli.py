@@ -251,7 +251,7 @@ def cmd_caps(args: argparse.Namespace) -> int:
 def cmd_ops(args: argparse.Namespace) -> int:
     from rpcnet.compute import kernels  # noqa: F401 - registers the kernels
     from rpcnet.compute.cuda.kernels import NOT_YET_ON_CUDA
-    from rpcnet.compute.kernels.registry import table
+    from rpcnet.compute.kernels.kernel_table import table
     from rpcnet.compute.ops import op_name
 
     for device in ("cpu", "cuda"):

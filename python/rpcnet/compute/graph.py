@@ -15,7 +15,7 @@ from rpcnet.compute import (
     scratch,
 )
 from rpcnet.compute.errors import ComputeError
-from rpcnet.compute.kernels import registry
+from rpcnet.compute.kernels import kernel_table
 from rpcnet.compute.ops import VIEW_OPS, Op, op_name
 from rpcnet.compute.plan_run import plan_run
 from rpcnet.compute.shared_decode import JointForm, WeightSite
@@ -102,11 +102,11 @@ def needs_compute(node: Tensor) -> bool:
 
 def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -> Plan:
     """Compile nodes into a plan; with a ScratchBudget, refuse plans whose scratch exceeds it."""
-    with registry.planning() as state:
+    with kernel_table.planning() as state:
         return _compile(nodes, device, budget, state)
 
 
-def _compile(nodes: list[Tensor], device: str, budget: Any, state: registry.PlanState) -> Plan:
+def _compile(nodes: list[Tensor], device: str, budget: Any, state: kernel_table.PlanState) -> Plan:
     computed = [n for n in nodes if needs_compute(n)]
     written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
     fused = _fused_pairs(computed, nodes, device)
@@ -129,18 +129,18 @@ def _compile(nodes: list[Tensor], device: str, budget: Any, state: registry.Plan
             steps.append(pair[0].build(node, pair[1]))
             state.written.append(pair[1])
             continue
-        kernel = registry.select(node, device)
+        kernel = kernel_table.select(node, device)
         # The bounds are the CPU kernels' temporaries; GPU plans share one scratch per device
         # (compute/cuda/kernels.py) instead.
         counted = budget is not None and device == "cpu"
         bound = scratch.scratch_bytes(node, kernel.name, budget.limit) if counted else 0
         if bound > need:
             # Checked before build: builders may already allocate index arrays per shape.
-            budget.check(bound, registry.describe_node(node))
+            budget.check(bound, kernel_table.describe_node(node))
             need, needy = bound, node
         step = kernel.build(node)
         if profile.enabled():
-            base = f"{op_name(node.op)} {'/'.join(registry.types_of(node))}"
+            base = f"{op_name(node.op)} {'/'.join(kernel_table.types_of(node))}"
             shapes = [tuple(s.ne) for s in node.src if s is not None]
             # on a GPU each kernel is waited for: its time, not its launch's (and no capture)
             sync = None if device == "cpu" else node.buffer.device.backend.synchronize
@@ -161,7 +161,7 @@ def _compile(nodes: list[Tensor], device: str, budget: Any, state: registry.Plan
     plan = Plan(steps, frozenset(handles), len(nodes), tuple(written.values()), joint=joint)
     plan.footprint = scratch.plan_footprint(nodes)
     if budget is not None:
-        what = registry.describe_node(needy) if needy is not None else "no node"
+        what = kernel_table.describe_node(needy) if needy is not None else "no node"
         plan.scratch = budget.admit(need, plan.footprint, what)
         plan.scratch.bind(plan)
     return plan
@@ -169,7 +169,7 @@ def _compile(nodes: list[Tensor], device: str, budget: Any, state: registry.Plan
 
 @dataclass
 class _Fused:
-    pairs: dict[int, tuple[registry.Fusion, Tensor]]  # id(first) -> (fusion, second)
+    pairs: dict[int, tuple[kernel_table.Fusion, Tensor]]  # id(first) -> (fusion, second)
     skipped: set[int]  # id(second) of each pair
 
 
@@ -201,7 +201,7 @@ def _fused_pairs(computed: list[Tensor], nodes: list[Tensor], device: str) -> _F
             for s in b.src
         )
         if feeds and readers.get(a.id, 0) == 1 and not a.flags & FLAG_OUTPUT:
-            entry = registry.select_fusion(a, b, device)
+            entry = kernel_table.select_fusion(a, b, device)
         if entry is not None:
             fused.pairs[id(a)] = (entry, b)
             fused.skipped.add(id(b))

@@ -24,8 +24,8 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
-from rpcnet.compute.kernels import registry
-from rpcnet.compute.kernels.registry import GENERIC, NATIVE, Step, fusion, kernel
+from rpcnet.compute.kernels import kernel_table as registry
+from rpcnet.compute.kernels.kernel_table import GENERIC, NATIVE, Step, fusion, kernel
 from rpcnet.compute.kernels.rope import RopeParams, rope_mscale
 from rpcnet.compute.kernels.rope import corr_dims as rope_corr_dims
 from rpcnet.compute.ops import Glu, Op, Unary

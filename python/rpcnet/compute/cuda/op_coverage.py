@@ -39,7 +39,7 @@ def op_table() -> dict[str, set[str]]:
 def missing_ops() -> list[str]:
     """CPU ops (as `rpcnet ops` lists them) that no CUDA kernel covers yet."""
     from rpcnet.compute import kernels  # noqa: F401 - registers the CPU kernels
-    from rpcnet.compute.kernels.registry import table
+    from rpcnet.compute.kernels.kernel_table import table
     from rpcnet.compute.ops import op_name
 
     covered = {op_name(k.op) for k in table("cuda")}

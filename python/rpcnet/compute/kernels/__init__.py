@@ -1,7 +1,7 @@
 """Kernels, one module per op family: the CPU's here, other backends' in their packages.
 
 Importing this package registers the kernel modules listed below, in one place; which kernel
-serves a node is decided by the device and the priorities given at registration (registry.py),
+serves a node is decided by the device and the priorities given at registration (kernel_table.py),
 not by this order. Registering the cuda kernels imports no CuPy.
 """
 

@@ -25,8 +25,8 @@ from rpcnet import _native
 from rpcnet.compute import convert, quant
 from rpcnet.compute.kernels.copy import block_view
 from rpcnet.compute.kernels.floatmath import exp, tanh
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
-from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads, used_mask
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from rpcnet import _native
 from rpcnet.compute.kernels.attention import Q_TILE
+from rpcnet.compute.kernels.kernel_table import Step
 from rpcnet.compute.kernels.native_args import device_threads, native_kernel, tensor_arg
-from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType, traits_of

@@ -6,7 +6,7 @@ import numpy as np
 
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.common import repeats_into, same_shape, tile_to
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view

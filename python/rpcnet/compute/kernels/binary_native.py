@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from rpcnet import _native
 from rpcnet.compute.kernels.common import repeats_into, same_shape
+from rpcnet.compute.kernels.kernel_table import Step
 from rpcnet.compute.kernels.native_args import (
     device_threads,
     native_kernel,
     rows_contiguous,
     tensor_arg,
 )
-from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType

@@ -13,7 +13,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import convert
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, f32_to_bf16, plain_view, shape_of, storage

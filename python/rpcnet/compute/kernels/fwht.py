@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from rpcnet.compute import scratch
-from rpcnet.compute.kernels.registry import HINT, Step, kernel
+from rpcnet.compute.kernels.kernel_table import HINT, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view

@@ -25,7 +25,7 @@ from rpcnet.compute.kernels.floatmath import (
     silu,
     silu_rows,
 )
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Glu, Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType

@@ -16,8 +16,8 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import scratch
+from rpcnet.compute.kernels.kernel_table import NATIVE, Step, kernel
 from rpcnet.compute.kernels.native_args import device_threads, tensor_arg
-from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view, storage

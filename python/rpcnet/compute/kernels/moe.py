@@ -13,8 +13,8 @@ import numpy as np
 
 from rpcnet.compute import convert
 from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.kernels.operands import vec_dot_operand
-from rpcnet.compute.kernels.registry import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view

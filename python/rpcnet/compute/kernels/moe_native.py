@@ -12,10 +12,10 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute import scratch
 from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.kernels.kernel_table import NATIVE, Step, kernel
 from rpcnet.compute.kernels.matmul_native import weight_layout, weight_rows
 from rpcnet.compute.kernels.moe import supported_operands
 from rpcnet.compute.kernels.native_args import device_threads
-from rpcnet.compute.kernels.registry import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rpcnet.compute import scratch
-from rpcnet.compute.kernels.registry import NATIVE, Builder, Predicate, kernel
+from rpcnet.compute.kernels.kernel_table import NATIVE, Builder, Predicate, kernel
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import storage
 

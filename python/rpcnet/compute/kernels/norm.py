@@ -14,7 +14,7 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute.kernels.common import F32, float_io, quiet, reader, same_shape, writer
 from rpcnet.compute.kernels.floatmath import ONE
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute.kernels.common import F32, FLOAT_TYPES, float_io, reader, same_shape, writer
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, plain_view

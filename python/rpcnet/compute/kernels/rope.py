@@ -16,7 +16,7 @@ import numpy as np
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import cos as libm_cos
 from rpcnet.compute.kernels.floatmath import sin as libm_sin
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view

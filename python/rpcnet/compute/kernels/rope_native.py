@@ -4,13 +4,13 @@ YaRN ramp and fused rotation; multi-section and vision modes stay with the NumPy
 from __future__ import annotations
 
 from rpcnet import _native
+from rpcnet.compute.kernels.kernel_table import Step
 from rpcnet.compute.kernels.native_args import (
     device_threads,
     native_kernel,
     rows_contiguous,
     tensor_arg,
 )
-from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.kernels.rope import NEOX, NORMAL, RopeParams
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor

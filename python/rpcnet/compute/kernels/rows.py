@@ -9,7 +9,7 @@ import numpy as np
 from rpcnet.compute import convert
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels.copy import blocks_ok, encode
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, bf16_to_f32, plain_view, row_bytes_view

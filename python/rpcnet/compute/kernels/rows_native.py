@@ -8,6 +8,7 @@ destinations and other types stay with the NumPy kernels.
 from __future__ import annotations
 
 from rpcnet import _native
+from rpcnet.compute.kernels.kernel_table import Step
 from rpcnet.compute.kernels.native_args import (
     TensorArg,
     device_threads,
@@ -15,7 +16,6 @@ from rpcnet.compute.kernels.native_args import (
     rows_contiguous,
     tensor_arg,
 )
-from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import storage

@@ -25,7 +25,7 @@ from rpcnet.compute.kernels.common import (
     writer,
 )
 from rpcnet.compute.kernels.floatmath import cos, exp, fma, sin
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, plain_view, row_bytes_view

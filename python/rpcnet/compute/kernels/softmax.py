@@ -10,7 +10,7 @@ import numpy as np
 
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import AVX2_LANES, exp, simd_then_scalar, v_expf
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view

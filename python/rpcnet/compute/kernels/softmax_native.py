@@ -4,13 +4,13 @@ added in double, so attention without flash attention matches the reference bit 
 from __future__ import annotations
 
 from rpcnet import _native
+from rpcnet.compute.kernels.kernel_table import Step
 from rpcnet.compute.kernels.native_args import (
     device_threads,
     native_kernel,
     rows_contiguous,
     tensor_arg,
 )
-from rpcnet.compute.kernels.registry import Step
 from rpcnet.compute.kernels.softmax import operands_supported
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor

@@ -49,7 +49,7 @@ from rpcnet.compute.kernels.floatmath import (
     sin,
     tanh,
 )
-from rpcnet.compute.kernels.registry import Step, kernel
+from rpcnet.compute.kernels.kernel_table import Step, kernel
 from rpcnet.compute.ops import Op, Unary
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType

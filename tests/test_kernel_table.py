@@ -1,4 +1,4 @@
-"""The kernel registry: explicit module list, priorities that do not depend on import order."""
+"""The kernel table: explicit module list, priorities that do not depend on import order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from rpcnet.compute import kernels
-from rpcnet.compute.kernels import registry
+from rpcnet.compute.kernels import kernel_table
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 
@@ -29,31 +29,35 @@ def test_every_module_with_kernels_is_listed():
     with_kernels = {
         p.stem
         for p in KERNELS_DIR.glob("*.py")
-        if p.stem not in ("registry", "native_args") and _registers_kernels(p)
+        if p.stem not in ("kernel_table", "native_args") and _registers_kernels(p)
     }
     assert with_kernels == set(kernels.KERNEL_MODULES)
 
 
 def test_every_op_has_distinct_priorities_and_native_first():
-    rows = registry.table("cpu")
+    rows = kernel_table.table("cpu")
     assert rows, "no kernel registered"
-    by_op: dict[int, list[registry.Kernel]] = {}
+    by_op: dict[int, list[kernel_table.Kernel]] = {}
     for k in rows:
         by_op.setdefault(k.op, []).append(k)
     for op, ks in by_op.items():
         assert len({k.priority for k in ks}) == len(ks), op
-    mul_mat = registry._KERNELS[(Op.MUL_MAT, "cpu")]
+    mul_mat = kernel_table._KERNELS[(Op.MUL_MAT, "cpu")]
     modules = [k.build.__module__.rsplit(".", 1)[1] for k in mul_mat]
     assert modules == ["fwht", "matmul_native", "matmul"]
-    assert [k.priority for k in mul_mat] == [registry.HINT, registry.NATIVE, registry.GENERIC]
+    assert [k.priority for k in mul_mat] == [
+        kernel_table.HINT,
+        kernel_table.NATIVE,
+        kernel_table.GENERIC,
+    ]
 
 
 def _node() -> Tensor:
     return Tensor(0, 0, (1, 1, 1, 1), (4, 4, 4, 4), FAKE_OP, b"", 0, "n", None, 0)
 
 
-def _builder(name: str) -> registry.Builder:
-    def build(node: Tensor) -> registry.Step:
+def _builder(name: str) -> kernel_table.Builder:
+    def build(node: Tensor) -> kernel_table.Step:
         return lambda: None
 
     build.__name__ = name
@@ -63,27 +67,29 @@ def _builder(name: str) -> registry.Builder:
 @pytest.fixture
 def fake_op():
     yield FAKE_OP
-    registry._KERNELS.pop((FAKE_OP, "cpu"), None)
+    kernel_table._KERNELS.pop((FAKE_OP, "cpu"), None)
 
 
 @pytest.mark.parametrize("native_first", [True, False])
 def test_priority_not_registration_order_decides(fake_op, native_first):
     def register(name: str, priority: int) -> None:
-        registry.kernel(fake_op, name, lambda n: True, priority=priority)(_builder(name))
+        kernel_table.kernel(fake_op, name, lambda n: True, priority=priority)(_builder(name))
 
-    order = [("fast", registry.NATIVE), ("generic", registry.GENERIC)]
+    order = [("fast", kernel_table.NATIVE), ("generic", kernel_table.GENERIC)]
     for name, priority in order if native_first else order[::-1]:
         register(name, priority)
-    assert registry.select(_node()).name == "fast"
+    assert kernel_table.select(_node()).name == "fast"
 
 
 def test_fast_path_that_declines_falls_back(fake_op):
-    registry.kernel(fake_op, "fast", lambda n: False, priority=registry.NATIVE)(_builder("fast"))
-    registry.kernel(fake_op, "generic", lambda n: True)(_builder("generic"))
-    assert registry.select(_node()).name == "generic"
+    kernel_table.kernel(fake_op, "fast", lambda n: False, priority=kernel_table.NATIVE)(
+        _builder("fast")
+    )
+    kernel_table.kernel(fake_op, "generic", lambda n: True)(_builder("generic"))
+    assert kernel_table.select(_node()).name == "generic"
 
 
 def test_same_priority_twice_is_refused(fake_op):
-    registry.kernel(fake_op, "a", lambda n: True)(_builder("a"))
+    kernel_table.kernel(fake_op, "a", lambda n: True)(_builder("a"))
     with pytest.raises(ValueError, match="priority 0 is taken by a"):
-        registry.kernel(fake_op, "b", lambda n: True)(_builder("b"))
+        kernel_table.kernel(fake_op, "b", lambda n: True)(_builder("b"))
