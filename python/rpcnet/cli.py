@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 from rpcnet import __version__
 from rpcnet.protocol.commands import DEFAULT_PROTOCOL, SUPPORTED_PROTOCOLS
-from rpcnet.server.config import ServerConfig
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+from rpcnet.server.config import ServerConfig, size_bytes
 
 
 def parse_size(text: str) -> int:
     """'512M', '8G', '1.5g', '1048576' -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512M, 8G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    try:
+        return size_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def parse_allow_arg(text: str):
@@ -153,6 +150,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="answer SET_TENSOR_HASH from the tensors of the *.gguf files under DIR (repeatable)",
     )
+    secure = serve.add_argument_group("TLS and tokens (docs/security.md)")
+    secure.add_argument("--tls-cert", type=Path, metavar="FILE", help="TLS 1.3 only: PEM chain")
+    secure.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="its private key (default: in --tls-cert)"
+    )
+    secure.add_argument(
+        "--tls-self-signed",
+        action="store_true",
+        help="TLS 1.3 with a key pair made once in $XDG_STATE_HOME/rpcnet/tls (fingerprint logged)",
+    )
+    secure.add_argument(
+        "--tokens",
+        type=Path,
+        metavar="FILE",
+        help="'NAME TOKEN [MEM]' per tenant: every connection presents one (reloaded on change)",
+    )
+    secure.add_argument(
+        "--cache-shared",
+        type=lambda t: tuple(filter(None, (x.strip() for x in t.split(",")))),
+        default=(),
+        metavar="NAME[,NAME]",
+        help="cache namespaces every tenant trusts (tenant names; root: the cache directory)",
+    )
     serve.add_argument(
         "-v", "--verbose", action="count", default=0, help="-v debug, -vv every command"
     )
@@ -179,6 +199,45 @@ def build_parser() -> argparse.ArgumentParser:
     caps.add_argument("--sysfs", metavar="DIR", help=argparse.SUPPRESS)  # fake trees in tests
 
     sub.add_parser("ops", help="list the supported (op, types) kernels")
+
+    tunnel = sub.add_parser(
+        "tunnel",
+        help="local plain-TCP forwarder to a TLS + token rpcnet server (llama.cpp connects to it)",
+    )
+    tunnel.add_argument(
+        "--listen",
+        type=parse_endpoint,
+        action="append",
+        required=True,
+        metavar="HOST:PORT",
+        help="where llama.cpp connects (repeatable, one per --to, in order)",
+    )
+    tunnel.add_argument(
+        "--to",
+        type=parse_endpoint,
+        action="append",
+        required=True,
+        metavar="HOST:PORT",
+        help="the rpcnet serve --tls... server (repeatable)",
+    )
+    tunnel.add_argument(
+        "--token-file", type=Path, required=True, metavar="FILE", help="the token alone"
+    )
+    verify = tunnel.add_mutually_exclusive_group(required=True)
+    verify.add_argument("--ca", type=Path, metavar="PEM", help="verify the server against this CA")
+    verify.add_argument(
+        "--fingerprint",
+        action="append",
+        metavar="HEX",
+        help="pin the server certificate's SHA-256 (colons optional; one per --to, or one)",
+    )
+    tunnel.add_argument(
+        "--server-name", help="with --ca: the name to verify (default: the --to host)"
+    )
+    tunnel.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds for connect + TLS + token"
+    )
+    tunnel.add_argument("-v", "--verbose", action="count", default=0)
     return parser
 
 
@@ -211,7 +270,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_graph_nodes=args.max_graph_nodes,
         metrics=args.metrics,
         model_dirs=tuple(args.model_dir),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_self_signed=args.tls_self_signed,
+        tokens=args.tokens,
+        cache_shared=args.cache_shared,
     )
+    if args.tls_cert is not None and args.tls_self_signed:
+        print("rpcnet: --tls-cert and --tls-self-signed exclude each other", file=sys.stderr)
+        return 2
     try:
         run(config)
     except OSError as exc:
@@ -220,6 +287,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"rpcnet: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def cmd_tunnel(args: argparse.Namespace) -> int:
+    from rpcnet import logsetup
+    from rpcnet.tunnel import TunnelConfig, run_tunnel
+
+    logsetup.configure(args.verbose)
+    try:
+        config = TunnelConfig.from_args(
+            listen=args.listen,
+            to=args.to,
+            token_file=args.token_file,
+            ca=args.ca,
+            fingerprints=args.fingerprint or [],
+            server_name=args.server_name,
+            timeout=args.timeout,
+        )
+        run_tunnel(config)
+    except ValueError as exc:
+        print(f"rpcnet tunnel: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"rpcnet tunnel: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -273,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "ops": cmd_ops,
         "status": statuscli.run,
         "cache": cachecli.run,
+        "tunnel": cmd_tunnel,
     }[args.command]
     return handler(args)
 

@@ -13,6 +13,8 @@ LOOPBACK: tuple[Network, ...] = (
     ipaddress.ip_network("::1/128"),
 )
 
+EVERYONE: tuple[Network, ...] = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
+
 
 def is_loopback(host: str) -> bool:
     try:

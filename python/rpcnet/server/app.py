@@ -7,20 +7,24 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from rpcnet.compute.device import Device, cpu_device
 from rpcnet.compute.trim import release_free_memory
-from rpcnet.server.access import allowed, default_allow, is_loopback
+from rpcnet.server.access import EVERYONE, allowed, default_allow, is_loopback
 from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
-from rpcnet.server.config import ServerConfig
+from rpcnet.server.config import ServerConfig, size_bytes
 from rpcnet.server.connection import Connection
 from rpcnet.server.metrics import MetricsServer
 from rpcnet.server.modeldir import ModelDirs, weight_sources
+from rpcnet.server.namespaces import Namespaces, TenantCache
 from rpcnet.server.stats import ServerStats
 from rpcnet.server.stream import StreamProtocol
+from rpcnet.server.tenants import Tenants
+from rpcnet.transport import tls as tlsmod
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
@@ -43,15 +47,37 @@ class Server:
         self.devices = devices if devices is not None else make_devices(config)
         self.stats = ServerStats(config.proto)  # rpcnet.server.metrics reads it
         self.models = ModelDirs.open(config.model_dirs)  # --model-dir: weights from local GGUFs
-        self.cache = weight_sources(open_cache(config), self.models)
+        self.tls, self.fingerprint = make_tls(config)  # --tls-*: TLS 1.3 before anything else
+        self.tenants = Tenants(config.tokens, size_bytes) if config.tokens else None
+        self.secure = self.tls is not None and self.tenants is not None
+        root = open_cache(config)
+        self.cache = weight_sources(root, self.models)
+        # --tokens with --cache: each tenant's uploads in its own namespace (server/namespaces.py)
+        self.namespaces = (
+            Namespaces(root.directory, config.cache_max, config.cache_shared, self.models)
+            if root is not None and self.tenants is not None
+            else None
+        )
         self.metrics: MetricsServer | None = None
-        self.allow = default_allow(config.host, config.allow)
+        # TLS and tokens authenticate: then, without --allow, every address may try.
+        self.allow = (
+            EVERYONE
+            if self.secure and config.allow is None
+            else default_allow(config.host, config.allow)
+        )
         self.negotiation = ServerNegotiation.from_env()  # HELLO caps: RDMA via pyverbs, or TCP
         # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers.
         self.comm = CommHub(config.host, config.comm_timeout, self.allow)
         self.connections: dict[asyncio.Task[None], Connection] = {}
         self.draining = False
         self._server: asyncio.Server | None = None
+        self._poll: asyncio.Task[None] | None = None
+
+    def cache_for(self, tenant: str | None) -> TenantCache | None:
+        """The cache a tenant's SET_TENSOR_HASH and uploads use (its namespace, `--tokens`)."""
+        if self.namespaces is None or tenant is None:
+            return self.cache
+        return self.namespaces.for_tenant(tenant)
 
     @property
     def port(self) -> int:
@@ -59,7 +85,7 @@ class Server:
         return self._server.sockets[0].getsockname()[1]
 
     async def start(self) -> None:
-        if not is_loopback(self.config.host):
+        if not is_loopback(self.config.host) and not self.secure:
             log.warning(
                 "binding %s: the ggml RPC protocol has no authentication or encryption; "
                 "anyone allowed to reach this port can read and write its memory",
@@ -76,6 +102,18 @@ class Server:
         if self.config.metrics is not None:
             self.metrics = await MetricsServer.start(self, *self.config.metrics)
         self.models.start()
+        if self.tenants is not None:
+            self._poll = loop.create_task(self._watch_tokens(self.tenants))
+
+    async def _watch_tokens(self, tenants: Tenants) -> None:
+        """Reload the tokens file when it changes; close connections whose token is gone."""
+        while True:
+            await asyncio.sleep(self.config.tokens_poll)
+            if not tenants.poll():
+                continue
+            for conn in list(self.connections.values()):
+                if conn.tenant is not None and not tenants.valid(conn.tenant):
+                    conn.revoke(f"tenant {conn.tenant.name}'s token is no longer in --tokens")
 
     def _protocol_factory(self) -> StreamProtocol:
         stream = _AcceptingStream(self)
@@ -100,6 +138,8 @@ class Server:
             self.stats.refuse("draining" if self.draining else "max_clients")
             transport.abort()
             return
+        if self.tls is not None:  # TLS under the stream before any byte is read
+            stream.begin_tls(self.tls, self.config.hello_timeout)
         log.debug("%s: connected", name)
         conn = Connection(self, stream, name)
         task = asyncio.get_running_loop().create_task(conn.run())
@@ -134,6 +174,8 @@ class Server:
     async def close(self) -> None:
         """Stop accepting, let every connection finish its current command, free everything."""
         self.draining = True
+        if self._poll is not None:
+            self._poll.cancel()
         if self._server is not None:
             self._server.close()
         if self.metrics is not None:
@@ -151,6 +193,17 @@ class Server:
             await self._server.wait_closed()
         for device in self.devices:
             device.shutdown()
+
+
+def make_tls(config: ServerConfig) -> tuple[ssl.SSLContext | None, str | None]:
+    """The server's TLS context and certificate fingerprint (None, None without TLS)."""
+    if config.tls_self_signed:
+        cert, key = tlsmod.self_signed(hosts=(config.host,))
+    elif config.tls_cert is not None:
+        cert, key = config.tls_cert, config.tls_key or config.tls_cert
+    else:
+        return None, None
+    return tlsmod.server_context(cert, key), tlsmod.cert_fingerprint(cert)
 
 
 def open_cache(config: ServerConfig) -> HashCache | None:
@@ -206,6 +259,12 @@ def run(config: ServerConfig) -> None:
             config.cache_dir or "off",
             ", ".join(map(str, config.model_dirs)) or "none",
         )
+        if server.fingerprint is not None:
+            log.info(
+                "TLS 1.3; certificate SHA-256 fingerprint %s", tlsmod.colon_hex(server.fingerprint)
+            )
+        if server.tenants is not None:
+            log.info("tokens: %d tenants from %s", len(server.tenants.table), config.tokens)
         await server.serve_forever()
 
     run_loop(main())

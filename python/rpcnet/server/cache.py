@@ -5,10 +5,17 @@ a hit is verified (the content must hash to its name) so a truncated or corrupt 
 served. Files this process wrote or already verified are remembered by (size, mtime, inode), so
 re-hashing is skipped while they stay untouched. `max_bytes` bounds the directory with
 least-recently-used eviction (access time = mtime, refreshed on every hit).
+
+Every entry also records the SHA-256 of its content, in the extended attribute `user.rpcnet.sha256`
+of its file (set before the rename that publishes it; on a file system without user xattrs it is
+kept in memory, and entries written by others are hashed when first needed). A hit must match it
+too. An upload whose FNV-1a matches an entry with another SHA-256 is a collision: it is refused
+and logged, and the entry stays as it is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -21,6 +28,12 @@ from rpcnet import _native
 
 log = logging.getLogger("rpcnet.cache")
 IO_CHUNK = 1 << 20
+STRONG_XATTR = "user.rpcnet.sha256"
+
+
+def strong_hash(data: Any) -> bytes:
+    """SHA-256 (hashlib releases the GIL while it hashes)."""
+    return hashlib.sha256(memoryview(data).cast("B")).digest()
 
 
 def default_cache_dir() -> Path:
@@ -45,10 +58,49 @@ class HashCache:
         self.writable = True  # cleared after a failed write (disk full, unwritable)
         # Counters for metrics (rpcnet.server.metrics).
         self.hits = self.misses = self.bytes_written = self.evictions = 0
+        self.collisions = 0  # uploads refused: same FNV-1a, other content
+        self._strong: dict[str, bytes] = {}  # SHA-256 by name, where xattrs are unavailable
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def path_for(self, digest: int) -> Path:
         return self.directory / hash_name(digest)
+
+    def _record_strong(self, path: Path, strong: bytes, remember: bool = True) -> None:
+        if remember:
+            self._strong[path.name] = strong
+        try:
+            os.setxattr(path, STRONG_XATTR, strong)
+        except (OSError, AttributeError):  # no user xattrs here: memory only
+            pass
+
+    def recorded_strong(self, digest: int) -> bytes | None:
+        """The SHA-256 recorded for entry `digest`, None when none is."""
+        name = hash_name(digest)
+        try:
+            return os.getxattr(self.directory / name, STRONG_XATTR)
+        except (OSError, AttributeError):
+            return self._strong.get(name)
+
+    def strong_of(self, digest: int) -> bytes | None:
+        """The entry's SHA-256: recorded, or hashed from the file now (and recorded); None when
+        there is no such entry."""
+        recorded = self.recorded_strong(digest)
+        if recorded is not None:
+            return recorded
+        path = self.path_for(digest)
+        hasher = hashlib.sha256()
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                while chunk := fh.read(16 * IO_CHUNK):
+                    hasher.update(chunk)
+        except OSError:
+            return None
+        strong = hasher.digest()
+        self._record_strong(path, strong)
+        return strong
+
+    def has(self, digest: int) -> bool:
+        return self.path_for(digest).exists()
 
     @staticmethod
     def _identity(st: os.stat_result) -> tuple[int, int, int]:
@@ -87,12 +139,12 @@ class HashCache:
         except OSError as exc:
             log.warning("cache: cannot read %s: %s", path, exc)
             return False
-        if got != st.st_size or (
-            self._verified.get(path.name) != self._identity(st) and _native.fnv1a64(view) != digest
-        ):
+        trusted = self._verified.get(path.name) == self._identity(st)
+        if got != st.st_size or (not trusted and not self._check(path, digest, view)):
             log.warning("cache: %s does not match its hash; removing it", path.name)
             self._verified.pop(path.name, None)
             self._remove(path)
+            self._strong.pop(path.name, None)
             self.misses += 1
             return False
         self.hits += 1
@@ -103,13 +155,31 @@ class HashCache:
             pass
         return True
 
-    def store(self, digest: int, data: Any) -> None:
-        """Atomically write `data` under its hash (temp file + rename), then enforce the bound."""
+    def _check(self, path: Path, digest: int, view: memoryview) -> bool:
+        """Content read from disk matches its FNV-1a name and its recorded SHA-256."""
+        if _native.fnv1a64(view) != digest:
+            return False
+        recorded = self.recorded_strong(digest)
+        strong = strong_hash(view)
+        if recorded is None:
+            self._record_strong(path, strong)
+            return True
+        return recorded == strong
+
+    def store(self, digest: int, data: Any, strong: bytes | None = None) -> bool:
+        """Atomically write `data` under its hash (temp file + rename), then enforce the bound.
+
+        False when an entry with this FNV-1a holds other content (a collision: refused, logged).
+        """
         path = self.path_for(digest)
+        strong = strong if strong is not None else strong_hash(data)
         with self._lock:
             if path.exists():
+                if self.strong_of(digest) not in (strong, None):
+                    self.collision(path.name, "this cache")
+                    return False
                 os.utime(path)
-                return
+                return True
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
             try:
                 with os.fdopen(fd, "wb", buffering=0) as fh:
@@ -117,7 +187,9 @@ class HashCache:
                     # 1 MiB writes: one huge write() is ~10x slower here (page-cache throttling).
                     for start in range(0, view.nbytes, IO_CHUNK):
                         fh.write(view[start : start + IO_CHUNK])
+                self._record_strong(Path(tmp), strong, remember=False)
                 os.replace(tmp, path)
+                self._strong[path.name] = strong
             except BaseException:
                 self._remove(Path(tmp))
                 raise
@@ -125,6 +197,16 @@ class HashCache:
             self._verified[path.name] = self._identity(path.stat())
         if self.max_bytes is not None:
             self.evict(self.max_bytes, keep=path.name)
+        return True
+
+    def collision(self, name: str, where: str) -> None:
+        self.collisions += 1
+        log.warning(
+            "cache: FNV-1a collision on %s: an upload with this hash but other content (SHA-256) "
+            "than the entry in %s; refused, the entry is kept",
+            name,
+            where,
+        )
 
     def store_hashed(self, data: Any) -> None:
         """Hash `data` and store it; a failing disk disables further writes, serving goes on."""
@@ -151,6 +233,7 @@ class HashCache:
                 if name == keep:
                     continue
                 self._remove(self.directory / name)
+                self._strong.pop(name, None)
                 self.evictions += 1
                 total -= size
 

@@ -5,6 +5,7 @@ Importing this module stays cheap (no NumPy, no devices): `rpcnet --help` builds
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,3 +35,20 @@ class ServerConfig:
     comm_timeout: float = 30.0  # COMM_INIT: rank 0's wait for its peer, each handshake
     metrics: tuple[str, int] | None = None  # --metrics HOST:PORT: /metrics and /status
     model_dirs: tuple[Path, ...] = ()  # --model-dir: GGUF files whose tensors answer hashes
+    tls_cert: Path | None = None  # --tls-cert/--tls-key: TLS 1.3 only
+    tls_key: Path | None = None
+    tls_self_signed: bool = False  # --tls-self-signed: a key pair kept in the state directory
+    tokens: Path | None = None  # --tokens FILE: NAME TOKEN [MEM] per tenant
+    tokens_poll: float = 1.0  # seconds between checks of the tokens file's mtime
+    cache_shared: tuple[str, ...] = ()  # --cache-shared: namespaces every tenant trusts
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(text: str) -> int:
+    """'512M', '8G', '1.5g', '1048576' -> bytes (ValueError otherwise)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 512M, 8G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 import struct
 from concurrent.futures import Future
-from typing import Protocol
+from typing import Any, Protocol
 
 from rpcnet import _native
 from rpcnet.compute.backend import HostSink
@@ -32,7 +33,18 @@ from rpcnet.server.session import (
     Session,
     SessionLimits,
 )
-from rpcnet.server.stats import ServerStats
+from rpcnet.server.stats import ConnectionStats, ServerStats
+from rpcnet.server.tenants import Tenants
+from rpcnet.server.tokens import (
+    ACCEPTED,
+    REFUSED,
+    REQUEST_HEAD,
+    PreambleError,
+    Tenant,
+    encode_answer,
+    is_preamble_start,
+    parse_request_head,
+)
 from rpcnet.transport.base import ByteStream, ConnectionClosed
 from rpcnet.transport.negotiate import ServerNegotiation
 
@@ -102,6 +114,21 @@ class Host(Protocol):
     negotiation: ServerNegotiation
     comm: CommHub
     stats: ServerStats
+    tls: ssl.SSLContext | None  # --tls-cert / --tls-self-signed: TLS 1.3 before anything else
+    tenants: Tenants | None  # --tokens: a token preamble before the first command
+
+    def cache_for(self, tenant: str | None) -> Any: ...
+
+
+class Refused(Exception):
+    """The connection did not pass TLS or the token check: closed with one log line."""
+
+    def __init__(self, reason: str, metric: str) -> None:
+        super().__init__(reason)
+        self.metric = metric  # rpcnet_refused_connections_total{reason=...}
+
+
+TLS_RECORD_START = 0x16  # a TLS handshake record: what a TLS client sends to a plain port first
 
 
 class Connection:
@@ -112,10 +139,15 @@ class Connection:
         config = server.config
         limits = SessionLimits(graph_nodes=config.max_graph_nodes, client_mem=config.client_mem)
         self.negotiation = server.negotiation.connection(stream, peer)  # HELLO caps, spec §12
-        self.cache = server.cache
+        self.cache: Any = server.cache  # HashCache-like; a tenant's namespace once known
         self.session = Session(config.proto, server.devices, limits, caching=self.cache is not None)
         self.links: dict[int, PeerLink] = {}  # COMM_INIT peer links by device (spec §11)
-        self.stats = server.stats.open_connection(peer, self.session)  # metrics, close log
+        self.tenant: Tenant | None = None  # who presented which token (--tokens)
+        self._gated = server.tls is not None or server.tenants is not None
+        self.stats: ConnectionStats  # metrics and the close log line; opened once admitted
+        self._opened = False
+        if not self._gated:
+            self._open_stats()
         # every device's memory is host memory: SET_TENSOR can land from the protocol callback
         self._host_resident = all(d.backend.host_resident for d in server.devices)
         self.cmd = int(Cmd.HELLO)
@@ -125,6 +157,18 @@ class Connection:
         self._failure: ProtocolViolation | None = None  # a launched allreduce failed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+
+    def _open_stats(self) -> None:
+        self.stats = self.server.stats.open_connection(self.peer, self.session)
+        self._opened = True
+
+    def revoke(self, why: str) -> None:
+        """Close now (the tenant's token is gone): logged here, the task ends quietly."""
+        log.warning("%s: closing connection: %s", self.peer, why)
+        self._stopping = True
+        getattr(self.stream, "abort", self.stream.close)()
+        if self._idle and not self._receiving and self._task is not None:
+            self._task.cancel()
 
     @property
     def current(self) -> str:
@@ -140,8 +184,15 @@ class Connection:
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         try:
+            if self._gated:
+                await self._admit_connection()
             await self._serve()
+        except Refused as exc:
+            log.warning("%s: refused: %s", self.peer, exc)
+            self.server.stats.refuse(exc.metric)
         except asyncio.CancelledError:
+            if self._stopping and self._opened:
+                return  # drained or revoked
             if self._failure is None:
                 raise
             log.warning("%s: closing connection: COMM_ALLREDUCE: %s", self.peer, self._failure)
@@ -165,9 +216,66 @@ class Connection:
                 link.close()
             self.links.clear()
             await self._finish_graphs()
-            self.stats.close()
+            if self._opened:
+                self.stats.close()
             released = self.session.close()
             log.debug("%s: released %d bytes", self.peer, released)
+
+    # ------------------------------------------------------------ TLS and the token
+
+    async def _admit_connection(self) -> None:
+        """TLS handshake (--tls-*), then the token preamble (--tokens); `Refused` otherwise."""
+        server, timeout = self.server, self.server.config.hello_timeout
+        tls = server.tls
+        if tls is not None:
+            finish_tls = getattr(self.stream, "finish_tls", None)
+            assert finish_tls is not None, "TLS needs the TCP stream"
+            try:
+                await finish_tls()
+            except ConnectionAbortedError as exc:
+                if "taking longer" in str(exc):
+                    raise Refused(f"no TLS handshake within {timeout:.0f} s", "tls") from exc
+                raise Refused(f"TLS handshake failed: {exc}", "tls") from exc
+            except ssl.SSLError as exc:
+                hint = ""
+                if exc.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNSUPPORTED_PROTOCOL"):
+                    hint = " (a plain TCP client on a TLS port? connect through rpcnet tunnel)"
+                raise Refused(f"TLS handshake failed: {exc.reason or exc}{hint}", "tls") from exc
+            except (OSError, EOFError) as exc:
+                raise Refused(f"TLS handshake failed: {exc or type(exc).__name__}", "tls") from exc
+        try:
+            await asyncio.wait_for(self._token(), timeout)
+        except asyncio.TimeoutError as exc:
+            raise Refused(f"no token preamble within {timeout:.0f} s", "token") from exc
+        except ConnectionClosed as exc:
+            raise Refused("closed before presenting a token", "token") from exc
+        self._open_stats()
+        if self.tenant is not None:
+            self.stats.peer = f"{self.peer} ({self.tenant.name})"
+
+    async def _token(self) -> None:
+        tenants = self.server.tenants
+        stream = self.stream
+        if tenants is None:  # TLS alone: a tunnel may still send a preamble; answer it
+            await stream.at_eof()
+            staged = stream.staged()
+            if staged and is_preamble_start(staged[0]):
+                await stream.readexactly(parse_request_head(await stream.readexactly(10)))
+                stream.write(encode_answer(ACCEPTED, ""))
+            return
+        try:
+            length = parse_request_head(await stream.readexactly(REQUEST_HEAD.size))
+        except PreambleError as exc:
+            raise Refused(str(exc), "token") from exc
+        tenant = tenants.authenticate(await stream.readexactly(length))
+        if tenant is None:
+            stream.write(encode_answer(REFUSED))
+            raise Refused("wrong token", "token")
+        self.tenant = tenant
+        self.session.join(tenants.share(tenant))
+        self.cache = self.server.cache_for(tenant.name)
+        stream.write(encode_answer(ACCEPTED, tenant.name))
+        log.debug("%s: tenant %s", self.peer, tenant.name)
 
     # ------------------------------------------------------------ the frame loop
 
@@ -218,6 +326,11 @@ class Connection:
 
     async def _read_hello(self) -> bytes:
         cmd, size = await self._header()
+        if cmd == TLS_RECORD_START and size & 0xFF == 0x03:  # 16 03 ..: a TLS ClientHello
+            raise ProtocolViolation(
+                "a TLS handshake on a plain TCP port (serve with --tls-cert/--tls-self-signed, "
+                "or connect without TLS)"
+            )
         self._admit(cmd, size, first=True)
         return await self.stream.readexactly(size)
 

@@ -109,6 +109,20 @@ class Session:
         self._comm_held: dict[int, int] = {}  # peer receive scratch counted, by device
         self._staged = 0  # bytes of large frame payloads held while their command runs
         self.hello_done = False
+        self.tenant: Any = None  # a `TenantShare` (--tokens): its MEM caps all its sessions
+
+    def join(self, share: Any) -> None:
+        """Count this session against its tenant's MEM (`rpcnet.server.tenants.TenantShare`)."""
+        self.tenant = share
+        share.sessions.add(self)
+
+    def _tenant_over(self, extra: int) -> tuple[int, int] | None:
+        """(would hold, MEM) when `extra` more bytes put the tenant over its MEM."""
+        share = self.tenant
+        if share is None or share.mem is None:
+            return None
+        total = share.held() + extra
+        return (total, share.mem) if total > share.mem else None
 
     # ---------------------------------------------------------------- helpers
 
@@ -214,6 +228,12 @@ class Session:
                 f"{what}: the connection would hold {held} bytes, over its quota of "
                 f"{quota} bytes (--client-mem)"
             )
+        over = self._tenant_over(extra)
+        if over is not None:
+            raise ProtocolViolation(
+                f"{what}: tenant {self.tenant.name!r} would hold {over[0]} bytes, over its MEM "
+                f"of {over[1]} bytes (--tokens)"
+            )
 
     def alloc_buffer(self, payload: bytes) -> bytes:
         req = msg.parse_alloc(payload)
@@ -223,6 +243,17 @@ class Session:
                 "allocation of %d bytes refused: connection quota of %d bytes (--client-mem)",
                 req.size,
                 quota,
+            )
+            return msg.u64_pair(0, 0)
+        over = self._tenant_over(req.size)
+        if over is not None:
+            log.warning(
+                "allocation of %d bytes refused: tenant %r would hold %d bytes, over its MEM of "
+                "%d bytes (--tokens)",
+                req.size,
+                self.tenant.name,
+                over[0],
+                over[1],
             )
             return msg.u64_pair(0, 0)
         buf = self.buffers.allocate(self.device(req.device), req.size)
@@ -502,6 +533,8 @@ class Session:
             self._drop_link(device)
         for dev in self.devices:
             dev.owner_closed(self)
+        if self.tenant is not None:
+            self.tenant.sessions.discard(self)
         return self.buffers.free_all()
 
 

@@ -8,6 +8,7 @@ to a small staging area, and reading pauses once it is full.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from rpcnet.transport.base import ConnectionClosed
 
 STAGING = 256 * 1024
 FIRST_READ = 16 * 1024
+TLS_WIRE_HIGH = 1 << 20
 
 
 class StreamProtocol(asyncio.BufferedProtocol):
@@ -39,6 +41,7 @@ class StreamProtocol(asyncio.BufferedProtocol):
         self.fast_path: Callable[[], None] | None = None
         self._at_boundary = False
         self._fast_error: Exception | None = None
+        self._tls: tuple[Any, asyncio.Future[None]] | None = None  # begin_tls .. finish_tls
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -109,6 +112,51 @@ class StreamProtocol(asyncio.BufferedProtocol):
         self._write_paused = False
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
+
+    def begin_tls(self, context: ssl.SSLContext, timeout: float) -> None:
+        """Put a TLS layer (server side) under this protocol; call from `connection_made`.
+
+        It must happen there, before the event loop starts reading: bytes of the client's
+        handshake must never reach this protocol's staging. `finish_tls` waits for the
+        handshake; afterwards the same stream reads and writes plaintext (decrypted straight
+        into `readinto` destinations).
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        ssl_protocol = _ssl_protocol_class(loop)(
+            loop,
+            self,
+            context,
+            waiter,
+            server_side=True,
+            call_connection_made=False,
+            ssl_handshake_timeout=timeout,
+        )
+        transport = self.transport
+        assert transport is not None
+        transport.set_write_buffer_limits(high=TLS_WIRE_HIGH)  # ciphertext queued on the socket
+        transport.set_protocol(ssl_protocol)
+        ssl_protocol.connection_made(transport)
+        self._tls = (ssl_protocol._get_app_transport(), waiter)
+
+    async def finish_tls(self) -> None:
+        """Wait for the handshake `begin_tls` started; raises what made it fail."""
+        assert self._tls is not None
+        app_transport, waiter = self._tls
+        self._tls = None
+        try:
+            await waiter
+        except BaseException:
+            app_transport.close()
+            raise
+        self.transport = app_transport
+        app_transport.set_write_buffer_limits(high=0, low=0)
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent bytes."""
+        self._target = self._on_filled = None
+        if self.transport is not None:
+            self.transport.abort()
 
     # ------------------------------------------------------------ reading
 
@@ -241,3 +289,14 @@ class StreamProtocol(asyncio.BufferedProtocol):
         self._target = self._on_filled = None  # drop the view of device memory
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> Any:
+    """The loop's own TLS protocol: uvloop's (Cython) on uvloop, asyncio's otherwise."""
+    if type(loop).__module__.split(".")[0] == "uvloop":
+        from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]
+
+        return SSLProtocol
+    from asyncio.sslproto import SSLProtocol as AsyncioSSLProtocol
+
+    return AsyncioSSLProtocol

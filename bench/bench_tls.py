@@ -1,0 +1,209 @@
+"""TLS + tokens through `rpcnet tunnel` against plain TCP, on loopback.
+
+Three processes per path: `rpcnet serve` (plain, or `--tls-self-signed --tokens`), for the TLS
+path `rpcnet tunnel` in front of it, and the client (this script, or the REAL v8 llama.cpp
+client). Measures:
+
+- ``set``: one 64 MiB SET_TENSOR (then a DEVICE_COUNT round trip), GB/s, best of ``--reps``,
+  plain and tunnel taking turns;
+- ``decode``: tok/s of single-token decodes (tg) of the 336 M q8_0 random llama with every layer
+  on the server (`bench/probes/engine_speed.py`, llama-bench's method), server ``--threads 2``;
+  runs alternate between the paths, medians kept.
+
+Prints the ratios (tunnel / plain) and writes bench/results/tls.json with the CPU model and
+flags. Loopback only.
+
+    python bench/bench_tls.py            # both sections
+    python bench/bench_tls.py --quick    # set only, 3 reps
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from rpcnet import _native  # noqa: E402
+from rpcnet.transport import tls  # noqa: E402
+from support import refenv  # noqa: E402
+from support.raw import RawConn, frame  # noqa: E402
+from support.serve import wait_listening  # noqa: E402
+
+MiB = 1 << 20
+TOKEN = "bench-token-0123456789abcdef"
+RESULTS = ROOT / "bench" / "results" / "tls.json"
+PROBE = ROOT / "bench" / "probes" / "engine_speed.py"
+
+
+def cpu_info() -> dict:
+    model, flags = platform.processor(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = value.split()
+                break
+    except OSError:
+        pass
+    wanted = ("aes", "vaes", "avx2", "avx512f", "sha_ni", "pclmulqdq", "vpclmulqdq")
+    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+
+
+class Paths:
+    """A plain server, a TLS + tokens server and a tunnel in front of it."""
+
+    def __init__(self, work: Path, threads: int | None) -> None:
+        self.procs: list[subprocess.Popen] = []
+        env = dict(os.environ, XDG_STATE_HOME=str(work / "state"))
+        (work / "tokens").write_text(f"bench {TOKEN}\n")
+        (work / "token").write_text(TOKEN + "\n")
+        extra = ["--threads", str(threads)] if threads else []
+        self.plain = refenv.free_port()
+        self.secure = refenv.free_port()
+        self.tunnel = refenv.free_port()
+        base = [sys.executable, "-m", "rpcnet.cli"]
+        mem = ["--mem", "4G", *extra]
+        self._start(base + ["serve", "--port", str(self.plain), *mem], self.plain, env)
+        tls_args = ["--tls-self-signed", "--tokens", str(work / "tokens")]
+        self._start(base + ["serve", "--port", str(self.secure), *mem, *tls_args], self.secure, env)
+        fp = tls.cert_fingerprint(work / "state" / "rpcnet" / "tls" / tls.CERT_NAME)
+        tunnel = ["tunnel", "--listen", f"127.0.0.1:{self.tunnel}"]
+        tunnel += ["--to", f"127.0.0.1:{self.secure}", "--token-file", str(work / "token")]
+        self._start(base + tunnel + ["--fingerprint", fp], self.tunnel, env)
+
+    def _start(self, argv: list[str], port: int, env: dict) -> None:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(proc)
+        wait_listening(port, proc)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            refenv.stop_process(proc)
+
+
+def set_rate(port: int, size: int) -> float:
+    """GB/s of one SET_TENSOR of `size` bytes (+ a DEVICE_COUNT round trip)."""
+    conn = RawConn(port)
+    try:
+        handle, _ = struct.unpack("<QQ", conn.call(0, struct.pack("<IQ", 0, size), 16))
+        base = struct.unpack("<Q", conn.call(3, struct.pack("<Q", handle), 8))[0]
+        t = _native.RpcTensor(id=1, type=24, buffer=handle, data=base, ne=(size, 1, 1, 1))
+        payload = bytes(size)
+        head = frame(6, size=305 + size) + t.to_bytes() + b"\0" + struct.pack("<Q", 0)
+        conn.send(head)  # warm: pages of the buffer touched once
+        conn.sock.sendall(payload)
+        conn.call(15, b"", 4)
+        t0 = time.perf_counter()
+        conn.send(head)
+        conn.sock.sendall(payload)
+        conn.call(15, b"", 4)
+        return size / (time.perf_counter() - t0) / 1e9
+    finally:
+        conn.close()
+
+
+def decode_rate(model: Path, port: int, tg: int) -> float:
+    argv, env = refenv.python_command("v8")
+    result = subprocess.run(
+        [*argv, str(PROBE), str(model), f"127.0.0.1:{port}", "--pp", "8", "--tg", str(tg)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"probe failed: {result.stderr[-2000:]}")
+    return float(json.loads(result.stdout.strip().splitlines()[-1])["tg"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--size", type=int, default=64 * MiB)
+    parser.add_argument("--decode-runs", type=int, default=3)
+    parser.add_argument("--tg", type=int, default=32)
+    parser.add_argument("--quick", action="store_true", help="set only, 3 reps")
+    parser.add_argument(
+        "--model-cache", type=Path, default=Path(tempfile.gettempdir()) / "rpcnet-bench-models"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        args.reps = 3
+    result: dict = {
+        "bench": "tls",
+        "command": "python bench/bench_tls.py" + (" --quick" if args.quick else ""),
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_info(),
+        "python": platform.python_version(),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = Paths(Path(tmp), threads=2)
+        try:
+            plain, tunnel = [], []
+            for i in range(args.reps):
+                order = [(plain, paths.plain), (tunnel, paths.tunnel)]
+                for out, port in order if i % 2 == 0 else order[::-1]:
+                    out.append(set_rate(port, args.size))
+            result["set"] = {
+                "bytes": args.size,
+                "plain_gbps": max(plain),
+                "tunnel_gbps": max(tunnel),
+                "ratio": max(tunnel) / max(plain),
+                "plain_all": plain,
+                "tunnel_all": tunnel,
+            }
+            print(
+                f"SET_TENSOR {args.size >> 20} MiB: plain {max(plain):.2f} GB/s, "
+                f"tunnel {max(tunnel):.2f} GB/s, ratio {max(tunnel) / max(plain):.2f}"
+            )
+            if not args.quick:
+                from support.models import ensure_model
+
+                sys.path.insert(0, str(ROOT / "bench"))
+                import bench_engine
+
+                spec = bench_engine.MODELS["336m"]
+                model = bench_engine.quantized(spec, "q8_0", args.model_cache)
+                dp, dt = [], []
+                for i in range(args.decode_runs):
+                    order = [(dp, paths.plain), (dt, paths.tunnel)]
+                    for out, port in order if i % 2 == 0 else order[::-1]:
+                        out.append(decode_rate(model, port, args.tg))
+                del ensure_model
+                p, t = statistics.median(dp), statistics.median(dt)
+                result["decode"] = {
+                    "model": "336m q8_0",
+                    "server_threads": 2,
+                    "tg": args.tg,
+                    "plain_tok_s": p,
+                    "tunnel_tok_s": t,
+                    "ratio": t / p,
+                    "plain_all": dp,
+                    "tunnel_all": dt,
+                }
+                print(f"decode tg{args.tg}: plain {p:.2f} tok/s, tunnel {t:.2f}, ratio {t / p:.3f}")
+        finally:
+            paths.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

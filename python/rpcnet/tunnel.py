@@ -1,0 +1,319 @@
+"""`rpcnet tunnel`: a local plain-TCP forwarder that llama.cpp connects to unchanged.
+
+For every client connection it opens one TLS 1.3 connection to the server, verifies the server
+(a CA, or a pinned SHA-256 certificate fingerprint) before sending anything, presents the token
+(the preamble of `rpcnet.server.tokens`), waits for the server's answer, and then moves bytes
+both ways. Forwarding is protocol-level (uvloop's buffers, no per-byte Python work): each
+received chunk is handed to the other transport's `write`, and a transport whose write buffer
+fills pauses reading on the other side.
+
+Each connection logs one line when it is established: listen address, server, TLS version and
+cipher, the server certificate's fingerprint and the tenant the server answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rpcnet.server.tokens import (
+    ACCEPTED,
+    ANSWER_HEAD,
+    PreambleError,
+    encode_request,
+    parse_answer_head,
+)
+from rpcnet.transport import tls as tlsmod
+
+log = logging.getLogger("rpcnet.tunnel")
+
+WRITE_HIGH = 4 << 20  # bytes queued on one side before the other side stops reading
+
+
+class TunnelError(Exception):
+    """The server could not be reached, verified, or refused the token."""
+
+
+@dataclass(frozen=True)
+class Route:
+    listen: tuple[str, int]
+    to: tuple[str, int]
+    fingerprint: str | None  # pinned SHA-256 (lowercase hex), or None with a CA
+
+
+@dataclass(frozen=True)
+class TunnelConfig:
+    routes: tuple[Route, ...]
+    token: bytes
+    ca: Path | None = None
+    server_name: str | None = None
+    timeout: float = 10.0
+
+    @classmethod
+    def from_args(
+        cls,
+        listen: list[tuple[str, int]],
+        to: list[tuple[str, int]],
+        token_file: Path,
+        ca: Path | None,
+        fingerprints: list[str],
+        server_name: str | None = None,
+        timeout: float = 10.0,
+    ) -> TunnelConfig:
+        if len(listen) != len(to):
+            raise ValueError(f"{len(listen)} --listen for {len(to)} --to: give one per server")
+        if ca is None and len(fingerprints) not in (1, len(to)):
+            raise ValueError("give one --fingerprint, or one per --to")
+        pins: list[str | None] = [None] * len(to)
+        if fingerprints:
+            parsed = [tlsmod.parse_fingerprint(f) for f in fingerprints]
+            pins = list(parsed * len(to) if len(parsed) == 1 else parsed)
+        try:
+            token = token_file.read_text().strip().encode()
+        except OSError as exc:
+            raise ValueError(f"--token-file {token_file}: {exc}") from exc
+        if not token or len(token.split()) != 1:
+            raise ValueError(f"--token-file {token_file}: expected the token alone")
+        routes = tuple(Route(a, b, pin) for a, b, pin in zip(listen, to, pins, strict=True))
+        return cls(routes, token, ca, server_name, timeout)
+
+
+class _Secure(asyncio.Protocol):
+    """The TLS side: first the token answer, then bytes for the client."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.peer: Any = None  # the client's transport once the tunnel is open
+        self.answer: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self._head = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None:
+            self.peer.write(data)
+            return
+        self._head += data
+        if len(self._head) < ANSWER_HEAD.size or self.answer.done():
+            return
+        try:
+            status, length = parse_answer_head(self._head[: ANSWER_HEAD.size])
+        except PreambleError as exc:
+            self.answer.set_exception(TunnelError(str(exc)))
+            return
+        end = ANSWER_HEAD.size + length
+        if len(self._head) >= end:
+            name = self._head[ANSWER_HEAD.size : end].decode(errors="replace")
+            self._head = self._head[end:]  # the server sends nothing else before a request
+            self.answer.set_result((status, name))
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(
+                TunnelError("the server closed the connection (wrong token?)")
+            )
+        if self.peer is not None:
+            self.peer.close()
+
+    def pause_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.resume_reading()
+
+
+class _Plain(asyncio.Protocol):
+    """The llama.cpp side. Until the TLS side is open and accepted, what arrives is kept (a
+    HELLO, typically) and reading pauses."""
+
+    def __init__(self, tunnel: Tunnel, route: Route) -> None:
+        self.tunnel, self.route = tunnel, route
+        self.transport: Any = None
+        self.secure: Any = None  # the TLS transport once open
+        self.closed = False
+        self.early: list[bytes] = []  # what the client sent before the TLS side was ready
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.tunnel.opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        secure = self.secure
+        if secure is not None:
+            secure.write(data)  # encrypted at once (uvloop's TLS protocol)
+            return
+        self.early.append(data)
+        if len(self.early) == 1:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        return False  # close; connection_lost closes the TLS side
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.secure is not None:
+            self.secure.close()
+
+    def pause_writing(self) -> None:
+        if self.secure is not None:
+            self.secure.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.secure is not None:
+            self.secure.resume_reading()
+
+
+class Tunnel:
+    def __init__(self, config: TunnelConfig) -> None:
+        self.config = config
+        self.context = tlsmod.client_context(config.ca)
+        self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.opened_count = 0  # tunnels established (tests, status)
+
+    @property
+    def ports(self) -> list[int]:
+        return [s.sockets[0].getsockname()[1] for s in self._servers]
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for route in self.config.routes:
+            server = await loop.create_server(
+                lambda route=route: _Plain(self, route),  # type: ignore[misc]
+                route.listen[0],
+                route.listen[1],
+                reuse_address=True,
+            )
+            self._servers.append(server)
+            host, port = server.sockets[0].getsockname()[:2]
+            log.info(
+                "rpcnet tunnel: %s:%d -> %s:%d (TLS 1.3, %s)",
+                host,
+                port,
+                *route.to,
+                "CA " + str(self.config.ca)
+                if route.fingerprint is None
+                else "pinned " + tlsmod.colon_hex(route.fingerprint),
+            )
+
+    def opened(self, plain: _Plain) -> None:
+        task = asyncio.get_running_loop().create_task(self._connect(plain))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, plain: _Plain) -> None:
+        peer = plain.transport.get_extra_info("peername")
+        who = f"{peer[0]}:{peer[1]}" if peer else "?"
+        route = plain.route
+        target = f"{route.to[0]}:{route.to[1]}"
+        transport = None
+        try:
+            transport, secure, info = await asyncio.wait_for(self._open(route), self.config.timeout)
+        except asyncio.TimeoutError:
+            timeout = self.config.timeout
+            log.warning("%s: tunnel to %s: no answer within %.0f s", who, target, timeout)
+        except (TunnelError, tlsmod.TlsSetupError) as exc:
+            log.warning("%s: tunnel to %s: %s", who, target, exc)
+        except ssl.SSLError as exc:
+            log.warning(
+                "%s: tunnel to %s: TLS handshake failed: %s", who, target, exc.reason or exc
+            )
+        except (OSError, EOFError) as exc:
+            log.warning("%s: tunnel to %s: %s", who, target, exc or type(exc).__name__)
+        else:
+            if plain.closed:
+                transport.close()
+                return
+            secure.peer = plain.transport
+            plain.secure = transport
+            if plain.early:
+                transport.writelines(plain.early)
+                plain.early.clear()
+            plain.transport.resume_reading()
+            self.opened_count += 1
+            log.info("%s: tunnel to %s: %s", who, target, info)
+            return
+        plain.transport.abort()
+
+    async def _open(self, route: Route) -> tuple[Any, _Secure, str]:
+        loop = asyncio.get_running_loop()
+        host, port = route.to
+        server_name = (self.config.server_name or host) if route.fingerprint is None else None
+        try:
+            transport, secure = await loop.create_connection(
+                _Secure,
+                host,
+                port,
+                ssl=self.context,
+                server_hostname=server_name,
+                ssl_handshake_timeout=self.config.timeout,
+            )
+        except ConnectionAbortedError as exc:
+            raise TunnelError(f"TLS handshake failed: {exc}") from exc
+        try:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sslobj = transport.get_extra_info("ssl_object")
+            der = sslobj.getpeercert(binary_form=True)
+            if route.fingerprint is not None:
+                fp = tlsmod.check_fingerprint(der, route.fingerprint)  # before the token leaves
+            else:
+                fp = tlsmod.fingerprint(der)
+            transport.write(encode_request(self.config.token))
+            status, tenant = await secure.answer
+            if status != ACCEPTED:
+                raise TunnelError("the server refused the token")
+        except BaseException:
+            transport.abort()
+            raise
+        cipher = sslobj.cipher()
+        info = (
+            f"{sslobj.version()} {cipher[0] if cipher else '?'}, server certificate "
+            f"sha256 {tlsmod.colon_hex(fp)}, tenant {tenant or '(server has no tokens)'}"
+        )
+        return transport, secure, info
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for server in self._servers:
+            await server.wait_closed()
+
+
+def run_tunnel(config: TunnelConfig) -> None:
+    from rpcnet.server.app import run_loop
+
+    async def main() -> None:
+        tunnel = Tunnel(config)
+        await tunnel.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await stop.wait()
+        await tunnel.close()
+
+    run_loop(main())
