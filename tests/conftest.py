@@ -65,6 +65,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_cuda_blockmath": ("unit",),
     "test_cuda_host": ("unit",),
     "test_cuda_nvrtc": ("unit",),
+    "test_cuda_strict": ("unit",),
     "test_cuda_emulated": ("unit",),
     "test_cuda_ptxas": ("unit",),
     "test_gpu_check_dry_run": ("slow",),
@@ -74,6 +75,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_kernel_table": ("unit",),
     "test_layering": ("unit",),
     "test_module_graph": ("unit",),
+    "test_rust_module_graph": ("unit",),
     "test_scratch": ("unit", "reference"),
     "test_metrics": ("e2e",),
     "test_modeldir": ("e2e",),
@@ -85,6 +87,9 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_memory_accounting": ("unit",),
     "test_q8_0_x86": ("unit", "reference"),
     "test_numerics": ("e2e",),
+    "test_tls": ("unit",),
+    "test_tokens": ("unit",),
+    "test_tunnel": ("e2e",),
 }
 
 

@@ -273,16 +273,7 @@ def test_nodes_outside_the_launchers_are_refused_on_cuda_not_run_on_the_host():
         compile_plan([g.tensor(T.F32, (8, 1, 1, 1), Op.SUM_ROWS, (), (x,))], "cuda")
 
 
-# ------------------------------------------------------------------ the xp kernels, on NumPy
-
-
-class NumpyAsCuda(CpuBackend):
-    """The cuda registry key with NumPy as the array module: the xp kernels run on the host."""
-
-    name = "cuda"
-    cp = np
-    device = contextlib.nullcontext()
-    stream = contextlib.nullcontext()
+# ------------------------------------------------------------ the xp kernels, on the stand-in
 
 
 def _host_graph(backend) -> tuple[Device, DeviceBuffer]:
@@ -350,12 +341,17 @@ def _xp_case(name: str, rng) -> tuple[list, list]:
     ],
 )
 def test_xp_kernels_match_the_cpu_kernels(name):
-    """The cuda xp kernels (CuPy on a GPU) run on NumPy here, against the CPU kernels."""
+    """The cuda xp kernels (CuPy array code on a GPU) on the strict CuPy stand-in, run by the
+    plan runner three times (eager, then captured if the kernel says it can be, then replayed),
+    against the CPU kernels; no stream-order or capture violation."""
+    from support.strict_cupy import strict_cuda_device
+
     rng = np.random.default_rng(3)
     inputs, (op, out_type, out_ne, params, srcs) = _xp_case(name, rng)
     results = []
-    for backend in (CpuBackend(), NumpyAsCuda()):
-        device, buf = _host_graph(backend)
+    strict = strict_cuda_device(1 << 26)
+    for device in (Device(0, "cpu", "host", MemoryPool(1 << 26), backend=CpuBackend()), strict):
+        buf = DeviceBuffer(1, device, 0x1000, 1 << 20, device.backend.allocate(1 << 20))
         g = Graph.__new__(Graph)
         g.buffer, g.used, g.ids = buf, 0, 0
         tensors = []
@@ -365,8 +361,16 @@ def test_xp_kernels_match_the_cpu_kernels(name):
             tensors.append(t)
         node = g.tensor(out_type, out_ne, op, params, tuple(tensors[i] for i in srcs))
         assert registry.select(node, device.kind).device == device.kind
-        compile_plan([node], device.kind).run()
+        plan = compile_plan([node], device.kind)
+        if device is strict:
+            modes = [strict.runner.run(plan, "session") for _ in range(3)]
+            capturable = all(getattr(step, "capturable", True) for step in plan.steps)
+            assert modes == (["eager", "captured", "replayed"] if capturable else ["eager"] * 3)
+            strict.backend.cp.assert_clean()
+        else:
+            plan.run()
         results.append(np.frombuffer(bytes(buf.read(node.offset, node.nbytes)), np.uint8))
+    strict.shutdown()
     want, got = results
     if out_type == T.I32:
         assert np.array_equal(got.view(np.int32), want.view(np.int32))
@@ -466,7 +470,7 @@ def test_attention_output_is_written_in_the_order_its_cont_wants():
 def test_rope_on_the_emulated_gpu_matches_the_cpu(mode, n_dims, ext_factor, freqs):
     """ROPE with Llama 3.1's frequency factors, YaRN and partial rotation: the cuda builder
     and kernel (executed by the CPU emulator) against the CPU kernel."""
-    from support.cuda_emu import EmulatedCudaBackend
+    from support.strict_cupy import strict_cuda_backend
 
     rng = np.random.default_rng(5)
     tokens, heads, d = 5, 3, 64
@@ -477,7 +481,7 @@ def test_rope_on_the_emulated_gpu_matches_the_cpu(mode, n_dims, ext_factor, freq
     # beta_fast, beta_slow
     params = (0, n_dims, mode, 0, 4096, 500000.0, 0.25, ext_factor, 1.0, 32.0, 1.0)
     results = []
-    for backend in (CpuBackend(), EmulatedCudaBackend()):
+    for backend in (CpuBackend(), strict_cuda_backend()):
         device, buf = _host_graph(backend)
         g = Graph.__new__(Graph)
         g.buffer, g.used, g.ids = buf, 0, 0
@@ -493,8 +497,8 @@ def test_rope_on_the_emulated_gpu_matches_the_cpu(mode, n_dims, ext_factor, freq
         node = g.tensor(T.F32, (d, heads, tokens, 1), Op.ROPE, params, tuple(srcs))
         assert registry.select(node, device.kind).device == device.kind
         compile_plan([node], device.kind).run()
-        mem = np.asarray(buf.array).view(np.uint8)
-        results.append(mem[node.offset : node.offset + node.nbytes].view(np.float32).copy())
+        backend.synchronize()
+        results.append(np.frombuffer(buf.read(node.offset, node.nbytes), np.float32).copy())
     want, got = results
     # angles in float32 both ways (the CPU steps theta by products, the GPU by powf)
     assert np.abs(got - want).max() <= 2e-4 * np.abs(want).max(), np.abs(got - want).max()

@@ -2,13 +2,11 @@
 runner's eager/capture/replay decisions and its CUDA error policy, and the session's calls
 into them (GET_DEVICE_MEMORY, FREE_BUFFER, close).
 
-CuPy is replaced by a stand-in module that answers the few runtime queries device set-up makes
-(like a machine with two H200s); nothing here launches a kernel.
+CuPy is the strict stand-in (tests/support/strict_cupy) as a machine with two H200s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import struct
 from types import SimpleNamespace
 
@@ -21,39 +19,18 @@ from rpcnet.compute.cuda.serve import make_cuda_devices
 from rpcnet.compute.graph import Plan
 from rpcnet.protocol import messages as msg
 from rpcnet.server.session import Session
-
-GIB = 1 << 30
+from support.strict_cupy import GIB, StrictCupy
 
 
 def _pair(payload: bytes) -> tuple[int, int]:
     return struct.unpack("<QQ", payload)
 
 
-def fake_cupy(n_gpus: int = 2, free: int = 100 * GIB, total: int = 140 * GIB):
-    current = {"free": free}
-    runtime = SimpleNamespace(
-        driverGetVersion=lambda: 13000,
-        runtimeGetVersion=lambda: 13000,
-        getDeviceCount=lambda: n_gpus,
-        getDeviceProperties=lambda i: {"name": b"NVIDIA H200", "major": 9, "minor": 0},
-        memGetInfo=lambda: (current["free"], total),
-        CUDARuntimeError=RuntimeError,
-    )
-    cuda = SimpleNamespace(
-        runtime=runtime,
-        Device=lambda i: contextlib.nullcontext(),
-        Stream=lambda non_blocking=True: SimpleNamespace(ptr=1234, synchronize=lambda: None),
-    )
-    compiled: list[str] = []
-
-    class RawModule:  # compiles on compile() only, as CuPy's does before a function lookup
-        def __init__(self, code: str, options: tuple, backend: str) -> None:
-            self.code = code
-
-        def compile(self) -> None:
-            compiled.append(self.code)
-
-    return SimpleNamespace(cuda=cuda, RawModule=RawModule, compiled=compiled), current
+def fake_cupy(n_gpus: int = 2, free: int = 100 * GIB, total: int = 140 * GIB) -> StrictCupy:
+    """The strict stand-in as a machine with `n_gpus` H200s, `free` bytes free on each."""
+    cupy = StrictCupy(n_gpus=n_gpus, total=total)
+    cupy.free_override = free
+    return cupy
 
 
 @pytest.mark.parametrize(
@@ -65,7 +42,7 @@ def fake_cupy(n_gpus: int = 2, free: int = 100 * GIB, total: int = 140 * GIB):
     ],
 )
 def test_devices_for_each_spec(spec, names):
-    cupy, _ = fake_cupy()
+    cupy = fake_cupy()
     devices = make_cuda_devices(spec, 64 * GIB, 2, cupy=cupy, ready=True)
     try:
         assert [d.name for d in devices] == names
@@ -83,16 +60,14 @@ def test_devices_for_each_spec(spec, names):
 
 
 def test_every_module_is_compiled_before_the_first_client():
-    cupy, _ = fake_cupy(n_gpus=1)
+    cupy = fake_cupy(n_gpus=1)
     (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
     device.shutdown()
-    assert sorted(cupy.compiled) == sorted(
-        sources.module_source(name) for name in sources.module_names()
-    )
+    assert sorted(cupy.compiled) == sources.module_names()
 
 
 def test_not_ready_names_the_gpus_in_one_line():
-    cupy, _ = fake_cupy()
+    cupy = fake_cupy()
     with pytest.raises(CudaUnavailable) as info:
         make_cuda_devices("cuda", None, None, cupy=cupy, ready=False)
     text = str(info.value)
@@ -102,19 +77,19 @@ def test_not_ready_names_the_gpus_in_one_line():
 
 
 def test_gpu_index_out_of_range_is_one_line():
-    cupy, _ = fake_cupy(n_gpus=1)
+    cupy = fake_cupy(n_gpus=1)
     with pytest.raises(CudaUnavailable, match=r"only 1 GPU\(s\) visible"):
         make_cuda_devices("cuda:0,cuda:3", None, None, cupy=cupy, ready=True)
 
 
 def test_get_device_memory_reports_the_gpu_free_memory_capped_by_mem():
-    cupy, current = fake_cupy()
+    cupy = fake_cupy()
     devices = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
     try:
         session = Session(8, devices)
         ask = msg.u32(0)
         assert _pair(session.get_device_memory(ask)) == (100 * GIB, 140 * GIB)
-        current["free"] = 3 * GIB  # another process took GPU memory
+        cupy.free_override = 3 * GIB  # another process took GPU memory
         assert _pair(session.get_device_memory(ask)) == (3 * GIB, 140 * GIB)
     finally:
         devices[0].shutdown()
@@ -170,7 +145,7 @@ def test_runner_runs_eagerly_then_captures_then_replays_and_syncs_every_time():
 def test_device_launch_reports_the_runner_mode():
     """Device.launch's future carries what the runner did (eager, captured, replayed): the
     device check reads it."""
-    cupy, _ = fake_cupy()
+    cupy = fake_cupy()
     (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
     device.runner = PlanRunner(Backend(), RecordingCapturer(), fatal=lambda e: pytest.fail("fatal"))
     try:
@@ -186,7 +161,7 @@ def test_a_short_gpu_plan_runs_inline_when_the_device_is_idle():
     wake-up after it), as a short CPU plan does."""
     import threading
 
-    cupy, _ = fake_cupy()
+    cupy = fake_cupy()
     (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
     device.runner = PlanRunner(Backend(), RecordingCapturer(), fatal=lambda e: pytest.fail("fatal"))
     threads: list[int] = []
@@ -249,7 +224,7 @@ def test_a_sticky_cuda_error_goes_to_fatal():
 
 
 def test_session_feeds_the_runner_free_buffer_and_close():
-    cupy, _ = fake_cupy()
+    cupy = fake_cupy()
     (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
     calls = []
     device.runner = SimpleNamespace(

@@ -37,10 +37,10 @@ import pytest
 from rpcnet.compute import device as device_module
 from rpcnet.compute.device import cpu_device
 from support import refenv, require
-from support.cuda_emu import EmulatedCudaBackend, emulated_cuda_device
 from support.fakebackend import FakeStagedBackend
 from support.inproc import ServerThread
 from support.models import ZOO, ensure_model, tensor_types
+from support.strict_cupy import strict_cuda_backend, strict_cuda_device
 
 #: ``quant``: the bound of docs/numerics.md; ``repacked``: models with weights the client's local
 #: CPU backend repacks (Q4_0, Q4_K on AVX2), where even the reference server is ~1.5e-2 from the
@@ -142,8 +142,8 @@ def servers(server_logs: _LogCapture, tmp_path_factory: pytest.TempPathFactory) 
                 if key.endswith("-staged"):  # transfers the CUDA backend's way, on NumPy
                     devices = [cpu_device(0, capacity=SERVER_MEM)]
                     devices[0].backend = FakeStagedBackend()
-                elif key.endswith("-emucuda"):  # the CUDA builders and kernels, emulated
-                    devices = [emulated_cuda_device(0, SERVER_MEM)]
+                elif key.endswith("-emucuda"):  # the CUDA device on the strict stand-in
+                    devices = [strict_cuda_device(SERVER_MEM)]
                 elif key.endswith("-cuda"):  # the GPU (gpu-marked cases only)
                     from rpcnet.compute.cuda.serve import make_cuda_devices
 
@@ -458,8 +458,10 @@ def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
     case = Case(model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa), gpu=gpu)
     e2e.check(f"backend-{backend}-fa{fa}/{model}", case)
     if backend == "emulated-cuda":  # decode steps were captured once, then replayed
-        stats = e2e.servers["started"][key].devices[0].runner.replay.stats
-        assert stats.captures > 0 and stats.replays > 0, stats
+        device = e2e.servers["started"][key].devices[0]
+        stats = device.runner.replay.stats
+        assert stats.captures > 0 and stats.replays > 0 and stats.failed_captures == 0, stats
+        device.backend.cp.assert_clean()  # stream order, capture rules, launches
     if backend == "fake-staged":
         staged = e2e.servers["started"][key].devices[0].backend
         assert staged.copier.copies > 0, "no byte went through the staging slots"
@@ -532,7 +534,7 @@ def _rebound(nodes: list, device, contents: dict[int, bytes] | None = None) -> l
         if id(buf) not in buffers:
             mem = device.backend.allocate(buf.size)
             if contents is not None:
-                np.asarray(mem).view(np.uint8)[:] = np.frombuffer(contents[id(buf)], np.uint8)
+                device.backend.to_device(mem, 0, contents[id(buf)])
             buffers[id(buf)] = DeviceBuffer(buf.handle, device, buf.base, buf.size, mem)
         return buffers[id(buf)]
 
@@ -614,13 +616,16 @@ def test_cuda_step_on_the_emulated_gpu(
     outputs = []
     for device in (
         cpu_device(0, capacity=SERVER_MEM),
-        Device(0, "CUDA0", "emulated", MemoryPool(SERVER_MEM), backend=EmulatedCudaBackend()),
+        Device(0, "CUDA0", "emulated", MemoryPool(SERVER_MEM), backend=strict_cuda_backend()),
     ):
         copies = _rebound(nodes, device, held)
         compile_plan(copies, device.kind).run()
+        device.backend.synchronize()
         last = copies[-1]
-        mem = np.asarray(last.buffer.array).view(np.uint8)
-        outputs.append(mem[last.offset : last.offset + last.nbytes].view(np.float32).copy())
+        out = last.buffer.read(last.offset, last.nbytes)
+        outputs.append(np.frombuffer(out, np.float32).copy())
+        if device.kind == "cuda":
+            device.backend.cp.assert_clean()
     want, got = (o.astype(np.float64) for o in outputs)
     rel = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
     # Only summation order differs from the CPU: with the activations rounded and quantized as

@@ -222,7 +222,7 @@ class EmuKernel:
         if isinstance(arg, np.uint64):
             return int(arg)
         data = getattr(arg, "data", None)
-        if isinstance(arg, np.ndarray) and not isinstance(arg, DevArray):
+        if type(arg) is np.ndarray:  # device arrays are subclasses answering `.data.ptr`
             raise TypeError(f"{self.name} param {i}: a host NumPy array, not device memory")
         if data is None or not hasattr(data, "ptr"):
             raise TypeError(f"{self.name} param {i} is a pointer: got {type(arg).__name__}")
@@ -236,7 +236,7 @@ class EmuKernel:
             )
         values: list[Any] = []
         for i, (code, arg) in enumerate(zip(self.signature, args, strict=True)):
-            if code == "p":
+            if code in "cp":
                 values.append(ctypes.c_void_p(self._pointer(i, arg)))
                 continue
             if code not in _CTYPES:
@@ -354,90 +354,3 @@ def compile_test_module(source_text: str, out_dir: Path, name: str = "extra") ->
     src.write_text(source_text)
     so = build_module(src, out_dir / f"{name}.so")
     return EmuModule(so, _Buffers())
-
-
-class EmulatedCudaBackend:
-    """The CUDA backend's memory operations on NumPy, its kernels executed by the CPU emulator
-    (tests/support/cuda_emu): the cuda registry's builders and launchers run as on a GPU."""
-
-    name = "cuda"
-    host_resident = False
-
-    def __init__(self) -> None:
-        self.emu = EmuBackend()
-        self.kernels, self.cp = self.emu.kernels, np
-        self.device = self.stream = contextlib.nullcontext()
-        self._scratch: dict[str, object] = {}
-
-    def allocate(self, nbytes: int):
-        return self.emu.empty(max(nbytes, 1), np.uint8)
-
-    def free(self, mem) -> None:
-        pass
-
-    def view(self, mem, offset, shape, strides, dtype):
-        base = np.asarray(mem).view(np.ndarray)
-        arr = np.ndarray(tuple(shape), np.dtype(dtype), base, offset, tuple(strides))
-        return arr.view(DevArray)
-
-    def scratch(self, kind: str, nbytes: int):
-        cur = self._scratch.get(kind)
-        if cur is None or cur.size < nbytes:  # type: ignore[attr-defined]
-            cur = self._scratch[kind] = self.allocate(nbytes)
-        return cur
-
-    def synchronize(self, what: str = "") -> None:
-        pass
-
-    def _bytes(self, mem) -> np.ndarray:
-        return np.asarray(mem).view(np.ndarray).view(np.uint8)
-
-    def to_device(self, mem, offset: int, data) -> None:
-        src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
-        self._bytes(mem)[offset : offset + src.size] = src
-
-    def to_host(self, mem, offset: int, nbytes: int) -> memoryview:
-        return memoryview(self._bytes(mem)[offset : offset + nbytes].tobytes())  # a copy
-
-    def fill(self, mem, offset: int, nbytes: int, value: int) -> None:
-        self._bytes(mem)[offset : offset + nbytes].fill(value)
-
-    def copy(self, dst, dst_offset: int, src, src_offset: int, nbytes: int) -> None:
-        self._bytes(dst)[dst_offset : dst_offset + nbytes] = self._bytes(src)[
-            src_offset : src_offset + nbytes
-        ]
-
-    def host_sink(self, mem, offset: int, nbytes: int):
-        from rpcnet.compute.backend import DirectSink
-
-        return DirectSink(self._bytes(mem)[offset : offset + nbytes])
-
-
-class ReplayingCapturer:
-    """capture.Capturer of the emulated GPU: a "graph" is the plan's run, recorded (not run)
-    when captured and run again at each launch, as a CUDA graph replays its kernels."""
-
-    def capture(self, run):
-        return run
-
-    def launch(self, graph) -> None:
-        graph()
-
-
-def emulated_cuda_device(index: int, capacity: int):
-    """A protocol device like `make_cuda_devices` builds, its backend the emulated GPU."""
-    from rpcnet.compute.cuda.execute import PlanRunner
-    from rpcnet.compute.cuda.serve import CUDA_ALIGNMENT
-    from rpcnet.compute.device import Device
-    from rpcnet.compute.memory import MemoryPool
-
-    backend = EmulatedCudaBackend()
-    return Device(
-        index=index,
-        name=f"CUDA{index}",
-        description="emulated",
-        memory=MemoryPool(capacity),
-        alignment=CUDA_ALIGNMENT,
-        backend=backend,
-        runner=PlanRunner(backend, ReplayingCapturer()),
-    )

@@ -4,9 +4,9 @@
 // extern "C" kernel is exported by RPC_EMU_EXPORT(name) (the generator in __init__.py writes
 // those lines) as
 //   const char* emu_<name>(gx, gy, gz, bx, by, bz, void** args)   NULL, or an error message
-//   const char* emu_sig_<name>()    one letter per parameter: p pointer, i int, I unsigned,
-//                                   q long long, Q unsigned long long, f float, d double,
-//                                   x anything else (refused at launch)
+//   const char* emu_sig_<name>()    one letter per parameter: c pointer to const, p pointer,
+//                                   i int, I unsigned, q long long, Q unsigned long long,
+//                                   f float, d double, x anything else (refused at launch)
 // args[i] points at parameter i's value, like cuLaunchKernel's kernelParams.
 //
 // Model. A launch runs its blocks one after another. A block's threads are cooperative fibers
@@ -483,7 +483,9 @@ static inline T shfl(int op, unsigned mask, T v, int arg, int width) {
 template <typename T>
 constexpr char type_code() {
     using U = std::remove_cv_t<T>;
-    if constexpr (std::is_pointer_v<U>) return 'p';
+    if constexpr (std::is_pointer_v<U>) {
+        return std::is_const_v<std::remove_pointer_t<U>> ? 'c' : 'p';  // c: only read
+    }
     else if constexpr (std::is_same_v<U, int>) return 'i';
     else if constexpr (std::is_same_v<U, unsigned int>) return 'I';
     else if constexpr (std::is_same_v<U, long long> || std::is_same_v<U, long>) return 'q';
