@@ -65,7 +65,6 @@ __all__ = [
     "set_portable_kernels",
     "kernels_simd",
     "set_avx512_kernels",
-    "fma_flops",
     "NativeStep",
     "pool_rest",
     "run_steps",
@@ -349,9 +348,6 @@ def set_avx512_kernels(on: bool) -> bool:
 
     ``RPCNET_NO_AVX512=1`` in the environment disables them too.
     """
-
-def fma_flops(rounds: int = 50_000_000) -> float | None:
-    """Float32 FLOP/s one thread reaches with independent AVX2 FMAs (None without AVX2/FMA)."""
 
 # --- native non-matmul ops as prepared steps (checked against their buffers when built) -------
 

@@ -9,49 +9,15 @@
 //! * f16: F16C's round-to-nearest-even; bf16: `GGML_FP32_TO_BF16` (nearest even, NaN quieted).
 //! * f32: the bytes as they are.
 
-use super::f32_to_fp16;
-
-/// The activation formats (ggml's vec_dot types) the dot products consume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ActFormat {
-    Q8_0,
-    Q8_1,
-    Q8K,
-    F16,
-    BF16,
-    F32,
-}
+use super::blocks::half::f32_to_fp16;
+use super::cpu::simd_active;
+use super::formats::ActFormat;
 
 impl ActFormat {
-    /// Elements per block.
-    pub fn block(self) -> usize {
-        match self {
-            Self::Q8_0 | Self::Q8_1 => 32,
-            Self::Q8K => 256,
-            Self::F16 | Self::BF16 | Self::F32 => 1,
-        }
-    }
-
-    /// Bytes per block.
-    pub fn block_bytes(self) -> usize {
-        match self {
-            Self::Q8_0 => 34,
-            Self::Q8_1 => 36,
-            Self::Q8K => 292,
-            Self::F16 | Self::BF16 => 2,
-            Self::F32 => 4,
-        }
-    }
-
-    /// Bytes of one converted row of `k` values (`k` a multiple of [`Self::block`]).
-    pub fn row_bytes(self, k: usize) -> usize {
-        k / self.block() * self.block_bytes()
-    }
-
     /// Converts one row (`x.len()` a multiple of the block) into `out` (`row_bytes` long).
     pub fn convert_row(self, x: &[f32], out: &mut [u8]) {
         match self {
-            Self::Q8_0 | Self::Q8_1 if super::matmul::simd_active() => {
+            Self::Q8_0 | Self::Q8_1 if simd_active() => {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: simd_active() checked AVX2 and F16C on this CPU.
                 unsafe {
@@ -80,7 +46,7 @@ impl ActFormat {
             }
             Self::F16 => {
                 #[cfg(target_arch = "x86_64")]
-                if super::matmul::simd_active() {
+                if simd_active() {
                     // SAFETY: simd_active() checked F16C (and AVX2) on this CPU.
                     return unsafe { f16_row_f16c(x, out) };
                 }
@@ -238,7 +204,7 @@ fn nearest_int(v: f32) -> i32 {
 /// One 256-value block as `quantize_row_q8_K_ref`: f32 `d`, 256 codes, 16 i16 sums.
 pub fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if super::matmul::simd_active() && x.len() == 256 {
+    if simd_active() && x.len() == 256 {
         // SAFETY: AVX2 detected; 256 values in. NaN blocks take the scalar loop (its order).
         if unsafe { quantize_q8_k_avx2(x, out) } {
             return;
@@ -357,7 +323,7 @@ mod tests {
     /// bits, ties, subnormals, overflow and infinities.
     #[test]
     fn f16c_conversion_equals_software() {
-        if !crate::kernels::matmul::simd_active() {
+        if !simd_active() {
             return; // the F16C path only runs where detected (the software path is the spec)
         }
         let mut vals = vec![
@@ -412,7 +378,7 @@ mod tests {
     /// magnitudes, exact ties, an all-zero block, huge values and infinities.
     #[test]
     fn simd_q8_blocks_equal_the_replay() {
-        if !crate::kernels::matmul::simd_active() {
+        if !simd_active() {
             return;
         }
         let mut x = Vec::new();
@@ -455,7 +421,7 @@ mod tests {
     /// one wins), exact rounding ties, all-zero and tiny blocks.
     #[test]
     fn simd_q8_k_blocks_equal_scalar() {
-        if !crate::kernels::matmul::simd_active() {
+        if !simd_active() {
             return;
         }
         let mut blocks: Vec<Vec<f32>> = Vec::new();

@@ -1,10 +1,43 @@
 //! ggml's AVX2 `ggml_v_expf` on eight lanes at once, and the soft-max / SwiGLU row loops
-//! built on it. The operations are those of [`super::rowops::v_expf`] (which replays one lane
+//! built on it. The operations are those of [`v_expf`] (which replays one lane
 //! in scalar code), in the same order with the same fused multiply-adds, so every lane gets
 //! the same bits; the tests compare both on many inputs, the special ranges included.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+/// ggml's AVX2 `ggml_v_expf`, lane by lane (the same operations, so the same bits).
+#[inline(always)]
+pub fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
+    let c = n.abs() > 126.0;
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
+        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b); // 0x1.ffffecp-1
+    if !c {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        return s1 * s1;
+    }
+    s2.mul_add(j, s2) * s1
+}
 
 /// `v_expf` of eight lanes.
 ///
@@ -60,7 +93,7 @@ pub unsafe fn v_expf8(x: __m256) -> __m256 {
     _mm256_blendv_ps(normal, big, c)
 }
 
-/// [`super::rowops`]'s soft-max row on eight lanes at a time: `y = v_expf(x - max)`; returns
+/// `rowops`' soft-max row on eight lanes at a time: `y = v_expf(x - max)`; returns
 /// the sum (each chunk summed in f32 in the SSE order, chunks and tail in f64).
 ///
 /// # Safety
@@ -87,7 +120,7 @@ pub unsafe fn soft_max_row(x: &[f32], y: &mut [f32], max: f32) -> f64 {
     sum
 }
 
-/// [`super::rowops`]'s SwiGLU row (`x / (1 + v_expf(-x)) · g`) on eight lanes at a time, libm
+/// `rowops`' SwiGLU row (`x / (1 + v_expf(-x)) · g`) on eight lanes at a time, libm
 /// expf on the tail. Raw pointers: `y` may be `x` or `g` (in place).
 ///
 /// # Safety
@@ -112,7 +145,6 @@ pub unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::kernels::rowops::v_expf;
 
     fn have() -> bool {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")

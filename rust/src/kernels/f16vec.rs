@@ -8,40 +8,15 @@
 //! * [`scale_f16`] — `ggml_vec_scale_f16`: `y = f16(y · v)`.
 //!
 //! Each has a portable version with the same arithmetic (every rounding step, lane order
-//! included), chosen at run time or forced with [`set_portable_only`] (tests run both).
+//! included), chosen at run time or forced with [`crate::kernels::cpu::set_portable_only`]
+//! (tests run both).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use super::{f32_to_fp16, fp16_to_f32};
+use super::blocks::half::{f32_to_fp16, fp16_to_f32};
+use super::cpu::use_avx2;
 
 /// Elements per step of ggml's f16 loops (4 registers of 8 lanes).
 const STEP: usize = 32;
 const LANES: usize = 8;
-
-static PORTABLE_ONLY: AtomicBool = AtomicBool::new(false);
-
-/// Force the portable paths of the native (non-matmul) kernels, for tests and comparisons.
-pub fn set_portable_only(on: bool) {
-    PORTABLE_ONLY.store(on, Ordering::Relaxed);
-}
-
-/// Whether the AVX2 + FMA + F16C paths may run on this CPU (and are not switched off).
-#[inline]
-pub fn use_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if PORTABLE_ONLY.load(Ordering::Relaxed) {
-            return false;
-        }
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 /// The reduction of ggml's `GGML_F32x8_REDUCE` over four accumulators.
 #[inline(always)]

@@ -7,9 +7,11 @@
 //!   `expf` on the tail;
 //! * SET_ROWS / GET_ROWS / CPY between f32 and f16 (round to nearest even) or f32 and f32.
 
-use super::f16vec::{f16_row_to_f32, f32_row_to_f16, use_avx2};
-use super::flash_attn::Operand;
-use super::KernelError;
+use super::cpu::use_avx2;
+use super::error::KernelError;
+use super::expf8::v_expf;
+use super::operand::Operand;
+use crate::kernels::f16vec::{f16_row_to_f32, f32_row_to_f16};
 
 /// Below this many elements an op runs on the calling thread (spawning costs more).
 const MIN_PARALLEL: usize = 1 << 16;
@@ -277,39 +279,6 @@ unsafe fn f32_row_mut<'a>(
     unsafe { std::slice::from_raw_parts_mut(row_ptr(op, i1, i2, i3) as *mut f32, n) }
 }
 
-/// ggml's AVX2 `ggml_v_expf`, lane by lane (the same operations, so the same bits).
-#[inline(always)]
-pub fn v_expf(x: f32) -> f32 {
-    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
-    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
-    let n = z - r;
-    let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
-        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
-    );
-    let e = z.to_bits() << 23;
-    let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
-    let c = n.abs() > 126.0;
-    let u = b * b;
-    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
-        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
-        .mul_add(
-            u,
-            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
-        )
-        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b); // 0x1.ffffecp-1
-    if !c {
-        return j.mul_add(k, k);
-    }
-    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
-    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
-    let s2 = f32::from_bits(e.wrapping_sub(g));
-    if n.abs() > 192.0 {
-        return s1 * s1;
-    }
-    s2.mul_add(j, s2) * s1
-}
-
 /// ggml_vec_swiglu_f32 (AVX2 build): 8-lane chunks with `ggml_v_silu`, the tail with expf.
 /// Raw pointers: the output may be one of the inputs (in place).
 ///
@@ -318,7 +287,7 @@ pub fn v_expf(x: f32) -> f32 {
 #[inline(always)]
 unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
     #[cfg(target_arch = "x86_64")]
-    if super::f16vec::use_avx2() {
+    if use_avx2() {
         // SAFETY: features detected; pointers per this function's contract.
         return unsafe { super::expf8::swiglu_row(x, g, y, n) };
     }
@@ -341,7 +310,7 @@ unsafe fn swiglu_row(x: *const f32, g: *const f32, y: *mut f32, n: usize) {
 #[inline(always)]
 fn row_max(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if super::f16vec::use_avx2() {
+    if use_avx2() {
         // SAFETY: features detected. Lane-wise maxima equal the left-to-right one unless a
         // NaN is present (then the scalar order decides).
         if let Some(m) = unsafe { super::expf8::max_row_no_nan(x) } {
@@ -357,7 +326,7 @@ fn row_max(x: &[f32]) -> f32 {
 #[inline(always)]
 pub(crate) fn soft_max_row(x: &[f32], y: &mut [f32], max: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if super::f16vec::use_avx2() {
+    if use_avx2() {
         // SAFETY: features detected.
         return unsafe { super::expf8::soft_max_row(x, y, max) };
     }
@@ -433,7 +402,7 @@ impl RowOp {
             return unsafe { self.rows(0, rows) };
         }
         let per = rows.div_ceil(threads);
-        super::pool::all(threads, threads, |t| {
+        crate::kernels::pool::all(threads, threads, |t| {
             let (r0, r1) = (t * per, ((t + 1) * per).min(rows));
             // SAFETY: disjoint output rows per task.
             r0 >= r1 || unsafe { self.rows(r0, r1) }

@@ -15,14 +15,15 @@ pub fn noise(seed: u64, len: usize) -> Vec<f32> {
 
 /// Random bytes for a weight type whose f16 scales are small finite numbers.
 pub fn weights(type_id: u32, m: usize, k: usize, seed: u64) -> Vec<u8> {
-    let info = super::matmul::type_info(type_id).unwrap();
+    let info = crate::kernels::formats::type_info(type_id).unwrap();
     let nbytes = m * k / info.block * info.block_bytes;
     let mut b: Vec<u8> = noise(seed, nbytes)
         .iter()
         .map(|v| ((v + 1.0) * 127.9) as u8)
         .collect();
     let fix = |b: &mut [u8], at: usize| {
-        b[at..at + 2].copy_from_slice(&super::f32_to_fp16(0.01).to_le_bytes());
+        b[at..at + 2]
+            .copy_from_slice(&crate::kernels::blocks::half::f32_to_fp16(0.01).to_le_bytes());
     };
     for blk in b.chunks_exact_mut(info.block_bytes) {
         match type_id {

@@ -6,7 +6,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::buffer::ByteView;
-use crate::kernels::matmul;
+use crate::kernels::cpu;
+use crate::kernels::formats::type_info;
+use crate::kernels::matmul::plan as matmul;
 
 fn matrix_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize)> {
     if !buf.is_c_contiguous() {
@@ -77,14 +79,14 @@ pub fn matmul_quant(
 /// Whether `matmul_quant` has a kernel for ggml type `type_id`.
 #[pyfunction]
 pub fn matmul_quant_supports(type_id: u32) -> bool {
-    matmul::type_info(type_id).is_some()
+    type_info(type_id).is_some()
 }
 
 /// (elements per block, bytes per block, K must be a multiple of) for a supported weight
 /// type, else None.
 #[pyfunction]
 pub fn matmul_quant_block(type_id: u32) -> Option<(usize, usize, usize)> {
-    matmul::type_info(type_id).map(|t| (t.block, t.block_bytes, t.block.max(t.act.block())))
+    type_info(type_id).map(|t| (t.block, t.block_bytes, t.block.max(t.act.block())))
 }
 
 /// Elements per block of the format ggml's CPU dot product quantizes activations to for this
@@ -92,33 +94,25 @@ pub fn matmul_quant_block(type_id: u32) -> Option<(usize, usize, usize)> {
 /// None for an unsupported type.
 #[pyfunction]
 pub fn matmul_activation_block(type_id: u32) -> Option<usize> {
-    matmul::type_info(type_id).map(|t| t.act.block())
+    type_info(type_id).map(|t| t.act.block())
 }
 
 /// Forces (True) or releases (False) the portable kernels; returns whether SIMD is now used.
 #[pyfunction]
 pub fn set_portable_kernels(on: bool) -> bool {
-    matmul::set_force_portable(on);
-    matmul::simd_active()
+    cpu::set_force_portable(on);
+    cpu::simd_active()
 }
 
 /// Allows (True) or disables (False) the AVX-512 kernels; returns whether they now run.
 #[pyfunction]
 pub fn set_avx512_kernels(on: bool) -> bool {
-    matmul::set_avx512(on);
-    matmul::avx512_vnni_active()
+    cpu::set_avx512(on);
+    cpu::avx512_vnni_active()
 }
 
 /// Whether the native matmul kernels take their SIMD build on this CPU.
 #[pyfunction]
 pub fn kernels_simd() -> bool {
-    matmul::simd_active()
-}
-
-/// Float32 FLOP/s one thread reaches with independent AVX2 FMAs over `rounds` rounds (the
-/// benchmarks' measured FMA peak per core); None without AVX2/FMA.
-#[pyfunction]
-#[pyo3(signature = (rounds = 50_000_000))]
-pub fn fma_flops(py: Python<'_>, rounds: usize) -> Option<f64> {
-    py.detach(|| crate::kernels::probe::fma_flops(rounds))
+    cpu::simd_active()
 }

@@ -66,7 +66,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::set_portable_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::kernels_simd, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::set_avx512_kernels, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::fma_flops, m)?)?;
     m.add_class::<native_ops::NativeStep>()?;
     m.add_function(wrap_pyfunction!(native_ops::run_steps, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::run_joint, m)?)?;

@@ -6,10 +6,11 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::kernels::f16vec;
-use crate::kernels::flash_attn::{FlashAttn, Operand};
-use crate::kernels::matmul;
-use crate::kernels::matmul_step::MulMat;
+use crate::kernels::cpu;
+use crate::kernels::flash_attn::params::FlashAttn;
+use crate::kernels::formats::type_info;
+use crate::kernels::matmul::step::MulMat;
+use crate::kernels::operand::Operand;
 use crate::kernels::rowops::{BinOp, Elem, Rope, RowOp};
 
 /// A tensor as Python passes it: (uint8 buffer, byte offset of element 0, ne, nb).
@@ -108,7 +109,7 @@ pub fn same_weights(py: Python<'_>, a: Py<NativeStep>, b: Py<NativeStep>) -> boo
 
 /// Run several plans' native steps (lists of equal length, from different clients) together:
 /// step `i` of each plan after step `i - 1` of it, and at each index in `joint` the plans'
-/// MUL_MATs as one product (`matmul_step::run_joint`). The caller vouches, via
+/// MUL_MATs as one product (`matmul::step::run_joint`). The caller vouches, via
 /// [`same_weights`] on data no step writes, that the weights at those indices are equal.
 /// Returns per plan whether it ran to the end (a plan stops at a step with an out-of-range row
 /// index, the others go on).
@@ -168,7 +169,7 @@ fn joint_step(plans: &[Vec<&NativeStep>], ok: &[bool], i: usize) -> bool {
     }
     // SAFETY: each step's operands were checked at build and are held by it; the caller of
     // run_joint vouched for the weights being equal
-    unsafe { crate::kernels::matmul_step::run_joint(&mms, live[0].threads) };
+    unsafe { crate::kernels::matmul::step::run_joint(&mms, live[0].threads) };
     true
 }
 
@@ -387,7 +388,7 @@ pub fn copy_step(
 /// Use only the portable (non-SIMD) paths of these kernels from now on (tests).
 #[pyfunction]
 pub fn native_ops_portable(on: bool) {
-    f16vec::set_portable_only(on);
+    cpu::set_portable_only(on);
 }
 
 /// Holds exports and turns tensor arguments into checked operands.
@@ -624,7 +625,7 @@ pub fn mul_mat_step(
     threads: usize,
     llamafile: bool,
 ) -> PyResult<NativeStep> {
-    let info = matmul::type_info(type_id).ok_or_else(|| {
+    let info = type_info(type_id).ok_or_else(|| {
         PyValueError::new_err(format!("mul_mat: weight type {type_id} is not supported"))
     })?;
     let mut ops = Operands::new();

@@ -18,12 +18,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::super::f16vec::f16_row_to_f32;
-use super::super::rowops::soft_max_row;
-use super::{tanhf, FlashAttn};
-
-/// ggml's `GGML_FA_TILE_Q`: from this many query rows ggml takes the tiled path.
-pub const Q_TILE: usize = 64;
+use super::params::{tanhf, FlashAttn};
+use crate::kernels::cpu::use_avx2;
+use crate::kernels::f16vec::f16_row_to_f32;
+use crate::kernels::operand::Operand;
+use crate::kernels::pool;
+use crate::kernels::rowops::soft_max_row;
 /// ggml's `GGML_FA_TILE_KV`: KV positions per tile (the online softmax steps by tiles).
 pub const KV_TILE: usize = 64;
 /// Query rows per head in one task.
@@ -111,7 +111,7 @@ impl FlashAttn {
     ///
     /// # Safety
     /// In bounds per [`Self::run`]'s contract.
-    unsafe fn kv_row(&self, t: &super::Operand, h: usize, i3: usize, pos: usize) -> *const u8 {
+    unsafe fn kv_row(&self, t: &Operand, h: usize, i3: usize, pos: usize) -> *const u8 {
         let [_, _, n_head, n3] = self.q.ne;
         unsafe {
             t.ptr.add(
@@ -146,7 +146,7 @@ impl FlashAttn {
         let (dk, dv) = (self.dk(), self.dv());
         let threads = self.workers(threads).min(tasks.len()).max(1);
         let next = AtomicUsize::new(0);
-        super::super::pool::run(threads, threads, &|_| {
+        pool::run(threads, threads, &|_| {
             let mut sc = Scratch::new(rows, dk, dv);
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -317,7 +317,7 @@ pub fn gemm_acc(c: &mut [f32], a: &[f32], lda: usize, b: &[f32], m: usize, k: us
     assert!(lda >= k && c.len() >= m * n && b.len() >= k * n);
     assert!(m == 0 || a.len() >= (m - 1) * lda + k);
     #[cfg(target_arch = "x86_64")]
-    if super::super::f16vec::use_avx2() {
+    if use_avx2() {
         // SAFETY: features detected; sizes asserted above.
         return unsafe { avx2::gemm_acc(c.as_mut_ptr(), a.as_ptr(), lda, b.as_ptr(), m, k, n) };
     }
@@ -348,7 +348,7 @@ pub fn gemm_acc_portable(
 /// the maximum. The same float operations as ggml's separate passes.
 fn scale_mask_max(row: &mut [f32], mask: Option<&[f32]>, scale: f32, kv: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if super::super::f16vec::use_avx2() {
+    if use_avx2() {
         // SAFETY: features detected.
         return unsafe { avx2::scale_mask_max(row, mask, scale, kv) };
     }
@@ -512,9 +512,9 @@ mod avx2 {
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
-    use super::super::super::f16vec::use_avx2;
-    use super::super::super::test_util::noise;
     use super::*;
+    use crate::kernels::test_util::noise;
+    use use_avx2;
 
     #[test]
     fn gemm_blocks_give_the_portable_bits() {

@@ -5,7 +5,7 @@
 //! values instead of two. On an AVX2-only Zen 3 VM, where one 8-lane conversion takes several
 //! cycles, f16 decode was bound by the conversions rather than by memory.
 
-use super::matmul::{simd_active, Converted};
+use crate::kernels::{cpu::simd_active, operand::Converted};
 
 /// Whether the widened rows serve f16 vec_dot products on this CPU (the portable build keeps
 /// the f16 rows and the row dots).
@@ -22,7 +22,7 @@ pub fn widen(act: &Converted, k: usize) -> Converted {
         for (h, b) in half.iter_mut().zip(act.row(r).chunks_exact(2)) {
             *h = u16::from_le_bytes([b[0], b[1]]);
         }
-        super::f16vec::f16_row_to_f32(&half, &mut wide);
+        crate::kernels::f16vec::f16_row_to_f32(&half, &mut wide);
         for (d, v) in dst.chunks_exact_mut(4).zip(&wide) {
             d.copy_from_slice(&v.to_le_bytes());
         }
@@ -34,7 +34,7 @@ pub fn widen(act: &Converted, k: usize) -> Converted {
     }
 }
 
-/// The rows function ([`super::matmul::RowsFn`]) over [`widen`]ed activations: weight rows
+/// The rows function (`RowsFn`) over [`widen`]ed activations: weight rows
 /// `first..first + out.len() / n`, `out[(i - first) * n + r]`; each weight row is met by every
 /// activation row while it is in L1.
 pub fn rows(
@@ -73,13 +73,13 @@ pub fn rows(
             while r + 2 <= n {
                 let xs = [act.row(r), act.row(r + 1)];
                 // SAFETY: AVX2, FMA and F16C checked above; the sizes are asserted inside.
-                let pair = unsafe { super::dot_avx2::f16_wide_x2(wr, xs, k) };
+                let pair = unsafe { crate::kernels::dot::avx2::f16_wide_x2(wr, xs, k) };
                 dst[r..r + 2].copy_from_slice(&pair);
                 r += 2;
             }
             if r < n {
                 // SAFETY: as above.
-                dst[r] = unsafe { super::dot_avx2::f16_wide(wr, act.row(r), k) };
+                dst[r] = unsafe { crate::kernels::dot::avx2::f16_wide(wr, act.row(r), k) };
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -91,7 +91,7 @@ pub fn rows(
 }
 
 /// Weight rows `first..first + count` in whole eights (the number done is returned) for
-/// [`rows`], `k` a multiple of 32: [`super::dot_avx2::f16_wide_rows8`], activation rows in
+/// [`rows`], `k` a multiple of 32: `dot::avx2::f16_wide_rows8`, activation rows in
 /// pairs.
 ///
 /// # Safety
@@ -107,7 +107,7 @@ unsafe fn rows8(
     act: &Converted,
     out: &mut [f32],
 ) -> usize {
-    use super::dot_avx2::{f16_wide_rows8, prefetch_f16_rows};
+    use crate::kernels::dot::avx2::{f16_wide_rows8, prefetch_f16_rows};
     use std::arch::x86_64::{__m256, _mm256_storeu_ps};
     let n = act.rows;
     let done = count - count % 8;
@@ -139,52 +139,4 @@ unsafe fn rows8(
         }
     }
     done
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::dot::{RowDot, F16};
-    use super::super::matmul::{matmul_quant, Converted};
-    use super::super::test_util::{noise, weights};
-    use crate::kernels::act::ActFormat;
-
-    /// Widened rows give the f16 row dot's bits (odd K: the tail added one by one), for one and
-    /// several activation rows, through the matmul that chooses them.
-    #[test]
-    fn widened_rows_keep_the_row_dots_bits() {
-        if !super::serves() {
-            return;
-        }
-        // eights of rows side by side where K is whole steps of 32 (attention's K = head size),
-        // the rest one by one
-        let shapes = [
-            (1, 1, 13),
-            (31, 1, 13),
-            (32, 2, 13),
-            (87, 3, 13),
-            (1000, 1, 13),
-        ];
-        for (k, n, m) in shapes
-            .into_iter()
-            .chain([(4096, 5, 13), (64, 4, 45), (128, 3, 24)])
-        {
-            let w = weights(1, m, k, k as u64);
-            let x: Vec<f32> = noise(7 + k as u64, n * k).iter().map(|v| v * 4.0).collect();
-            let act = Converted::new(ActFormat::F16, &x, k);
-            let mut got = vec![0.0f32; n * m];
-            matmul_quant(1, &w, 2 * k, m, k, &x, &mut got, 2, false).unwrap();
-            for i in 0..m {
-                for r in 0..n {
-                    // SAFETY: serves() checked AVX2, FMA and F16C.
-                    let want =
-                        unsafe { F16::dot_simd(&w[i * 2 * k..(i + 1) * 2 * k], act.row(r), k) };
-                    assert_eq!(
-                        got[r * m + i].to_bits(),
-                        want.to_bits(),
-                        "k={k} n={n} row {i}"
-                    );
-                }
-            }
-        }
-    }
 }

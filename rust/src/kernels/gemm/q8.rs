@@ -6,7 +6,7 @@
 //! `q + 16`, the offset taken off exactly through per-lane activation sums), the products
 //! d_w·d_x of the panel are tabled per activation block, and 4 × 2 register tiles run over the
 //! blocks. Every output keeps ggml's integer lanes, FMA order and final sum, so the bits equal
-//! [`super::dot`]'s (the tests compare them).
+//! [`crate::kernels::dot`]'s (the tests compare them).
 //!
 //! With AVX-512 VNNI (`mod vnni`, from 4 activation rows) a register holds a pair of weight
 //! rows and `vpdpbusd` makes the four-byte integer lanes in one step (every weight stored
@@ -15,7 +15,11 @@
 //!
 //! x86-64 SIMD only: the portable build keeps the row-dot path, which gives the same bits.
 
-use super::matmul::{Converted, RowsFn};
+use crate::kernels::blocks::half::fp16_to_f32;
+use crate::kernels::cpu::avx512_vnni_active;
+use crate::kernels::cpu::simd_active;
+use crate::kernels::gemm::float_tiles::store_tile;
+use crate::kernels::operand::{Converted, RowsFn};
 
 /// Weight rows and activation rows per register tile.
 const MR: usize = 4;
@@ -46,15 +50,15 @@ fn block_bytes(type_id: u32) -> Option<usize> {
 
 /// Whether this kernel serves `type_id` for `n` activation rows on this CPU.
 pub fn serves(type_id: u32, n: usize) -> bool {
-    n >= NR && block_bytes(type_id).is_some() && super::matmul::simd_active()
+    n >= NR && block_bytes(type_id).is_some() && simd_active()
 }
 
 #[inline(always)]
 fn f16(b: &[u8]) -> f32 {
-    super::fp16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+    fp16_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }
 
-/// The rows function for [`super::matmul::run_rows`] (`act` packed by [`pack`] with the same
+/// The rows function for the matmul's thread split (`act` packed by [`pack`] with the same
 /// `vnni`).
 pub fn rows_fn(type_id: u32, vnni: bool) -> RowsFn {
     match (type_id, vnni) {
@@ -124,16 +128,13 @@ fn rows_entry<const TYPE_ID: u32, const VNNI: bool>(
     {
         if VNNI {
             assert!(
-                super::matmul::avx512_vnni_active(),
+                avx512_vnni_active(),
                 "gemm_q8's VNNI tiles need AVX-512 F, BW and VNNI"
             );
             // SAFETY: checked just above.
             return unsafe { vnni::rows(TYPE_ID, w, stride, first, k, act, out) };
         }
-        assert!(
-            super::matmul::simd_active(),
-            "gemm_q8 needs AVX2, FMA and F16C"
-        );
+        assert!(simd_active(), "gemm_q8 needs AVX2, FMA and F16C");
         // SAFETY: checked just above.
         unsafe { avx2::rows(TYPE_ID, w, stride, first, k, act, out) }
     }
@@ -149,7 +150,7 @@ mod avx2 {
         block_bytes, offset, packed_bytes, Block, Converted, KC_BLOCKS, KC_FROM, MR, NR, PANEL,
         XBLOCK_BYTES,
     };
-    use crate::kernels::dot_avx2::{bytes_from_bits, hsum, nibbles32};
+    use crate::kernels::dot::avx2::common::{bytes_from_bits, hsum, nibbles32};
 
     /// One weight block: the unsigned operand of `maddubs` (|v| for q8_0, `v + offset`
     /// otherwise) into `a`, the signed values into `s` (q8_0 only), and its scale.
@@ -287,7 +288,7 @@ mod avx2 {
                     for r in (r0..r1).step_by(NR) {
                         let acc = &accs[s0 / MR * (xblock / NR) + (r - r0) / NR];
                         let res = acc.map(|row| row.map(|a| hsum(a)));
-                        crate::kernels::gemm_float::store_tile(out, &res, sub, t1, n, r, r1);
+                        super::store_tile(out, &res, sub, t1, n, r, r1);
                     }
                 }
             }
@@ -349,8 +350,8 @@ mod vnni {
 
     use super::{block_bytes, offset, packed_bytes, Block, Converted, KC_BLOCKS, KC_FROM, PANEL};
     use super::{f16, XBLOCK_BYTES};
-    use crate::kernels::dot::hsum8;
-    use crate::kernels::dot_avx2::{bytes_from_bits, nibbles32};
+    use crate::kernels::dot::avx2::common::{bytes_from_bits, nibbles32};
+    use crate::kernels::dot::lanes::hsum8;
 
     /// Weight-row pairs per register tile (a whole panel: 8 rows; 4 x 4 register tiles
     /// measured 1.1x faster than 2 x 4, 2 x 6 and 4 x 3).
@@ -463,7 +464,7 @@ mod vnni {
                                 res[2 * p + 1][j] = hsum8(hi.try_into().expect("8 lanes"));
                             }
                         }
-                        crate::kernels::gemm_float::store_tile(out, &res, sub, t1, n, r, r1);
+                        super::store_tile(out, &res, sub, t1, n, r, r1);
                     }
                 }
             }
@@ -509,18 +510,22 @@ mod vnni {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::act::ActFormat;
-    use crate::kernels::dot::{RowDot, Q4_0, Q5_0, Q8_0};
+    use crate::kernels::blocks::half::f32_to_fp16;
+    use crate::kernels::dot::{
+        by_type::{Q4_0, Q5_0, Q8_0},
+        row_dot::RowDot,
+    };
+    use crate::kernels::formats::ActFormat;
     use crate::kernels::test_util::noise;
 
     /// Every output equals the portable row dot bit for bit, ragged tiles included.
     #[test]
     fn tiles_equal_the_row_dots() {
-        if !crate::kernels::matmul::simd_active() {
+        if !simd_active() {
             return; // the kernel only runs with AVX2 (the portable path is tested elsewhere)
         }
         tiles_equal_the_row_dots_on(false);
-        if crate::kernels::matmul::avx512_vnni_active() {
+        if avx512_vnni_active() {
             tiles_equal_the_row_dots_on(true);
         }
     }
@@ -539,7 +544,7 @@ mod tests {
                     .map(|v| ((v + 1.0) * 127.9) as u8)
                     .collect();
                 for blk in w.chunks_exact_mut(bb) {
-                    blk[..2].copy_from_slice(&crate::kernels::f32_to_fp16(0.02).to_le_bytes());
+                    blk[..2].copy_from_slice(&f32_to_fp16(0.02).to_le_bytes());
                 }
                 let x = noise(5, n * k);
                 let act = Converted::new(ActFormat::Q8_0, &x, k);

@@ -3,10 +3,12 @@
 //! Batch dims follow ggml's broadcast of src0 (weight matrix `i12 / (ne12 / ne02)`); a single
 //! weight matrix meets every activation row in one call (activations converted once).
 
-use super::flash_attn::Operand;
-use super::matmul;
-use super::pool;
-use super::KernelError;
+use super::plan as matmul;
+use crate::kernels::dot::kquant_tiles;
+use crate::kernels::error::KernelError;
+use crate::kernels::formats::type_info;
+use crate::kernels::operand::Operand;
+use crate::kernels::pool;
 
 /// `w` in blocks (`ne[0]` = blocks per row, `nb[0]` = block bytes), `x` and `out` f32 with
 /// contiguous rows; out[i1][i0] of batch (i2, i3) = Σ w[i0] · x[i1].
@@ -25,7 +27,7 @@ unsafe impl Send for MulMat {}
 unsafe impl Sync for MulMat {}
 
 /// Rows per src1 batch from which every multi-row kernel ggml may choose is chosen anyway.
-const MERGE_MIN_ROWS: usize = super::kquant_tiles::TILED_MIN_ROWS;
+const MERGE_MIN_ROWS: usize = kquant_tiles::TILED_MIN_ROWS;
 
 /// Below this many weight bytes per matrix, batches run one per thread instead of splitting
 /// each matrix's rows.
@@ -39,7 +41,7 @@ fn dense(nb: &[usize; 4], ne: [usize; 4], row_bytes: usize) -> bool {
 impl MulMat {
     /// Checks the shapes (the caller checked every extent against its buffer).
     pub fn check(&self, out_ne: [usize; 4]) -> Result<(), KernelError> {
-        let info = matmul::type_info(self.type_id).ok_or_else(|| {
+        let info = type_info(self.type_id).ok_or_else(|| {
             KernelError::new(format!("weight type {} is not supported", self.type_id))
         })?;
         let (w, x) = (&self.w, &self.x);
@@ -315,7 +317,7 @@ mod tests {
         x: &[f32],
         out: &mut [f32],
     ) -> MulMat {
-        let info = matmul::type_info(type_id).unwrap();
+        let info = type_info(type_id).unwrap();
         let blocks = k / info.block;
         MulMat {
             type_id,
@@ -342,7 +344,7 @@ mod tests {
     fn joint_rows_keep_each_steps_bits() {
         for &t in &TYPES {
             let (m, k) = (36, 512);
-            let info = matmul::type_info(t).unwrap();
+            let info = type_info(t).unwrap();
             let row = k / info.block * info.block_bytes;
             let w = weights(t, m, k, 40 + t as u64);
             for n in [2usize, 3, 7, 9] {

@@ -9,9 +9,10 @@
 //! 256-to-512 inserts, one vector unpack of the scales instead of scalar masks). Every int32
 //! lane still holds ggml's lane sum and every FMA is ggml's (`vec_dot_q4_K_q8_K`): same bits.
 
-use super::act::ActFormat;
-use super::dot::{RowDot, Q4K};
-use super::matmul::Converted;
+use crate::kernels::cpu::avx512_vnni_active;
+use crate::kernels::dot::{by_type::Q4K, row_dot::RowDot};
+use crate::kernels::formats::ActFormat;
+use crate::kernels::operand::Converted;
 
 /// Bytes of one activation block in this layout: 256 codes, 8 i16 pair sums, `d` (f32), pad.
 pub const BLOCK_BYTES: usize = 288;
@@ -23,7 +24,7 @@ const SLOT_SUB_BLOCK: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
 
 /// Whether one-row Q4_K matmuls take this layout on this CPU right now.
 pub fn serves(type_id: u32, n: usize) -> bool {
-    type_id == 12 && n == 1 && super::matmul::avx512_vnni_active()
+    type_id == 12 && n == 1 && avx512_vnni_active()
 }
 
 /// q8_K activation rows (`k` columns, the standard 292-byte blocks) in this layout.
@@ -96,7 +97,7 @@ impl RowDot for Q4KPaired {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn dot_simd(w: &[u8], x: &[u8], k: usize) -> f32 {
-        if super::matmul::avx512_vnni_active() {
+        if avx512_vnni_active() {
             // SAFETY: AVX-512 F/BW/VNNI checked just above.
             unsafe { wide::dot(w, x, k) }
         } else {
@@ -110,7 +111,8 @@ mod wide {
     use std::arch::x86_64::*;
 
     use super::{BLOCK_BYTES, D_AT, SUMS_AT};
-    use crate::kernels::dot_avx2::{f16_at, fold_wide_block, prefetch_ahead, q4k_finish};
+    use crate::kernels::dot::avx2::common::{f16_at, prefetch_ahead, q4k_finish};
+    use crate::kernels::dot::avx512::fold_wide_block;
 
     /// The eight scales and eight mins of a Q4_K block (12 bytes at `p`, 16 readable) as i16
     /// lanes 0-7 and 8-15: ggml's `utmp` masks on four u32 lanes at once.
@@ -178,7 +180,7 @@ mod wide {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::matmul::{self, Converted};
+    use crate::kernels::cpu::avx512_vnni_active;
     use crate::kernels::test_util::{noise, weights};
 
     /// The packed layout, on every build, gives the standard layout's bits.
@@ -198,7 +200,7 @@ mod tests {
                     want.to_bits()
                 );
                 #[cfg(target_arch = "x86_64")]
-                if matmul::avx512_vnni_active() {
+                if avx512_vnni_active() {
                     // SAFETY: checked just above.
                     let got = unsafe { wide::dot(wr, packed.row(0), k) };
                     assert_eq!(got.to_bits(), want.to_bits(), "k {k} row {i}");

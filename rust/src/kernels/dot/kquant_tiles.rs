@@ -239,7 +239,7 @@ pub unsafe fn rows_avx2(
     }
 }
 
-/// A format as the many-row kernel ([`super::gemm_kquant`]) needs it.
+/// A format as the many-row kernel ([`super::kquant_gemm`]) needs it.
 #[derive(Clone, Copy)]
 pub struct Shape {
     pub block_bytes: usize,

@@ -10,7 +10,9 @@
 //! AVX2 only: the portable build keeps the row kernels, which give the same bits.
 
 use super::kquant_tiles::{Codes, Decoded, Shape, Q8K_BYTES};
-use super::matmul::Converted;
+use crate::kernels::cpu::avx512_vnni_active;
+use crate::kernels::cpu::simd_active;
+use crate::kernels::operand::Converted;
 
 /// Activation rows per packed group: one per 32-bit lane.
 const GROUP: usize = 8;
@@ -24,7 +26,7 @@ const ACT_BLOCK_BYTES: usize = 256 * 1024;
 
 /// Whether the many-row K-quant path runs here (types with a tiled order, on AVX2).
 pub fn serves(type_id: u32) -> bool {
-    matches!(type_id, 10..=14 | 23) && super::matmul::simd_active()
+    matches!(type_id, 10..=14 | 23) && simd_active()
 }
 
 /// q8_K activation rows (`act`, `k` columns) packed by groups of eight rows (a short last
@@ -124,7 +126,7 @@ pub unsafe fn rows(
     let mut ws = [WeightSlab::default(); 4];
     let mut dec = Decoded::default();
     // VNNI for biased codes (AVX-512 has no vpsignb for IQ4_XS's signed ones)
-    let vnni = matches!(shape.codes, Codes::Biased(_)) && super::matmul::avx512_vnni_active();
+    let vnni = matches!(shape.codes, Codes::Biased(_)) && avx512_vnni_active();
     let mut acc = vec![_mm256_setzero_ps(); 4 * gblock]; // [row][group]
     let base = act.data.as_ptr();
     for g0 in (0..groups).step_by(gblock) {

@@ -1,0 +1,83 @@
+//! The operands kernels take: activation rows converted to a vec_dot type ([`Converted`]), the
+//! signatures of the per-thread rows functions over them, and strided ggml tensors ([`Operand`]).
+
+use super::formats::ActFormat;
+use super::pool;
+
+/// Activation values from which their conversion is split over threads.
+const PARALLEL_CONVERT_MIN: usize = 1 << 15;
+
+/// The whole rows of `x` (`k` values each) converted by `work` (a run of rows into as many
+/// `row_bytes` rows) into a zeroed buffer, split over up to `threads` threads for large batches;
+/// with the row count.
+pub fn convert_rows(
+    x: &[f32],
+    k: usize,
+    row_bytes: usize,
+    threads: usize,
+    work: impl Fn(&[f32], &mut [u8]) + Sync,
+) -> (Vec<u8>, usize) {
+    let rows = x.len() / k.max(1);
+    let mut data = vec![0u8; rows * row_bytes];
+    if threads < 2 || rows < 2 || x.len() < PARALLEL_CONVERT_MIN {
+        work(&x[..rows * k], &mut data);
+    } else {
+        let per = rows.div_ceil(threads);
+        let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
+            .chunks(per * k)
+            .zip(data.chunks_mut(per * row_bytes))
+            .collect();
+        pool::for_each(threads, parts, |_, (xs, out)| work(xs, out));
+    }
+    (data, rows)
+}
+
+/// Activation rows converted to a vec_dot type, `row_bytes` apart.
+pub struct Converted {
+    pub data: Vec<u8>,
+    pub row_bytes: usize,
+    pub rows: usize,
+}
+
+impl Converted {
+    pub fn new(fmt: ActFormat, x: &[f32], k: usize) -> Self {
+        Self::new_par(fmt, x, k, 1)
+    }
+
+    /// [`Self::new`] with the rows split over up to `threads` threads (large batches only).
+    pub fn new_par(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Self {
+        let row_bytes = fmt.row_bytes(k);
+        let (data, rows) = convert_rows(x, k, row_bytes, threads, |xs, out| {
+            for (xr, or) in xs.chunks_exact(k).zip(out.chunks_exact_mut(row_bytes)) {
+                fmt.convert_row(xr, or);
+            }
+        });
+        Self {
+            data,
+            row_bytes,
+            rows,
+        }
+    }
+
+    pub(crate) fn row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+}
+
+pub type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32], bool);
+
+/// A rows function that writes weight rows `first..first + rows` straight into the `[n][m]`
+/// output (w, stride, first, rows, k, act, out, m).
+///
+/// # Safety
+/// `out` is valid for `n × m` floats and the caller alone writes those columns.
+pub(crate) type DirectFn =
+    unsafe fn(&[u8], usize, usize, usize, usize, &Converted, *mut f32, usize);
+
+/// A strided 4-D operand: base pointer of element 0 and byte strides (ggml's `nb`).
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub ptr: *const u8,
+    pub ne: [usize; 4],
+    pub nb: [usize; 4],
+}
