@@ -131,7 +131,7 @@ def _compile(nodes: list[Tensor], device: str, budget: Any, state: kernel_table.
             continue
         kernel = kernel_table.select(node, device)
         # The bounds are the CPU kernels' temporaries; GPU plans share one scratch per device
-        # (compute/cuda/kernels.py) instead.
+        # (compute/cuda/kernels/) instead.
         counted = budget is not None and device == "cpu"
         bound = scratch.scratch_bytes(node, kernel.name, budget.limit) if counted else 0
         if bound > need:

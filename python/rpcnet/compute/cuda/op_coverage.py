@@ -2,7 +2,7 @@
 
 This is the cuda side's own table (op name -> kernel entry points), kept next to the sources so
 the NVRTC test can check every entry exists. The builders that launch them are registered in
-the shared kernel registry under device "cuda" (`compute/cuda/kernels.py`); `missing_ops()`
+the shared kernel registry under device "cuda" (`compute/cuda/kernels/`); `missing_ops()`
 says which CPU ops have no cuda entry there.
 """
 

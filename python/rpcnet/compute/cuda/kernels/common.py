@@ -1,0 +1,136 @@
+"""What the cuda kernel builders share: the types they take, reaching a node's device memory,
+plan scratch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rpcnet import _native
+from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.ops import Glu
+from rpcnet.compute.tensor import Tensor
+from rpcnet.ggml_types import GgmlType, type_name
+
+CUDA = "cuda"
+XP = -10  # priority of array-code entries: below the CUDA C kernels of the same op
+MATVEC_MAX_COLS = 8  # launch.MV_MAXCOLS: activation columns of one matvec launch
+# launch.MV_CHUNKED_MAX: up to this many columns a product runs as matvec launches of at most
+# MATVEC_MAX_COLS each (weights read once per launch, arithmetic exactly the decode path's);
+# more go through cuBLAS
+MATVEC_CHUNKED_MAX = 32
+_Q8_1_NOTE = "cuda.q8_1"  # PlanState.shared: (input key, written mark, scratch) of the q8_1 blocks
+
+F32, F16, BF16, I32, I64 = GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.I32, GgmlType.I64
+_DTYPES = {F32: np.float32, F16: np.float16, BF16: np.uint16, I32: np.int32, I64: np.int64}
+_CPY_TYPES = {F32: "f32", F16: "f16", BF16: "bf16"}
+# ggml_glu_op -> the op ids of glu.cu (its own order)
+_GLU_IDS = {
+    Glu.REGLU: 0,
+    Glu.GEGLU: 1,
+    Glu.SWIGLU: 2,
+    Glu.GEGLU_ERF: 3,
+    Glu.GEGLU_QUICK: 4,
+    Glu.SWIGLU_OAI: 5,
+}
+_SET_ROWS_DST = {F32: "F32", F16: "F16", BF16: "BF16", GgmlType.Q8_0: "Q8_0"}
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _launch_module() -> Any:
+    from rpcnet.compute.cuda import launch  # at build time only
+
+    return launch
+
+
+def _contiguous(t: Tensor) -> bool:
+    _, block, type_size, _ = _native.type_info(t.type)
+    expect = type_size
+    for i in range(4):
+        if t.ne[i] > 1 and t.nb[i] != expect:
+            return False
+        expect *= t.ne[i] // block if i == 0 else t.ne[i]
+    return True
+
+
+def _srcs(node: Tensor, n: int) -> list[Tensor] | None:
+    srcs = [s for s in node.src[:n] if s is not None]
+    return srcs if len(srcs) == n and all(s.buffer is not None for s in srcs) else None
+
+
+def _need(node: Tensor, n: int) -> list[Tensor]:
+    """The first `n` sources of a node its `supports` accepted."""
+    srcs = _srcs(node, n)
+    assert srcs is not None
+    return srcs
+
+
+def _backend(node: Tensor) -> Any:
+    assert node.buffer is not None
+    return node.buffer.device.backend
+
+
+def _view(t: Tensor, shape: tuple[int, ...] | None = None) -> Any:
+    """A typed CuPy view of a plain tensor: ggml dims reversed, byte strides from nb (or, with
+    `shape`, a contiguous reshape of it)."""
+    assert t.buffer is not None
+    be = t.buffer.device.backend
+    dtype = np.dtype(_DTYPES[t.type])
+    strides: tuple[int, ...]
+    if shape is None:
+        shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0])
+        strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
+    else:
+        strides = tuple(int(np.prod(shape[i + 1 :])) * dtype.itemsize for i in range(len(shape)))
+    return be.view(t.buffer.array, t.offset, shape, strides, dtype)
+
+
+def _raw(t: Tensor) -> Any:
+    """The tensor's bytes as a uint8 view (weights in block form)."""
+    assert t.buffer is not None
+    return t.buffer.device.backend.view(
+        t.buffer.array, t.offset, (t.nbytes,), (1,), np.dtype(np.uint8)
+    )
+
+
+def _typed(t: Tensor) -> Any:
+    view = _view(t)
+    return (view, "bf16") if t.type == BF16 else view
+
+
+def _rows(t: Tensor) -> int:
+    return t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _device_scratch(be: Any, kind: str, nbytes: int) -> Any:
+    """Plan-time device scratch, shared by the nodes and plans of the GPU (nothing is allocated
+    while a plan runs): prefill dequantizes into one f16 buffer as large as the biggest weight."""
+    mem = be.scratch(kind, nbytes)
+    if mem is None:
+        raise ComputeError(f"cuda: no room for {nbytes} bytes of plan scratch")
+    return mem
+
+
+def _weight_type(t: Tensor) -> str | None:
+    from rpcnet.compute.cuda import sources
+
+    name = type_name(t.type).upper()
+    return name if name in sources.WEIGHT_TYPES else None
+
+
+def _row_bytes(t: Tensor) -> int:
+    _, block, type_size, _ = _native.type_info(t.type)
+    return t.ne[0] // block * type_size
+
+
+def _other_src(node: Tensor, first: Tensor) -> Tensor | None:
+    """The source of a two-source `node` that is not `first` (None unless `first` is one)."""
+    s = _srcs(node, 2)
+    if s is None:
+        return None
+    if s[0] is first:
+        return s[1]
+    return s[0] if s[1] is first else None
