@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rpcnet.compute.cuda import launch
+from rpcnet.compute.cuda import launch, launch_attention
 from support.cuda_emu import DevArray, EmuBackend, compile_test_module
 from support.cuda_quant import (
     dequant_q8_1,
@@ -268,7 +268,7 @@ def test_soft_max_with_mask_and_sinks(be, mask_dtype):
     want = e / (e.sum(axis=2, keepdims=True) + np.exp(sinks[:, None, None] - mx))
     out = be.zeros((heads, rows, n), np.float32)
     dev_mask = None if mask is None else be.asarray(mask)
-    launch.soft_max(be, be.asarray(x), out, 0.125, dev_mask, be.asarray(sinks))
+    launch_attention.soft_max(be, be.asarray(x), out, 0.125, dev_mask, be.asarray(sinks))
     np.testing.assert_allclose(be.asnumpy(out), want, rtol=1e-5, atol=1e-7)
 
 
@@ -411,7 +411,7 @@ def test_flash_attn_decode(be, kv_type, n_kv, softcap):
     scale = 1 / np.sqrt(d)
     want = flash_attn_oracle(q, k_raw, v_raw, kv_type, kf.shape, mask, scale, softcap, sinks)
     out = be.zeros((n_q, heads, d), np.float32)
-    launch.flash_attn_decode(
+    launch_attention.flash_attn_decode(
         be,
         be.asarray(q),
         be.asarray(np.ascontiguousarray(k_raw)),

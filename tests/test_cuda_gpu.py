@@ -264,7 +264,7 @@ def test_rms_norm_and_fused_mul(be, cp):
 
 @pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float16])
 def test_soft_max_with_mask_and_sinks(be, cp, mask_dtype):
-    from rpcnet.compute.cuda import launch
+    from rpcnet.compute.cuda import launch_attention
 
     rng = np.random.default_rng(7)
     heads, rows, n = 4, 5, 300
@@ -280,7 +280,7 @@ def test_soft_max_with_mask_and_sinks(be, cp, mask_dtype):
     e = np.exp(logits - mx)
     want = e / (e.sum(axis=2, keepdims=True) + np.exp(sinks[:, None, None] - mx))
     out = cp.zeros((heads, rows, n), cp.float32)
-    launch.soft_max(
+    launch_attention.soft_max(
         be, cp.asarray(x), out, 0.125, None if mask is None else cp.asarray(mask), cp.asarray(sinks)
     )
     be.synchronize()
@@ -353,7 +353,7 @@ def test_get_rows(be, cp, real_tensors, type_name):
 def test_flash_attn_decode(be, cp, kv_type, softcap):
     import gguf
     from gguf.quants import quantize
-    from rpcnet.compute.cuda import launch
+    from rpcnet.compute.cuda import launch_attention
 
     rng = np.random.default_rng(10)
     heads, kv_heads, n_q, n_kv, d = 8, 2, 2, 200, 128
@@ -369,7 +369,7 @@ def test_flash_attn_decode(be, cp, kv_type, softcap):
 
     want = flash_attn_oracle(q, k_raw, v_raw, kv_type, kf.shape, mask, scale, softcap, sinks)
     out = cp.zeros((n_q, heads, d), cp.float32)
-    launch.flash_attn_decode(
+    launch_attention.flash_attn_decode(
         be,
         cp.asarray(q),
         cp.asarray(np.ascontiguousarray(k_raw)),

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from rpcnet.compute.cuda import launch, sources
+from rpcnet.compute.cuda import launch, launch_attention, sources
 from test_cuda_nvrtc import compile_ptx
 
 _PTX: dict[str, dict[str, list[str]]] = {}
@@ -174,7 +174,7 @@ def launches():
         out.append(
             (
                 f"soft_max {mask}",
-                lambda be, mask=mask: launch.soft_max(
+                lambda be, mask=mask: launch_attention.soft_max(
                     be,
                     DevArray((2, 3, 64), f32),
                     DevArray((2, 3, 64), f32),
@@ -210,7 +210,7 @@ def launches():
         out.append(
             (
                 f"flash_attn {kv}",
-                lambda be, kv=kv: launch.flash_attn_decode(
+                lambda be, kv=kv: launch_attention.flash_attn_decode(
                     be,
                     DevArray((4, 1, 128), f32),
                     DevArray((2, 10, launch.row_bytes(kv, 128)), u8),
@@ -228,7 +228,7 @@ def launches():
         out.append(
             (
                 f"flash_attn_views {kv}",
-                lambda be, kv=kv: launch.flash_attn_views(
+                lambda be, kv=kv: launch_attention.flash_attn_views(
                     be,
                     kv,
                     (

@@ -20,7 +20,6 @@ NULL = np.uint64(0)
 MV_WARPS = 4  # RPC_MV_WARPS in matvec.cu
 MV_MAXCOLS = 8  # RPC_MV_MAXCOLS
 Q8_1_BYTES = 36
-FA_WARPS = 4
 
 i32, i64, f32 = np.int32, np.int64, np.float32
 
@@ -423,44 +422,6 @@ def rms_norm(be: CudaBackend, x: Any, dst: Any, eps: float, weight: Any | None =
         _launch(be, fn, (rows,), (256,), (x, weight, dst, *common, *wargs, f32(eps)))
 
 
-def soft_max(
-    be: CudaBackend,
-    x: Any,
-    dst: Any,
-    scale: float,
-    mask: Any | None = None,
-    sinks: Any | None = None,
-) -> None:
-    """x [heads, rows, n] f32 contiguous; mask [rows, n] f32 or f16 (broadcast over heads)."""
-    heads, rows, n = x.shape
-    mask_type = 0 if mask is None else (1 if mask.dtype == be.cp.float32 else 2)
-    fn = be.kernels.function("softmax", "rpc_soft_max_f32")
-    strides = (i64(n), i64(n * rows), i64(n * rows * heads))
-    args = (
-        x,
-        NULL if mask is None else mask,
-        i32(mask_type),
-        NULL if sinks is None else sinks,
-        dst,
-        i32(n),
-        i32(rows),
-        i32(heads),
-        *strides,
-        *strides,
-        i64(n),
-        i64(0),
-        i64(0),
-        i32(1),
-        i32(1),
-        f32(scale),
-        f32(0),
-        f32(1),
-        f32(1),
-        i32(1),
-    )
-    _launch(be, fn, (rows * heads,), (256,), args)
-
-
 def rope_neox_or_normal(
     be: CudaBackend, x: Any, pos: Any, dst: Any, n_dims: int, mode: int, freq_base: float
 ) -> None:
@@ -549,118 +510,6 @@ def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: i
         i64(n),
     )
     _launch(be, fn, (_cdiv(k, 256), rows_grid(n), 1), (256,), args)
-
-
-def _fa_warps(v_type: str) -> int:
-    """Warps per (query row, head): one for f16 V (the positions in order, as the CPU)."""
-    return 1 if v_type == "F16" else FA_WARPS
-
-
-def _fa_scale(scale: float, softcap: float) -> float:
-    """ggml divides the scale by the softcap up front (s = softcap * tanh(dot * scale'))."""
-    return float(np.float32(scale) / np.float32(softcap)) if softcap != 0.0 else scale
-
-
-def flash_attn_views(
-    be: CudaBackend,
-    kv_types: tuple[str, str],
-    ptrs: tuple[Any, Any, Any, Any | None, Any | None, Any],
-    dims: tuple[int, int, int, int, int, int, int],
-    strides: tuple[int, ...],
-    mask_bcast: tuple[int, int],
-    scale: float,
-    max_bias: float,
-    softcap: float,
-) -> None:
-    """FLASH_ATTN_EXT on ggml views as they are (the KV cache's strided K/V): `ptrs` q, k, v,
-    mask (f16) or None, sinks or None, dst; `dims` d, dv, n_q, n_kv, n_head, n_head_kv,
-    batches; `strides`: q (floats) x3, k (bytes) x3, v (bytes) x3, mask (halves) x3;
-    `mask_bcast`: the mask's ne2, ne3 (broadcast over heads and batches)."""
-    d, dv, n_q, n_kv, n_head, n_head_kv, batches = dims
-    suffix = {"F16": "f16", "Q8_0": "q8_0"}
-    fn = be.kernels.function(
-        "flash_attn", f"rpc_flash_attn_{suffix[kv_types[0]]}_{suffix[kv_types[1]]}"
-    )
-    n_head_log2 = 1 << (n_head.bit_length() - 1)  # ggml's ALiBi slopes
-    m0 = 2.0 ** (-max_bias / n_head_log2)
-    m1 = 2.0 ** (-(max_bias / 2.0) / n_head_log2)
-    q, k, v, mask, sinks, dst = ptrs
-    args = (
-        q,
-        k,
-        v,
-        NULL if mask is None else mask,
-        NULL if sinks is None else sinks,
-        dst,
-        *(i32(x) for x in (d, dv, n_q, n_kv, n_head, n_head_kv)),
-        *(i64(s) for s in strides),
-        i32(mask_bcast[0]),
-        i32(mask_bcast[1]),
-        f32(_fa_scale(scale, softcap)),
-        f32(max_bias),
-        f32(m0),
-        f32(m1),
-        i32(n_head_log2),
-        f32(softcap),
-    )
-    _launch(be, fn, (n_q, n_head, batches), (32, _fa_warps(kv_types[1])), args)
-
-
-def flash_attn_decode(
-    be: CudaBackend,
-    q: Any,
-    k: Any,
-    v: Any,
-    mask: Any | None,
-    dst: Any,
-    kv_type: str,
-    scale: float,
-    softcap: float = 0.0,
-    sinks: Any | None = None,
-) -> None:
-    """q [H, n_q, D] f32; k, v [H_kv, n_kv, D] rows of `kv_type` (F16 or Q8_0); mask f16
-    [n_q, n_kv]; dst [n_q, H, D] f32 (ggml's FA output order)."""
-    heads, n_q, d = q.shape
-    kv_heads = int(k.shape[0])
-    n_kv = int(k.shape[1])
-    rb = row_bytes(kv_type, d)
-    suffix = {"F16": "f16", "Q8_0": "q8_0"}[kv_type]
-    fn = be.kernels.function("flash_attn", f"rpc_flash_attn_{suffix}_{suffix}")
-    args = (
-        q,
-        k,
-        v,
-        NULL if mask is None else mask,
-        NULL if sinks is None else sinks,
-        dst,
-        i32(d),
-        i32(d),
-        i32(n_q),
-        i32(n_kv),
-        i32(heads),
-        i32(kv_heads),
-        i64(d),
-        i64(d * n_q),
-        i64(d * n_q * heads),
-        i64(rb),
-        i64(rb * n_kv),
-        i64(0),
-        i64(rb),
-        i64(rb * n_kv),
-        i64(0),
-        i64(n_kv),
-        i64(0),
-        i64(0),
-        i32(1),
-        i32(1),
-        f32(_fa_scale(scale, softcap)),
-        f32(0),
-        f32(1),
-        f32(1),
-        i32(1),
-        f32(softcap),
-    )
-    _launch(be, fn, (n_q, heads, 1), (32, _fa_warps(kv_type)), args)
 
 
 BINARY_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3}

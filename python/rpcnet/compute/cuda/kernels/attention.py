@@ -4,6 +4,7 @@ the array-code fallback)."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from rpcnet import _native
 from rpcnet.compute.cuda.kernels.common import (
@@ -13,7 +14,6 @@ from rpcnet.compute.cuda.kernels.common import (
     XP,
     _backend,
     _contiguous,
-    _launch_module,
     _raw,
     _srcs,
     _view,
@@ -24,6 +24,12 @@ from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
 
 # ---------------------------------------------------------------------------------- attention
+
+
+def _attention_launchers() -> Any:
+    from rpcnet.compute.cuda import launch_attention  # at build time only (it imports CuPy's side)
+
+    return launch_attention
 
 
 def _soft_max_ok(node: Tensor) -> bool:
@@ -58,12 +64,12 @@ def cuda_soft_max(node: Tensor) -> Step:
     assert x_t is not None
     mask_t = node.src[1] if len(node.src) > 1 else None
     sinks_t = node.src[2] if len(node.src) > 2 else None
-    be, launch = _backend(node), _launch_module()
+    be, launch_attention = _backend(node), _attention_launchers()
     shape = (node.ne[2], node.ne[1], node.ne[0])
     x, dst, scale = _view(x_t, shape), _view(node, shape), node.f32(0)
     mask = None if mask_t is None else _view(mask_t, (mask_t.ne[1], mask_t.ne[0]))
     sinks = None if sinks_t is None else _view(sinks_t, (sinks_t.ne[0],))
-    return lambda: launch.soft_max(be, x, dst, scale, mask, sinks)
+    return lambda: launch_attention.soft_max(be, x, dst, scale, mask, sinks)
 
 
 def _fa_srcs(node: Tensor) -> tuple[Tensor | None, ...]:
@@ -171,7 +177,7 @@ def _fa_decode_ok(node: Tensor) -> bool:
 def cuda_flash_attn_decode(node: Tensor) -> Step:
     q_t, k_t, v_t, mask_t, sinks_t = _fa_srcs(node)
     assert q_t is not None and k_t is not None and v_t is not None
-    be, launch = _backend(node), _launch_module()
+    be, launch_attention = _backend(node), _attention_launchers()
     d, n_q, n_head, batches = q_t.ne
     kv_types = (_FA_KV[GgmlType(k_t.type)], _FA_KV[GgmlType(v_t.type)])
     ptrs = (
@@ -191,7 +197,7 @@ def cuda_flash_attn_decode(node: Tensor) -> Step:
     )
     bcast = (1, 1) if mask_t is None else (mask_t.ne[2], mask_t.ne[3])
     scale, max_bias, softcap = node.f32(0), node.f32(1), node.f32(2)
-    return lambda: launch.flash_attn_views(
+    return lambda: launch_attention.flash_attn_views(
         be, kv_types, ptrs, dims, strides, bcast, scale, max_bias, softcap
     )
 
