@@ -390,7 +390,13 @@ def test_unary(be, op):
 
 @pytest.mark.parametrize(
     ("kv_type", "n_kv", "softcap"),
-    [("F16", 200, 0.0), ("F16", 37, 30.0), ("Q8_0", 45, 0.0)],
+    [
+        ("F16", 200, 0.0),
+        ("F16", 37, 30.0),
+        ("Q8_0", 45, 0.0),
+        ("BF16", 70, 0.0),
+        ("BF16", 33, 30.0),
+    ],
 )
 def test_flash_attn_decode(be, kv_type, n_kv, softcap):
     """n_kv not a multiple of 32 (nor of the 4 warps' stride); GQA, mask and sinks."""

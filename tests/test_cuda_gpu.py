@@ -349,7 +349,7 @@ def test_get_rows(be, cp, real_tensors, type_name):
 
 
 @pytest.mark.parametrize("softcap", [0.0, 30.0])
-@pytest.mark.parametrize("kv_type", ["F16", "Q8_0"])
+@pytest.mark.parametrize("kv_type", ["F16", "Q8_0", "BF16"])
 def test_flash_attn_decode(be, cp, kv_type, softcap):
     import gguf
     from gguf.quants import quantize

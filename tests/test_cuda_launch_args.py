@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from rpcnet.compute.cuda import launch, launch_attention, sources
+from rpcnet.compute.cuda.kernels.common import FA_KV_PAIRS
 from test_cuda_nvrtc import compile_ptx
 
 _PTX: dict[str, dict[str, list[str]]] = {}
@@ -206,7 +207,7 @@ def launches():
             ),
         )
     )
-    for kv in ("F16", "Q8_0"):
+    for kv in ("F16", "Q8_0", "BF16"):
         out.append(
             (
                 f"flash_attn {kv}",
@@ -224,7 +225,7 @@ def launches():
                 ),
             )
         )
-    for kv in (("F16", "F16"), ("Q8_0", "Q8_0"), ("F16", "Q8_0"), ("Q8_0", "F16")):
+    for kv in sorted(FA_KV_PAIRS):
         out.append(
             (
                 f"flash_attn_views {kv}",

@@ -171,15 +171,18 @@ def flash_attn_oracle(
 ) -> np.ndarray:
     """What the CUDA flash-attention kernel computes for q (H, n_q, D) and gguf-quantized K/V of
     `shape` (H_kv, n_kv, D): the CPU's f16 algorithm for f16 K/V, else softmax(QK^T)V in
-    float64 from the dequantized cache. (n_q, H, Dv) float64."""
+    float64 from the dequantized cache (Q rounded to bf16 for bf16 K, as the CPU does).
+    (n_q, H, Dv) float64."""
     import gguf
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize, quantize
 
     if kv_type == "F16":
         return flash_attn_f16_like_cpu(
             q, k_raw.reshape(shape), v_raw.reshape(shape), mask, scale, softcap, sinks
         )
     qtype = gguf.GGMLQuantizationType[kv_type]
+    if kv_type == "BF16":  # the CPU rounds Q to bf16 for its bf16 dot product
+        q = np.asarray(dequantize(quantize(q, qtype), qtype), np.float32).reshape(q.shape)
     k64 = np.asarray(dequantize(k_raw, qtype), np.float64).reshape(shape)
     v64 = np.asarray(dequantize(v_raw, qtype), np.float64).reshape(shape)
     heads, n_q, _ = q.shape

@@ -11,6 +11,7 @@ from rpcnet.compute.cuda.device import CudaBackend
 from rpcnet.compute.cuda.launch import NULL, _launch, f32, i32, i64, row_bytes
 
 FA_WARPS = 4  # RPC_FA_WARPS in flash_attn.cu
+_FA_SUFFIX = {"F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
 
 
 def soft_max(
@@ -77,10 +78,8 @@ def flash_attn_views(
     batches; `strides`: q (floats) x3, k (bytes) x3, v (bytes) x3, mask (halves) x3;
     `mask_bcast`: the mask's ne2, ne3 (broadcast over heads and batches)."""
     d, dv, n_q, n_kv, n_head, n_head_kv, batches = dims
-    suffix = {"F16": "f16", "Q8_0": "q8_0"}
-    fn = be.kernels.function(
-        "flash_attn", f"rpc_flash_attn_{suffix[kv_types[0]]}_{suffix[kv_types[1]]}"
-    )
+    k_suffix, v_suffix = (_FA_SUFFIX[t] for t in kv_types)
+    fn = be.kernels.function("flash_attn", f"rpc_flash_attn_{k_suffix}_{v_suffix}")
     n_head_log2 = 1 << (n_head.bit_length() - 1)  # ggml's ALiBi slopes
     m0 = 2.0 ** (-max_bias / n_head_log2)
     m1 = 2.0 ** (-(max_bias / 2.0) / n_head_log2)
@@ -118,13 +117,13 @@ def flash_attn_decode(
     softcap: float = 0.0,
     sinks: Any | None = None,
 ) -> None:
-    """q [H, n_q, D] f32; k, v [H_kv, n_kv, D] rows of `kv_type` (F16 or Q8_0); mask f16
+    """q [H, n_q, D] f32; k, v [H_kv, n_kv, D] rows of `kv_type` (F16, BF16 or Q8_0); mask f16
     [n_q, n_kv]; dst [n_q, H, D] f32 (ggml's FA output order)."""
     heads, n_q, d = q.shape
     kv_heads = int(k.shape[0])
     n_kv = int(k.shape[1])
     rb = row_bytes(kv_type, d)
-    suffix = {"F16": "f16", "Q8_0": "q8_0"}[kv_type]
+    suffix = _FA_SUFFIX[kv_type]
     fn = be.kernels.function("flash_attn", f"rpc_flash_attn_{suffix}_{suffix}")
     args = (
         q,

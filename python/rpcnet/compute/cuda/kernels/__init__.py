@@ -20,8 +20,8 @@ from __future__ import annotations
 #: (op, what is missing) the CPU device serves that no cuda entry covers yet: documented gaps,
 #: not silent fallbacks (a graph with such a node is refused at plan time on cuda).
 NOT_YET_ON_CUDA: dict[str, str] = {
-    "FLASH_ATTN_EXT": "quantized (q8_0) and bf16 K/V, ALiBi (runs as an xp kernel; the CUDA C "
-    "decode kernel takes head-major contiguous K/V, llama.cpp's cache views are strided)",
+    "FLASH_ATTN_EXT": "more than 32 query rows with quantized or bf16 K/V, and mixed K/V types "
+    "other than f16 with q8_0",
     "GLU": "the split form (one source, halves) and SWIGLU_CLAMP",
     "SOFT_MAX": "ALiBi (max_bias > 0) and non-contiguous inputs",
     "ROPE": "MROPE/IMROPE/VISION and f16 (kernels exist, builders do not)",

@@ -8,9 +8,11 @@ from typing import Any
 
 from rpcnet import _native
 from rpcnet.compute.cuda.kernels.common import (
+    BF16,
     CUDA,
     F16,
     F32,
+    FA_KV_PAIRS,
     XP,
     _backend,
     _contiguous,
@@ -119,21 +121,21 @@ def _fa_ok(node: Tensor) -> bool:
     )
 
 
-_FA_KV = {F16: "F16", GgmlType.Q8_0: "Q8_0"}
+_FA_KV = {F16: "F16", BF16: "BF16", GgmlType.Q8_0: "Q8_0"}
 FA_DECODE_MAX_Q = 32  # query rows per head for the CUDA C kernel (one block each)
 FA_MAX_HEAD = 512  # 32 lanes x RPC_FA_PER_LANE in flash_attn.cu
 
 
 def _fa_decode_ok(node: Tensor) -> bool:
-    """The CUDA C decode kernel: f16 or q8_0 K/V views as the cache lays them out, f16 mask."""
+    """The CUDA C decode kernel: f16, bf16 or q8_0 K/V views as the cache lays them out, f16
+    mask."""
     parts = _fa_operands(node)
     if parts is None:
         return False
     q, k, v, mask, sinks = parts
     d, n_q, n_head, batches = q.ne
     return (
-        k.type in _FA_KV
-        and v.type in _FA_KV
+        (_FA_KV.get(k.type), _FA_KV.get(v.type)) in FA_KV_PAIRS
         and q.nb[0] == 4
         and all(q.nb[i] % 4 == 0 for i in (1, 2, 3))
         and k.nb[0] == _native.type_info(k.type)[2]  # blocks (or halves) contiguous along D
@@ -169,7 +171,7 @@ def _fa_decode_ok(node: Tensor) -> bool:
 
 @kernel(
     Op.FLASH_ATTN_EXT,
-    "f32 q x f16|q8_0 k, v views, n_q<=8 (+f16 mask, ALiBi, softcap, sinks, GQA; CUDA C)",
+    "f32 q x f16|bf16|q8_0 k, v views, n_q<=32 (+f16 mask, ALiBi, softcap, sinks, GQA; CUDA C)",
     _fa_decode_ok,
     priority=NATIVE,
     device=CUDA,

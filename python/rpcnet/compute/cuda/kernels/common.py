@@ -14,6 +14,10 @@ from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType, type_name
 
 CUDA = "cuda"
+#: the (K, V) types of the flash_attn.cu kernels (rpc_flash_attn_<k>_<v>)
+FA_KV_PAIRS = frozenset(
+    {("F16", "F16"), ("Q8_0", "Q8_0"), ("F16", "Q8_0"), ("Q8_0", "F16"), ("BF16", "BF16")}
+)
 XP = -10  # priority of array-code entries: below the CUDA C kernels of the same op
 MATVEC_MAX_COLS = 8  # launch.MV_MAXCOLS: activation columns of one matvec launch
 # launch.MV_CHUNKED_MAX: up to this many columns a product runs as matvec launches of at most

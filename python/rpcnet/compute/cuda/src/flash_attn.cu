@@ -1,4 +1,4 @@
-// FLASH_ATTN_EXT for few query rows (decode), K/V as f16 or q8_0 views, f32 Q, optional f16
+// FLASH_ATTN_EXT for few query rows (decode), K/V as f16, bf16 or q8_0 views, f32 Q, optional f16
 // mask, ALiBi, logit softcap and per-head sinks. ggml layouts:
 //   q [D, n_q, H, B] f32, k [D, n_kv, H_kv, B], v [Dv, n_kv, H_kv, B], f16 mask
 //   [n_kv, >=n_q, 1|H, 1|B] (broadcast over heads and sequences),
@@ -48,9 +48,12 @@ __device__ __forceinline__ void rpc_flash_attn(
 #pragma unroll
     for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
         const int i = lane + 32 * t;
-        // f16 K: Q rounded to f16 first, as ggml's CPU kernel converts it for its f16 dot
+        // f16 (bf16) K: Q rounded to f16 (bf16) first, as ggml's CPU kernel converts it for
+        // the K type's dot product
         const float qi = i < d ? qr[i] : 0.0f;
-        qv[t] = KT == RPC_F16 ? rpc_half_to_float(rpc_float_to_half(qi)) : qi;
+        qv[t] = KT == RPC_F16    ? rpc_half_to_float(rpc_float_to_half(qi))
+                : KT == RPC_BF16 ? rpc_bf16_to_float(rpc_float_to_bf16(qi))
+                                 : qi;
         acc[t] = 0.0f;
     }
     // f16 V: one warp walks the positions in order with the accumulator kept in f16, exactly
@@ -169,3 +172,4 @@ RPC_FA_KERNEL(RPC_F16, RPC_F16, f16_f16)
 RPC_FA_KERNEL(RPC_Q8_0, RPC_Q8_0, q8_0_q8_0)
 RPC_FA_KERNEL(RPC_F16, RPC_Q8_0, f16_q8_0)
 RPC_FA_KERNEL(RPC_Q8_0, RPC_F16, q8_0_f16)
+RPC_FA_KERNEL(RPC_BF16, RPC_BF16, bf16_bf16)
