@@ -1,7 +1,8 @@
 """The import graph of the rpcnet package has no cycles.
 
-Every import counts, also one inside a function (a lazy import hides a cycle, it does not remove
-it); only imports under ``if TYPE_CHECKING:`` are left out, as they never run.
+Every import counts: one inside a function (a lazy import hides a cycle, it does not remove it)
+and one under ``if TYPE_CHECKING:`` (a type is a dependency too: a circle among annotations
+means the module boundaries are wrong).
 """
 
 from __future__ import annotations
@@ -19,27 +20,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    found: list[ast.Import | ast.ImportFrom] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return found
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -47,7 +29,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in paths}
     for name, path in paths.items():
         is_package = path.name == "__init__.py"
-        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -111,7 +93,7 @@ def test_cycle_finder_finds_a_lazy_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     tree = ast.parse("def f():\n    import x\nif TYPE_CHECKING:\n    import y\n")
-    assert [n.names[0].name for n in _runtime_imports(tree)] == ["x"]
+    assert sorted(n.names[0].name for n in _imports(tree)) == ["x", "y"]
 
 
 def test_no_import_cycles():

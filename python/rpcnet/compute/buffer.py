@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotation only: device -> derived -> tensor -> buffer at run time
     from rpcnet.compute.backend import HostSink
-    from rpcnet.compute.device import Device
+    from rpcnet.compute.device_description import DeviceDescription
 
 _SERIALS = itertools.count(1)
 
@@ -20,7 +20,7 @@ _SERIALS = itertools.count(1)
 @dataclass(eq=False)
 class DeviceBuffer:
     handle: int
-    device: Device
+    device: DeviceDescription
     base: int
     size: int
     array: Any  # uint8 device array of `size` bytes (what the backend allocated)

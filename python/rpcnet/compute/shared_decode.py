@@ -15,14 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rpcnet import _native
 from rpcnet.compute.plan_run import plan_run
 
 if TYPE_CHECKING:
     from rpcnet.compute.buffer import DeviceBuffer
-    from rpcnet.compute.graph import Plan
+
+
+class Plan(Protocol):
+    """What sharing a decode step needs of a compiled plan (`compute.graph.Plan`)."""
+
+    uid: int
+
+    @property
+    def joint(self) -> JointForm | None: ...
+
 
 # Verdicts kept per device before the oldest are dropped (a few per weight matrix and client).
 MAX_VERDICTS = 1 << 16
