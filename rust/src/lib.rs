@@ -8,7 +8,8 @@
 //! * [`graph`] — GRAPH_COMPUTE payload decoding
 //! * [`region`] — overflow-checked buffer / tensor bounds checks
 //! * [`hash`] — FNV-1a 64
-//! * [`kernels`] — quantized matmul kernels (q8_0 decode fast path)
+//! * [`kernels`] — the CPU compute kernels (matmul over every supported weight type, flash
+//!   attention, row ops), with ggml's arithmetic bit for bit
 //! * [`chunk`] — transfer chunking
 //! * [`rdma`] — HELLO conn_caps codec and RoCE GID selection from sysfs
 //! * [`errors`] — the error values above return

@@ -141,9 +141,7 @@ pub fn matmul_converted(
     threads: usize,
     llamafile: bool,
 ) -> Result<(), KernelError> {
-    let info = type_info(type_id)
-        .ok_or_else(|| KernelError::new(format!("weight type {type_id} is not supported")))?;
-    let row_bytes = check(info, w.len(), row_stride, m, k, act.rows * k, out.len())?;
+    let (info, row_bytes) = checked(type_id, w, row_stride, m, k, act.rows * k, out.len())?;
     if act.row_bytes != info.act.row_bytes(k) {
         return Err(KernelError::new("activations converted to another format"));
     }
