@@ -17,8 +17,8 @@
 #
 # `--dry-run` (a CPU machine, the installed rpcnet and reference env; CI runs it): the same
 # stages and summary with the CUDA kernels executed by the CPU emulator (tests/support/cuda_emu):
-# the emulated kernel tests, real client steps run by the cuda plans on the emulator against the
-# CPU plans, no kernel benchmark, and the speed script's plumbing on a tiny model on the CPU.
+# the emulated kernel tests and the strict CuPy stand-in's (tests/support/strict_cupy), real
+# client steps run by the cuda plans on the emulator against the CPU plans, no kernel benchmark, and the speed script's plumbing on a tiny model on the CPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -84,7 +84,7 @@ log "install: $install_ok"
 # ---- 2. GPU tests ----------------------------------------------------------------------------
 tests_rc=-1
 if $install_ok; then
-    if $DRY; then test_args=(tests/test_cuda_emulated.py); else test_args=(-m gpu tests/test_cuda_gpu.py); fi
+    if $DRY; then test_args=(tests/test_cuda_emulated.py tests/test_cuda_strict.py); else test_args=(-m gpu tests/test_cuda_gpu.py); fi
     timeout "$(cap 130)" "$PY" -m pytest -q -rfEs -p no:cacheprovider "${test_args[@]}" \
         --junitxml="$WORK/gpu_tests.xml" >"$WORK/gpu_tests.log" 2>&1
     tests_rc=$?
