@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import rpcnet
+from support.graphs import cycles
 
 PACKAGE_DIR = Path(rpcnet.__file__).parent
 
@@ -45,41 +46,6 @@ def import_graph() -> dict[str, set[str]]:
                 ]
             graph[name].update(t for t in targets if t in paths and t != name)
     return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def strongconnect(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                strongconnect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            strongconnect(v)
-    return found
 
 
 def test_graph_sees_the_package():

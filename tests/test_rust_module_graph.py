@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from support.graphs import cycles
+
 RUST_SRC = Path(__file__).resolve().parent.parent / "rust" / "src"
 MAX_LINES = 700
 CRATE = "crate"
@@ -200,41 +202,6 @@ def module_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         graph[name] = _file_edges(name, path, file_module, children[name])
     return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def strongconnect(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                strongconnect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            strongconnect(v)
-    return found
 
 
 def test_parser_reads_use_trees_paths_and_inline_modules():
