@@ -23,6 +23,7 @@ from support.cuda_quant import (
     flash_attn_oracle,
     float_activations,
     q8_1_oracle,
+    soft_max_case,
 )
 
 #: byte offsets of the half scales in one block, per quant type (ggml-common.h)
@@ -255,17 +256,7 @@ def test_rms_norm_and_fused_mul(be):
 def test_soft_max_with_mask_and_sinks(be, mask_dtype):
     rng = np.random.default_rng(7)
     heads, rows, n = 3, 4, 300
-    x = rng.standard_normal((heads, rows, n)).astype(np.float32)
-    mask = None
-    logits = x.astype(np.float64) * 0.125
-    if mask_dtype is not None:
-        mask = np.where(rng.random((rows, n)) < 0.3, -np.inf, 0.0).astype(mask_dtype)
-        mask[:, 0] = 0
-        logits = logits + mask.astype(np.float64)[None]
-    sinks = rng.standard_normal(heads).astype(np.float32)
-    mx = np.maximum(logits.max(axis=2, keepdims=True), sinks[:, None, None])
-    e = np.exp(logits - mx)
-    want = e / (e.sum(axis=2, keepdims=True) + np.exp(sinks[:, None, None] - mx))
+    x, mask, sinks, want = soft_max_case(rng, heads, rows, n, mask_dtype)
     out = be.zeros((heads, rows, n), np.float32)
     dev_mask = None if mask is None else be.asarray(mask)
     launch_attention.soft_max(be, be.asarray(x), out, 0.125, dev_mask, be.asarray(sinks))

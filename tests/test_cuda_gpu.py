@@ -17,6 +17,7 @@ from support.cuda_quant import (
     float_activations,
     q8_1_oracle,
     real_quantized_rows,
+    soft_max_case,
 )
 
 pytestmark = pytest.mark.gpu
@@ -268,17 +269,7 @@ def test_soft_max_with_mask_and_sinks(be, cp, mask_dtype):
 
     rng = np.random.default_rng(7)
     heads, rows, n = 4, 5, 300
-    x = rng.standard_normal((heads, rows, n)).astype(np.float32)
-    mask = None
-    logits = x.astype(np.float64) * 0.125
-    if mask_dtype is not None:
-        mask = np.where(rng.random((rows, n)) < 0.3, -np.inf, 0.0).astype(mask_dtype)
-        mask[:, 0] = 0
-        logits = logits + mask.astype(np.float64)[None]
-    sinks = rng.standard_normal(heads).astype(np.float32)
-    mx = np.maximum(logits.max(axis=2, keepdims=True), sinks[:, None, None])
-    e = np.exp(logits - mx)
-    want = e / (e.sum(axis=2, keepdims=True) + np.exp(sinks[:, None, None] - mx))
+    x, mask, sinks, want = soft_max_case(rng, heads, rows, n, mask_dtype)
     out = cp.zeros((heads, rows, n), cp.float32)
     launch_attention.soft_max(
         be, cp.asarray(x), out, 0.125, None if mask is None else cp.asarray(mask), cp.asarray(sinks)

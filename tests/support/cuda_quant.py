@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -199,3 +200,23 @@ def flash_attn_oracle(
         p = e / (e.sum(axis=1, keepdims=True) + np.exp(sinks[h] - mx))
         want[:, h, :] = p @ v64[h // group]
     return want
+
+
+def soft_max_case(
+    rng: np.random.Generator, heads: int, rows: int, n: int, mask_dtype: Any
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """Inputs of SOFT_MAX with scale 0.125, an optional mask of `mask_dtype` broadcast over
+    heads (about 30% of positions hidden, never the first) and per-head sinks, and what it
+    gives in float64: (x, mask, sinks, want)."""
+    x = rng.standard_normal((heads, rows, n)).astype(np.float32)
+    mask = None
+    logits = x.astype(np.float64) * 0.125
+    if mask_dtype is not None:
+        mask = np.where(rng.random((rows, n)) < 0.3, -np.inf, 0.0).astype(mask_dtype)
+        mask[:, 0] = 0
+        logits = logits + mask.astype(np.float64)[None]
+    sinks = rng.standard_normal(heads).astype(np.float32)
+    mx = np.maximum(logits.max(axis=2, keepdims=True), sinks[:, None, None])
+    e = np.exp(logits - mx)
+    want = e / (e.sum(axis=2, keepdims=True) + np.exp(sinks[:, None, None] - mx))
+    return x, mask, sinks, want
