@@ -232,9 +232,8 @@ class Tunnel:
         except (TunnelError, tlsmod.TlsSetupError) as exc:
             log.warning("%s: tunnel to %s: %s", who, target, exc)
         except ssl.SSLError as exc:
-            log.warning(
-                "%s: tunnel to %s: TLS handshake failed: %s", who, target, exc.reason or exc
-            )
+            why = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+            log.warning("%s: tunnel to %s: TLS handshake failed: %s", who, target, why)
         except (OSError, EOFError) as exc:
             log.warning("%s: tunnel to %s: %s", who, target, exc or type(exc).__name__)
         else:

@@ -242,7 +242,8 @@ class Connection:
                     hint = " (a plain TCP client on a TLS port? connect through rpcnet tunnel)"
                 raise Refused(f"TLS handshake failed: {exc.reason or exc}{hint}", "tls") from exc
             except (OSError, EOFError) as exc:
-                raise Refused(f"TLS handshake failed: {exc or type(exc).__name__}", "tls") from exc
+                why = str(exc) or f"{type(exc).__name__} (the client gave up: wrong certificate?)"
+                raise Refused(f"TLS handshake failed: {why}", "tls") from exc
         try:
             await asyncio.wait_for(self._token(), timeout)
         except asyncio.TimeoutError as exc:

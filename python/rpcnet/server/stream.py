@@ -150,7 +150,9 @@ class StreamProtocol(asyncio.BufferedProtocol):
             app_transport.close()
             raise
         self.transport = app_transport
-        app_transport.set_write_buffer_limits(high=0, low=0)
+        # Paused while any byte is not yet encrypted and handed to the socket (high=0 would
+        # pause on every write: the TLS protocol compares size >= high, and 0 >= 0).
+        app_transport.set_write_buffer_limits(high=1, low=0)
 
     def abort(self) -> None:
         """Close at once, dropping unsent bytes."""

@@ -1,0 +1,221 @@
+"""TLS on the wire: `serve --tls-*` accepts TLS 1.3 only, and what does not pass the handshake is
+refused with one log line and holds nothing. In-process servers and tunnels, real sockets on
+loopback, rpcnet's own client through `rpcnet tunnel`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+import stat
+import time
+
+import pytest
+from rpcnet.client import RpcClient
+from rpcnet.transport import tls
+from support.raw import HELLO, RawConn
+from support.secure import Pki, TunnelThread, present_token, tls_socket, write_tokens
+
+TOKEN = "alice-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    pytest.importorskip("cryptography")
+    pki = Pki(tmp_path_factory.mktemp("pki"))
+    pki.good = pki.leaf("server", ("127.0.0.1", "127.0.0.2", "127.0.0.3"))
+    pki.expired = pki.leaf("expired", ("127.0.0.1",), expired=True)
+    return pki
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    return write_tokens(tmp_path / "tokens", {"alice": (TOKEN, None)})
+
+
+def secure_server(server_factory, pki, tokens=None, cert=None, **config):
+    cert_path, key_path = cert or pki.good
+    return server_factory(
+        mem=256 << 20, tls_cert=cert_path, tls_key=key_path, tokens=tokens, **config
+    )
+
+
+def wait_until(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.02)
+
+
+def assert_nothing_held(srv) -> None:
+    wait_until(lambda: srv.connection_count() == 0)
+    assert srv.memory_held() == 0
+
+
+async def roundtrip(port: int) -> bytes:
+    async with await RpcClient.connect("127.0.0.1", port) as c:
+        handle, _ = await c.alloc_buffer(1 << 20)
+        base = await c.buffer_base(handle)
+        from rpcnet import _native
+
+        t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=(1 << 18, 1, 1, 1))
+        data = os.urandom(1 << 20)
+        await c.set_tensor(t, 0, data)
+        got = await c.get_tensor(t, 0, 1 << 20)
+        assert got == data
+        return got
+
+
+def test_self_signed_pair_made_once_and_private(tmp_path, monkeypatch):
+    pytest.importorskip("cryptography")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    cert, key = tls.self_signed()
+    assert cert.parent == tmp_path / "state" / "rpcnet" / "tls"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    first = tls.cert_fingerprint(cert)
+    assert tls.self_signed() == (cert, key) and tls.cert_fingerprint(cert) == first
+    tls.server_context(cert, key)  # loads
+
+
+def test_fingerprint_parsing():
+    hexed = "ab" * 32
+    assert tls.parse_fingerprint(":".join(["AB"] * 32)) == hexed
+    assert tls.parse_fingerprint(hexed.upper()) == hexed
+    for bad in ("ab" * 31, "zz" * 32, ""):
+        with pytest.raises(tls.TlsSetupError):
+            tls.parse_fingerprint(bad)
+
+
+def test_tunnel_to_self_signed_server_pinned(server_factory, tmp_path, monkeypatch, caplog):
+    """--tls-self-signed: the fingerprint the server logs is the one the tunnel pins; bytes
+    arrive intact both ways; the tunnel's status line names TLS 1.3, fingerprint, tenant."""
+    pytest.importorskip("cryptography")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    tokens = write_tokens(tmp_path / "tokens", {"alice": (TOKEN, None)})
+    srv = server_factory(mem=256 << 20, tls_self_signed=True, tokens=tokens)
+    fp = srv.server.fingerprint
+    assert fp == tls.cert_fingerprint(tmp_path / "state/rpcnet/tls/server.pem")
+    tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, fingerprint=fp).start()
+    try:
+        with caplog.at_level(logging.INFO):
+            asyncio.run(roundtrip(tunnel.ports[0]))
+        line = next(r.getMessage() for r in caplog.records if "tunnel to" in r.getMessage())
+        assert "TLSv1.3" in line and tls.colon_hex(fp) in line and "tenant alice" in line
+        assert TOKEN not in caplog.text
+    finally:
+        tunnel.stop()
+    assert_nothing_held(srv)
+
+
+def test_tunnel_with_ca(server_factory, pki, tokens):
+    srv = secure_server(server_factory, pki, tokens)
+    tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, ca=pki.ca_path).start()
+    try:
+        asyncio.run(roundtrip(tunnel.ports[0]))
+    finally:
+        tunnel.stop()
+    assert_nothing_held(srv)
+
+
+def test_tls_only_1_3(server_factory, pki, caplog):
+    srv = secure_server(server_factory, pki)
+    with pytest.raises(ssl.SSLError):
+        tls_socket(srv.port, maximum_version=ssl.TLSVersion.TLSv1_2)
+    wait_until(lambda: "refused: TLS handshake failed" in caplog.text)
+    with tls_socket(srv.port) as sock:  # 1.3 works, and TLS without tokens needs no preamble
+        assert sock.version() == "TLSv1.3"
+        sock.sendall(HELLO)
+        assert sock.recv(8)[:1] == b"\x1c"
+    assert_nothing_held(srv)
+
+
+def test_plain_tcp_to_tls_port_refused(server_factory, pki, tokens, caplog):
+    srv = secure_server(server_factory, pki, tokens)
+    with pytest.raises(ConnectionError):
+        RawConn(srv.port)  # a plain llama.cpp-like HELLO
+    wait_until(lambda: "plain TCP client on a TLS port" in caplog.text)
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in refusals]
+    assert_nothing_held(srv)
+
+
+def test_tls_to_plain_port_refused(server_factory, caplog):
+    srv = server_factory(mem=256 << 20)
+    tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, fingerprint="00" * 32).start()
+    try:
+        with socket.create_connection(("127.0.0.1", tunnel.ports[0]), timeout=10) as sock:
+            sock.sendall(HELLO)
+            assert sock.recv(8) == b""  # the tunnel could not open: the client is closed
+        wait_until(lambda: "a TLS handshake on a plain TCP port" in caplog.text)
+        wait_until(lambda: "tunnel to" in caplog.text)
+    finally:
+        tunnel.stop()
+    assert_nothing_held(srv)
+
+
+def test_slow_handshake_times_out(server_factory, pki, caplog):
+    srv = secure_server(server_factory, pki, hello_timeout=1.0)
+    with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+        sock.settimeout(5)
+        assert sock.recv(1) == b""  # closed by the server, nothing sent
+    wait_until(lambda: "refused: no TLS handshake within 1 s" in caplog.text)
+    assert_nothing_held(srv)
+
+
+def test_expired_certificate_refused_by_tunnel(server_factory, pki, tokens, caplog):
+    srv = secure_server(server_factory, pki, tokens, cert=pki.expired)
+    tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, ca=pki.ca_path).start()
+    try:
+        with socket.create_connection(("127.0.0.1", tunnel.ports[0]), timeout=10) as sock:
+            sock.sendall(HELLO)
+            assert sock.recv(8) == b""
+        wait_until(lambda: "certificate has expired" in caplog.text)
+    finally:
+        tunnel.stop()
+    assert_nothing_held(srv)
+
+
+def test_wrong_certificate_refused_before_the_token_leaves(
+    server_factory, pki, tokens, tmp_path, caplog
+):
+    """A pinned fingerprint that is not the server's, and a CA that did not sign it: the tunnel
+    closes after the handshake; the server never sees the token."""
+    srv = secure_server(server_factory, pki, tokens)
+    other = Pki(tmp_path / "other", "other-ca")
+    for kw in ({"fingerprint": "11" * 32}, {"ca": other.ca_path}):
+        tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, **kw).start()
+        try:
+            with socket.create_connection(("127.0.0.1", tunnel.ports[0]), timeout=10) as sock:
+                sock.sendall(HELLO)
+                assert sock.recv(8) == b""
+        finally:
+            tunnel.stop()
+    wait_until(lambda: "is not the pinned" in caplog.text)
+    assert "TLS handshake failed: unable to get local issuer certificate" in caplog.text
+    wait_until(lambda: caplog.text.count("refused:") >= 2)
+    assert "tenant alice" not in caplog.text
+    assert_nothing_held(srv)
+
+
+def test_refused_connections_do_not_disturb_others(server_factory, pki, tokens):
+    srv = secure_server(server_factory, pki, tokens)
+    tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, ca=pki.ca_path).start()
+
+    async def main() -> None:
+        async with await RpcClient.connect("127.0.0.1", tunnel.ports[0]) as honest:
+            handle, _ = await honest.alloc_buffer(1 << 20)
+            for _ in range(3):
+                with pytest.raises(ConnectionError):
+                    RawConn(srv.port)
+                with tls_socket(srv.port) as s:
+                    assert present_token(s, "not-the-token-at-all") in (None, (1, ""))
+            assert await honest.buffer_base(handle)
+
+    try:
+        asyncio.run(main())
+    finally:
+        tunnel.stop()
+    assert_nothing_held(srv)
