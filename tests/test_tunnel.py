@@ -1,0 +1,147 @@
+"""The REAL v8 llama.cpp client, unchanged, through `rpcnet tunnel` to TLS + token servers.
+
+- one server: the logits through the tunnel equal those over plain TCP to the same kind of server
+  (and are within 1e-3 of llama.cpp's own CPU run, argmax equal);
+- a layer split across two TLS servers on different loopback addresses (127.0.0.2, 127.0.0.3),
+  one tunnel listening for both, each connection TLS 1.3 with its tenant's token;
+- `rpcnet tunnel` as a real process (the command line, the token file, a pinned fingerprint).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rpcnet.transport import tls
+from support import refenv, require
+from support.inproc import ServerThread
+from support.secure import Pki, TunnelThread, write_tokens
+from support.serve import wait_listening
+
+pytestmark = pytest.mark.usefixtures("refenv_required")
+
+TOKEN = "tenant-token-0123456789"
+TOKENS = "1,40,41,300,77,250,12,101"
+DECODE = ("--tokens", TOKENS, "--prefill", "4", "--flash-attn", "1", "--threads", "1")
+MEM = 1 << 30
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    require.module("gguf")
+    pytest.importorskip("cryptography")
+    from support.models import ZOO, ensure_model
+
+    cache = os.environ.get("RPCNET_E2E_CACHE")
+    zoo = Path(cache) if cache else tmp_path_factory.mktemp("zoo")
+    work = tmp_path_factory.mktemp("tunnel")
+    pki = Pki(work / "pki")
+    cert = pki.leaf("server", ("127.0.0.1", "127.0.0.2", "127.0.0.3"))
+    tokens = write_tokens(work / "tokens", {"tenant": (TOKEN, None)})
+    return {
+        "model": ensure_model(ZOO["llama-gqa-f32"], zoo),
+        "work": work,
+        "pki": pki,
+        "cert": cert,
+        "tokens": tokens,
+        "n": [0],
+    }
+
+
+def generate(env: dict, endpoint: str, *args: str) -> np.ndarray:
+    env["n"][0] += 1
+    result = refenv.run_probe(
+        "v8",
+        "generate",
+        "--model",
+        env["model"],
+        "--endpoint",
+        endpoint,
+        "--out",
+        env["work"] / f"{env['n'][0]:02d}",
+        *DECODE,
+        *args,
+        timeout=180,
+    )
+    if endpoint != "local":
+        assert result["device"].startswith("RPC"), result
+    return np.load(result["logits_path"])
+
+
+def close_to(got: np.ndarray, ref: np.ndarray) -> None:
+    assert got.shape == ref.shape and np.isfinite(got).all()
+    rel = float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
+    assert rel <= TOL, rel
+    assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
+
+
+def tls_server(env: dict, stack: ExitStack, host: str = "127.0.0.1") -> ServerThread:
+    cert, key = env["cert"]
+    srv = ServerThread(mem=MEM, host=host, tls_cert=cert, tls_key=key, tokens=env["tokens"])
+    srv.start()
+    stack.callback(srv.stop)
+    return srv
+
+
+def test_logits_through_the_tunnel_equal_plain_tcp(env, caplog):
+    caplog.set_level(logging.INFO)
+    with ExitStack() as stack:
+        plain = ServerThread(mem=MEM).start()
+        stack.callback(plain.stop)
+        srv = tls_server(env, stack)
+        tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, ca=env["pki"].ca_path).start()
+        stack.callback(tunnel.stop)
+        over_tcp = generate(env, plain.endpoint)
+        through = generate(env, tunnel.endpoints[0])
+        assert np.array_equal(through, over_tcp)
+        close_to(through, generate(env, "local"))
+        assert tunnel.tunnel is not None and tunnel.tunnel.opened_count >= 1
+        assert "TLSv1.3" in caplog.text and "tenant tenant" in caplog.text
+        assert TOKEN not in caplog.text
+
+
+def test_layer_split_across_two_tls_servers(env):
+    with ExitStack() as stack:
+        servers = [tls_server(env, stack, host) for host in ("127.0.0.2", "127.0.0.3")]
+        targets = [(s.config.host, s.port) for s in servers]
+        tunnel = TunnelThread(targets, TOKEN, ca=env["pki"].ca_path).start()
+        stack.callback(tunnel.stop)
+        got = generate(
+            env, ",".join(tunnel.endpoints), "--split-mode", "layer", "--tensor-split", "1,1"
+        )
+        close_to(got, generate(env, "local"))
+        for srv in servers:  # both served graphs; both free once the client is gone
+            assert srv.server is not None and srv.server.stats.graphs > 0
+            assert srv.connection_count() == 0 and srv.memory_held() == 0
+
+
+def test_tunnel_command_line(env, tmp_path):
+    """`rpcnet tunnel` as its own process: token file, pinned fingerprint, the real client."""
+    with ExitStack() as stack:
+        srv = tls_server(env, stack)
+        token_file = tmp_path / "token"
+        token_file.write_text(TOKEN + "\n")
+        port = refenv.free_port()
+        fp = tls.colon_hex(tls.cert_fingerprint(env["cert"][0]))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rpcnet.cli", "tunnel", "--listen", f"127.0.0.1:{port}"]
+            + ["--to", f"127.0.0.1:{srv.port}", "--token-file", str(token_file)]
+            + ["--fingerprint", fp],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        stack.callback(refenv.stop_process, proc)
+        wait_listening(port, proc)
+        close_to(generate(env, f"127.0.0.1:{port}"), generate(env, "local"))
+        refenv.stop_process(proc)
+        out = proc.stdout.read() if proc.stdout else ""
+        assert "TLSv1.3" in out and fp in out and "tenant tenant" in out, out
+        assert TOKEN not in out
