@@ -15,6 +15,7 @@ import time
 import pytest
 from rpcnet.client import RpcClient
 from rpcnet.transport import tls
+from support import require
 from support.raw import HELLO, RawConn
 from support.secure import Pki, TunnelThread, present_token, tls_socket, write_tokens
 
@@ -23,7 +24,7 @@ TOKEN = "alice-token-0123456789"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    pytest.importorskip("cryptography")
+    require.module("cryptography")
     pki = Pki(tmp_path_factory.mktemp("pki"))
     pki.good = pki.leaf("server", ("127.0.0.1", "127.0.0.2", "127.0.0.3"))
     pki.expired = pki.leaf("expired", ("127.0.0.1",), expired=True)
@@ -70,7 +71,7 @@ async def roundtrip(port: int) -> bytes:
 
 
 def test_self_signed_pair_made_once_and_private(tmp_path, monkeypatch):
-    pytest.importorskip("cryptography")
+    require.module("cryptography")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     cert, key = tls.self_signed()
     assert cert.parent == tmp_path / "state" / "rpcnet" / "tls"
@@ -92,7 +93,7 @@ def test_fingerprint_parsing():
 def test_tunnel_to_self_signed_server_pinned(server_factory, tmp_path, monkeypatch, caplog):
     """--tls-self-signed: the fingerprint the server logs is the one the tunnel pins; bytes
     arrive intact both ways; the tunnel's status line names TLS 1.3, fingerprint, tenant."""
-    pytest.importorskip("cryptography")
+    require.module("cryptography")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     tokens = write_tokens(tmp_path / "tokens", {"alice": (TOKEN, None)})
     srv = server_factory(mem=256 << 20, tls_self_signed=True, tokens=tokens)

@@ -22,6 +22,7 @@ from rpcnet.server.tokens import (
     parse_request_head,
     parse_tokens,
 )
+from support import require
 from support.raw import HELLO
 from support.secure import Pki, TunnelThread, present_token, tls_socket, write_tokens
 
@@ -30,7 +31,7 @@ ALICE, BOB, MALLORY = "alice-token-0123456789", "bob-token-abcdefghijkl", "mallo
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    pytest.importorskip("cryptography")
+    require.module("cryptography")
     pki = Pki(tmp_path_factory.mktemp("pki"))
     pki.good = pki.leaf("server", ("127.0.0.1",))
     return pki

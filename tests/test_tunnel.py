@@ -36,7 +36,7 @@ TOL = 1e-3
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     require.module("gguf")
-    pytest.importorskip("cryptography")
+    require.module("cryptography")
     from support.models import ZOO, ensure_model
 
     cache = os.environ.get("RPCNET_E2E_CACHE")
