@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from rpcnet.server.app import Server, ServerConfig, run_loop
 
+T = TypeVar("T", bound="LoopThread")
 
-class ServerThread:
-    def __init__(self, devices: list | None = None, **config: Any) -> None:
-        config.setdefault("port", 0)
-        self.devices = devices  # None: the devices `config.device` names
-        self.config = ServerConfig(**config)
-        self.server: Server | None = None
+
+class LoopThread:
+    """A service (anything with async `start()` and `close()`) on its own event loop thread."""
+
+    thread_name = "rpcnet-test-loop"
+
+    def __init__(self) -> None:
+        self.service: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._main, name="rpcnet-test-server", daemon=True)
+        self._thread = threading.Thread(target=self._main, name=self.thread_name, daemon=True)
         self._error: BaseException | None = None
+
+    def make(self) -> Any:
+        raise NotImplementedError
 
     def _main(self) -> None:
         try:
@@ -31,18 +37,40 @@ class ServerThread:
     async def _serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.server = Server(self.config, self.devices)
-        await self.server.start()
+        self.service = self.make()
+        await self.service.start()
         self._ready.set()
         await self._stop.wait()
-        await self.server.close()
+        await self.service.close()
 
-    def start(self) -> ServerThread:
+    def start(self: T) -> T:
         self._thread.start()
         self._ready.wait(10)
         if self._error is not None:
             raise self._error
         return self
+
+    def stop(self) -> None:
+        if self.loop is not None and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+class ServerThread(LoopThread):
+    thread_name = "rpcnet-test-server"
+
+    def __init__(self, devices: list | None = None, **config: Any) -> None:
+        config.setdefault("port", 0)
+        self.devices = devices  # None: the devices `config.device` names
+        self.config = ServerConfig(**config)
+        super().__init__()
+
+    def make(self) -> Server:
+        return Server(self.config, self.devices)
+
+    @property
+    def server(self) -> Server | None:
+        return self.service
 
     @property
     def port(self) -> int:
@@ -69,8 +97,3 @@ class ServerThread:
     def connection_count(self) -> int:
         assert self.server is not None
         return self.call(lambda: len(self.server.connections))
-
-    def stop(self) -> None:
-        if self.loop is not None and self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)

@@ -3,18 +3,16 @@ in-process `rpcnet tunnel` on its own thread, and a blocking TLS client for raw 
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import socket
 import ssl
-import threading
 from pathlib import Path
 
 from rpcnet.server.tokens import ANSWER_HEAD, encode_request, parse_answer_head
 from rpcnet.tunnel import Route, Tunnel, TunnelConfig
 
-from support.inproc import run_loop
+from support.inproc import LoopThread
 
 
 def _pem_pair(cert, key) -> tuple[bytes, bytes]:
@@ -96,8 +94,10 @@ def write_tokens(path: Path, tenants: dict[str, tuple[str, str | None]]) -> Path
     return path
 
 
-class TunnelThread:
+class TunnelThread(LoopThread):
     """`rpcnet tunnel` in-process, on its own event loop thread (ports chosen by the OS)."""
+
+    thread_name = "rpcnet-test-tunnel"
 
     def __init__(
         self,
@@ -111,35 +111,14 @@ class TunnelThread:
     ) -> None:
         routes = tuple(Route((listen_host, 0), t, fingerprint) for t in targets)
         self.config = TunnelConfig(routes, token.encode(), ca, None, timeout)
-        self.tunnel: Tunnel | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, daemon=True, name="rpcnet-test-tunnel")
+        super().__init__()
 
-    def _main(self) -> None:
-        try:
-            run_loop(self._serve())
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
+    def make(self) -> Tunnel:
+        return Tunnel(self.config)
 
-    async def _serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        self.tunnel = Tunnel(self.config)
-        await self.tunnel.start()
-        self._ready.set()
-        await self._stop.wait()
-        await self.tunnel.close()
-
-    def start(self) -> TunnelThread:
-        self._thread.start()
-        self._ready.wait(10)
-        if self._error is not None:
-            raise self._error
-        return self
+    @property
+    def tunnel(self) -> Tunnel | None:
+        return self.service
 
     @property
     def ports(self) -> list[int]:
@@ -149,11 +128,6 @@ class TunnelThread:
     @property
     def endpoints(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports]
-
-    def stop(self) -> None:
-        if self.loop is not None and self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
 
 
 def tls_socket(port: int, host: str = "127.0.0.1", **ctx_opts) -> ssl.SSLSocket:
