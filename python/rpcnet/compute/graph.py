@@ -109,7 +109,8 @@ def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -
 def _compile(nodes: list[Tensor], device: str, budget: Any, state: kernel_table.PlanState) -> Plan:
     computed = [n for n in nodes if needs_compute(n)]
     written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
-    fused = _fused_pairs(computed, nodes, device)
+    groups = _node_groups(computed, nodes, device)
+    fused = _fused_pairs([n for n in computed if id(n) not in groups.member_of], nodes, device)
     steps = []
     handles: set[int] = set()
     need, needy = 0, None  # largest per-node scratch bound, and that node
@@ -124,6 +125,12 @@ def _compile(nodes: list[Tensor], device: str, budget: Any, state: kernel_table.
             continue
         if node.buffer is None:
             raise ComputeError(f"node {node.describe()} has no storage on this server")
+        group = groups.member_of.get(id(node))
+        if group is not None:  # several nodes as one step, at the first member's place
+            if group.members[0] is node:
+                steps.append(group.build())
+                state.written.extend(group.members)
+            continue
         pair = fused.pairs.get(id(node))
         if pair is not None:  # this node and its only consumer, next in line, as one kernel
             steps.append(pair[0].build(node, pair[1]))
@@ -165,6 +172,24 @@ def _compile(nodes: list[Tensor], device: str, budget: Any, state: kernel_table.
         plan.scratch = budget.admit(need, plan.footprint, what)
         plan.scratch.bind(plan)
     return plan
+
+
+@dataclass
+class _Groups:
+    member_of: dict[int, kernel_table.NodeGroup]  # id(node) -> its group
+
+
+def _node_groups(computed: list[Tensor], nodes: list[Tensor], device: str) -> _Groups:
+    """The device's node groups (GPU plans only; a profile times every node on its own)."""
+    groups = _Groups({})
+    if device == "cpu" or profile.enabled():
+        return groups
+    for find in kernel_table.group_finders(device):
+        free = [n for n in computed if id(n) not in groups.member_of]
+        for group in find(free, nodes):
+            for member in group.members:
+                groups.member_of[id(member)] = group
+    return groups
 
 
 @dataclass

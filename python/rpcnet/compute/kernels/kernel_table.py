@@ -121,6 +121,39 @@ def select_fusion(first: Tensor, second: Tensor, device: str) -> Fusion | None:
     return None
 
 
+@dataclass(frozen=True)
+class NodeGroup:
+    """Several nodes of a plan run as one step, at the position of `members[0]` (a GPU's
+    products that share an input, or a product with the ops that consume it): the finder has
+    checked that running each member there reads and writes what it would in its own place."""
+
+    members: tuple[Tensor, ...]
+    build: Callable[[], Step]
+
+
+#: per device: functions that find node groups in a plan's computed nodes (in order), given
+#: every node of the graph (to count readers)
+GroupFinder = Callable[[list[Tensor], list[Tensor]], list[NodeGroup]]
+_GROUP_FINDERS: dict[str, list[GroupFinder]] = {}
+
+
+def group_finder(device: str) -> Callable[[GroupFinder], GroupFinder]:
+    """Register a finder of node groups for `device` (tried in registration order; a node
+    joins the first group found for it)."""
+
+    def register(find: GroupFinder) -> GroupFinder:
+        finders = _GROUP_FINDERS.setdefault(device, [])
+        if find not in finders:
+            finders.append(find)
+        return find
+
+    return register
+
+
+def group_finders(device: str) -> list[GroupFinder]:
+    return list(_GROUP_FINDERS.get(device, ()))
+
+
 @dataclass
 class PlanState:
     """What the builders of one plan may know of the nodes built before theirs, in plan order:
