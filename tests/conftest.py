@@ -67,6 +67,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_cuda_nvrtc": ("unit",),
     "test_cuda_strict": ("unit",),
     "test_cuda_emulated": ("unit",),
+    "test_cuda_fused": ("unit",),
     "test_cuda_ptxas": ("unit",),
     "test_gpu_check_dry_run": ("slow",),
     "test_cuda_registry": ("unit",),

@@ -136,7 +136,18 @@ def expected_kernels() -> dict[str, set[str]]:
             "rpc_act_round_q8_k",
         },
         "dequantize": {dequantize_kernel(t, o) for t in WEIGHT_TYPES for o in ("f16", "f32")},
-        "norm": {"rpc_rms_norm_f32", "rpc_rms_norm_mul_f32", "rpc_norm_f32"},
+        "matvec_group": {
+            f"rpc_mv_{kind}{split}_{suffix}"
+            for kind in ("group", "glu")
+            for split in ("", "_split")
+            for suffix in WEIGHT_TYPES.values()
+        },
+        "norm": {
+            "rpc_rms_norm_f32",
+            "rpc_rms_norm_mul_f32",
+            "rpc_rms_norm_mul_q8_f32",
+            "rpc_norm_f32",
+        },
         "softmax": {"rpc_soft_max_f32"},
         "rope": {"rpc_rope_f32", "rpc_rope_f16"},
         "glu": {"rpc_glu_f32"},

@@ -47,8 +47,17 @@ from rpcnet.compute.cuda.kernels import (  # noqa: E402
     array_code,
     attention,
     elementwise,
+    groups,
     matmul,
     rows,
 )
 
-__all__ = ["NOT_YET_ON_CUDA", "array_code", "attention", "elementwise", "matmul", "rows"]
+__all__ = [
+    "NOT_YET_ON_CUDA",
+    "array_code",
+    "attention",
+    "elementwise",
+    "groups",
+    "matmul",
+    "rows",
+]

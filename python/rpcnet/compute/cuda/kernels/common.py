@@ -3,6 +3,7 @@ plan scratch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,34 @@ MATVEC_MAX_COLS = 8  # launch.MV_MAXCOLS: activation columns of one matvec launc
 # MATVEC_MAX_COLS each (weights read once per launch, arithmetic exactly the decode path's);
 # more go through cuBLAS
 MATVEC_CHUNKED_MAX = 32
-_Q8_1_NOTE = "cuda.q8_1"  # PlanState.shared: (input key, written mark, scratch) of the q8_1 blocks
+_Q8_1_NOTE = "cuda.q8_1"  # PlanState.shared: the Q8Note of what the q8_1 scratch holds
+
+
+@dataclass
+class QuantizeRequest:
+    """A producer's offer to quantize what it writes: the first product that takes it sets
+    `block` (32: q8_1, 256: q8_K), and the producer's step reads it when it runs."""
+
+    block: int | None = None
+
+
+@dataclass
+class Q8Note:
+    """What the plan's q8_1 scratch `yq` holds from step `mark` on: the input `key`, quantized
+    in blocks of `block`, or, with a `request`, the blocks its producer writes if asked."""
+
+    key: tuple
+    block: int | None
+    mark: int
+    yq: Any
+    request: QuantizeRequest | None = None
+
+
+def activation_key(y_t: Tensor) -> tuple:
+    """What identifies a product's input in a Q8Note: its bytes' place and layout."""
+    assert y_t.buffer is not None
+    return (id(y_t.buffer), y_t.offset, y_t.ne, y_t.nb)
+
 
 F32, F16, BF16, I32, I64 = GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.I32, GgmlType.I64
 _DTYPES = {F32: np.float32, F16: np.float16, BF16: np.uint16, I32: np.int32, I64: np.int64}

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 from rpcnet.compute.cuda.kernels.common import (
     _GLU_IDS,
+    _Q8_1_NOTE,
     CUDA,
     F32,
     I32,
+    MATVEC_MAX_COLS,
+    Q8Note,
+    QuantizeRequest,
     _backend,
     _contiguous,
+    _device_scratch,
     _launch_module,
     _need,
     _other_src,
     _rows,
     _srcs,
     _view,
+    activation_key,
 )
+from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.kernels.kernel_table import Step, fusion, kernel
 from rpcnet.compute.kernels.rope import RopeParams, rope_mscale
 from rpcnet.compute.kernels.rope import corr_dims as rope_corr_dims
@@ -124,7 +131,25 @@ def cuda_rms_norm_mul(norm: Tensor, mul: Tensor) -> Step:
     be, launch = _backend(norm), _launch_module()
     shape = (_rows(norm), norm.ne[0])
     x, dst, eps, wv = _view(src, shape), _view(mul, shape), norm.f32(0), _view(w, (w.ne[0],))
-    return lambda: launch.rms_norm(be, x, dst, eps, wv)
+    n, rows = shape[1], shape[0]
+    if n % 32 or rows > MATVEC_MAX_COLS:
+        return lambda: launch.rms_norm(be, x, dst, eps, wv)
+    # Decode rows feed products (Q, K, V; gate, up) that quantize them: offer to do it here.
+    from rpcnet.compute.cuda import launch_fused
+
+    state = registry.plan_state()
+    request = QuantizeRequest()
+    yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(n, rows))
+    mark = len(state.written) + 1  # from after this step's own write
+    state.shared[_Q8_1_NOTE] = Q8Note(activation_key(mul), None, mark, yq, request)
+
+    def run() -> None:
+        if request.block is None:
+            launch.rms_norm(be, x, dst, eps, wv)
+        else:
+            launch_fused.rms_norm_mul_q8(be, x, dst, eps, wv, yq, request.block)
+
+    return run
 
 
 _ROPE_NORMAL, _ROPE_NEOX = 0, 2

@@ -3,6 +3,8 @@ add fused) and MUL_MAT_ID."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rpcnet.compute.cuda.kernels.common import (
@@ -15,6 +17,7 @@ from rpcnet.compute.cuda.kernels.common import (
     I32,
     MATVEC_CHUNKED_MAX,
     MATVEC_MAX_COLS,
+    Q8Note,
     _backend,
     _contiguous,
     _device_scratch,
@@ -26,6 +29,7 @@ from rpcnet.compute.cuda.kernels.common import (
     _srcs,
     _view,
     _weight_type,
+    activation_key,
 )
 from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.kernels.kernel_table import GENERIC, NATIVE, Step, fusion, kernel
@@ -83,24 +87,34 @@ def _mul_mat_step(node: Tensor, out: Tensor, add_t: Tensor | None) -> Step:
     if n <= MATVEC_CHUNKED_MAX:
         if wt in sources.FLOAT_TYPES:
             return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, add=add)
-        # Products of one input (Q, K and V; gate and up) quantize it once: the first leaves its
-        # q8_1 blocks in the scratch, and the next ones use them if no step in between wrote
-        # that input or quantized another one.
-        state = registry.plan_state()
-        assert y_t.buffer is not None
-        key = (id(y_t.buffer), y_t.offset, y_t.ne, y_t.nb, launch.activation_block(wt))
-        note = state.shared.get(_Q8_1_NOTE)
-        if note is not None and note[0] == key and not state.written_since(note[1], y_t):
-            held = note[2]
-            return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, held, quantized=True, add=add)
-        yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
-        state.shared[_Q8_1_NOTE] = (key, len(state.written), yq)
-        return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq, add=add)
+        yq, quantized = q8_1_input(be, y_t, wt, k, n)
+        return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq, quantized=quantized, add=add)
     assert add is None, "only matvec products take a fused ADD"
     w_bytes, y_bytes = launch.prefill_scratch_bytes(wt, k, m, n)
     w16 = _device_scratch(be, "f16", w_bytes) if w_bytes else None
     y16 = _device_scratch(be, "act16", y_bytes) if y_bytes else None
     return lambda: launch.matmul_prefill(be, wt, w, y, dst, k, m, w16, y16)
+
+
+def q8_1_input(be: Any, y_t: Tensor, wt: str, k: int, n: int) -> tuple[Any, bool]:
+    """The q8_1 scratch for a product's input, and whether it already holds that input's blocks.
+    Products of one input (Q, K and V; gate and up) quantize it once: the first leaves its blocks
+    in the scratch, and the next ones use them if no step in between wrote that input or
+    quantized another one. A producer that offered to quantize what it writes (an RMS_NORM) is
+    asked to, and nothing is launched for it here."""
+    launch = _launch_module()
+    state = registry.plan_state()
+    key, block = activation_key(y_t), launch.activation_block(wt)
+    note = state.shared.get(_Q8_1_NOTE)
+    if note is not None and note.key == key and not state.written_since(note.mark, y_t):
+        if note.request is not None and note.request.block in (None, block) and k % block == 0:
+            note.request.block = block
+            return note.yq, True
+        if note.request is None and note.block == block:
+            return note.yq, True
+    yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
+    state.shared[_Q8_1_NOTE] = Q8Note(key, block, len(state.written), yq)
+    return yq, False
 
 
 def _mul_mat_add_ok(mm: Tensor, add: Tensor) -> bool:

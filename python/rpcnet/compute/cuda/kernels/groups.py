@@ -1,0 +1,195 @@
+"""cuda node groups of a decode step: products that share an input in one launch (attention's
+Q, K and V), and the gate and up products with the GLU that consumes them.
+
+A group runs where its first member stood; the other members move up to it. A member may move
+only past nodes it does not depend on or disturb: none of the nodes it passes writes what the
+member reads or writes, or reads what it writes (byte ranges, as ggml-alloc reuses memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rpcnet.compute.cuda.kernels.common import (
+    _GLU_IDS,
+    CUDA,
+    F32,
+    MATVEC_MAX_COLS,
+    _backend,
+    _contiguous,
+    _raw,
+    _view,
+    _weight_type,
+)
+from rpcnet.compute.cuda.kernels.matmul import _mul_mat_ok, q8_1_input
+from rpcnet.compute.kernels.kernel_table import NodeGroup, Step, group_finder
+from rpcnet.compute.ops import Glu, Op
+from rpcnet.compute.tensor import FLAG_OUTPUT, Tensor
+
+
+def _overlap(a: Tensor, b: Tensor) -> bool:
+    return (
+        a.buffer is not None
+        and a.buffer is b.buffer
+        and a.offset < b.offset + b.nbytes
+        and b.offset < a.offset + a.nbytes
+    )
+
+
+def _reads(node: Tensor, inside: Iterable[Tensor]) -> list[Tensor]:
+    """What `node` reads from outside its group (sources made by members are not read)."""
+    made = {id(m) for m in inside}
+    return [s for s in node.src if s is not None and id(s) not in made]
+
+
+def _may_move(member: Tensor, passed: list[Tensor], group: list[Tensor]) -> bool:
+    """Whether `member` may run before the nodes `passed` (which stood between the group's
+    first member and it)."""
+    reads = _reads(member, group)
+    for n in passed:
+        n_reads = [s for s in n.src if s is not None]
+        if _overlap(n, member) or any(_overlap(n, r) for r in reads):
+            return False
+        if any(_overlap(r, member) for r in n_reads):
+            return False
+    return True
+
+
+def _decode_product(node: Tensor) -> str | None:
+    """The weight type of a decode product one group launch can take, else None."""
+    if node.op != Op.MUL_MAT or not _mul_mat_ok(node) or node.ne[1] > MATVEC_MAX_COLS:
+        return None
+    return _weight_type(node.src[0])  # type: ignore[arg-type]
+
+
+def _same_input_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
+    """Runs of 2 or 3 decode products of one input with weights of one type and row length."""
+    from rpcnet.compute.cuda.launch_fused import GROUP_MAX
+
+    groups: list[NodeGroup] = []
+    taken: set[int] = set()
+    for i, first in enumerate(computed):
+        wt = _decode_product(first) if id(first) not in taken else None
+        if wt is None:
+            continue
+        y, k = first.src[1], first.src[0].ne[0]  # type: ignore[union-attr]
+        members, last = [first], i
+        for j in range(i + 1, len(computed)):
+            other = computed[j]
+            if len(members) == GROUP_MAX:
+                break
+            if id(other) in taken or len(other.src) < 2:
+                continue
+            if other.op != Op.MUL_MAT or other.src[1] is not y or _decode_product(other) != wt:
+                continue
+            if other.src[0].ne[0] != k:  # type: ignore[union-attr]
+                continue
+            passed = [n for n in computed[i + 1 : j] if all(n is not m for m in members)]
+            if _may_move(other, passed, [*members, other]):
+                members.append(other)
+                last = j
+        if len(members) > 1 and last > i:
+            taken.update(id(m) for m in members)
+            groups.append(NodeGroup(tuple(members), _group_builder(tuple(members), wt)))
+    return groups
+
+
+def _group_builder(members: tuple[Tensor, ...], wt: str):  # noqa: ANN202
+    def build() -> Step:
+        first = members[0]
+        y_t = first.src[1]
+        assert y_t is not None
+        be, launch_fused = _backend(first), _fused_module()
+        k, n = first.src[0].ne[0], y_t.ne[1]  # type: ignore[union-attr]
+        weights = [_raw(m.src[0]) for m in members]  # type: ignore[arg-type]
+        dsts = [_view(m, (n, m.ne[0])) for m in members]
+        rows = [m.ne[0] for m in members]
+        y = _view(y_t, (n, k))
+        yq, quantized = (None, False)
+        if wt not in _float_types():
+            yq, quantized = q8_1_input(be, y_t, wt, k, n)
+
+        def run() -> None:
+            launch_fused.matvec_group(be, wt, weights, y, dsts, k, rows, n, yq, quantized)
+
+        return run
+
+    return build
+
+
+def _glu_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
+    """A GLU of two sources, each a decode product of the same input read by nothing else."""
+    readers: dict[int, int] = {}
+    for n in nodes:
+        for s in n.src:
+            if s is not None:
+                readers[s.id] = readers.get(s.id, 0) + 1
+    at = {id(n): i for i, n in enumerate(computed)}
+    groups: list[NodeGroup] = []
+    for g in computed:
+        if g.op != Op.GLU or len(g.src) < 2 or g.src[0] is None or g.src[1] is None:
+            continue
+        gate, up = g.src[0], g.src[1]
+        if g.i32(0) not in _GLU_IDS or g.i32(0) == Glu.SWIGLU_OAI or g.i32(1) != 0:
+            continue
+        if id(gate) not in at or id(up) not in at or g.type != F32 or not _contiguous(g):
+            continue
+        wt = _decode_product(gate)
+        if wt is None or _decode_product(up) != wt or gate.src[1] is not up.src[1]:
+            continue
+        if gate.ne != up.ne or gate.ne != g.ne or gate.src[0].ne != up.src[0].ne:  # type: ignore[union-attr]
+            continue
+        if any(readers.get(p.id, 0) != 1 or p.flags & FLAG_OUTPUT for p in (gate, up)):
+            continue
+        members = sorted((gate, up, g), key=lambda t: at[id(t)])
+        first = at[id(members[0])]
+        ok = all(
+            _may_move(
+                m,
+                [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
+                members,
+            )
+            for m in members[1:]
+        )
+        if ok:
+            groups.append(NodeGroup(tuple(members), _glu_builder(gate, up, g, wt)))
+    return groups
+
+
+def _glu_builder(gate: Tensor, up: Tensor, g: Tensor, wt: str):  # noqa: ANN202
+    def build() -> Step:
+        y_t = gate.src[1]
+        assert y_t is not None
+        be, launch_fused = _backend(g), _fused_module()
+        k, m, n = gate.src[0].ne[0], gate.ne[0], y_t.ne[1]  # type: ignore[union-attr]
+        wg, wu = _raw(gate.src[0]), _raw(up.src[0])  # type: ignore[arg-type]
+        y, dst = _view(y_t, (n, k)), _view(g, (n, m))
+        op = _GLU_IDS[Glu(g.i32(0))]
+        yq, quantized = (None, False)
+        if wt not in _float_types():
+            yq, quantized = q8_1_input(be, y_t, wt, k, n)
+
+        def run() -> None:
+            launch_fused.matvec_glu(
+                be, wt, wg, wu, y, dst, k, m, n, op, 1.702, 7.0, yq=yq, quantized=quantized
+            )
+
+        return run
+
+    return build
+
+
+def _fused_module():  # noqa: ANN202
+    from rpcnet.compute.cuda import launch_fused  # at build time only
+
+    return launch_fused
+
+
+def _float_types() -> dict[str, str]:
+    from rpcnet.compute.cuda import sources
+
+    return sources.FLOAT_TYPES
+
+
+group_finder(CUDA)(_glu_products)
+group_finder(CUDA)(_same_input_products)

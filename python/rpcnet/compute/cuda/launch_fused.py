@@ -1,0 +1,132 @@
+"""Host-side launchers of the fused decode kernels: a norm that also quantizes what it writes
+(norm.cu), products that share an input in one launch, and the gate/up products with the GLU
+after them (matvec_group.cu). Conventions as in launch.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rpcnet.compute.cuda import sources
+from rpcnet.compute.cuda.device import CudaBackend
+from rpcnet.compute.cuda.launch import (
+    MV_MAXCOLS,
+    MV_WARPS,
+    NULL,
+    Q8_1_BYTES,
+    _aligned_row_bytes,
+    _at,
+    _cdiv,
+    _launch,
+    activation_block,
+    f32,
+    i32,
+    i64,
+    quantize_q8_1,
+    split_rows,
+)
+
+#: products one group launch takes (attention's Q, K and V)
+GROUP_MAX = 3
+
+
+def rms_norm_mul_q8(
+    be: CudaBackend, x: Any, dst: Any, eps: float, weight: Any, q: Any, block: int
+) -> None:
+    """launch.rms_norm with its weight, each row also quantized into `q` (q8_1 blocks; q8_K
+    held in them when `block` is 256): what quantize_q8_1 of dst would write."""
+    rows, n = x.shape
+    if block not in (32, 256) or n % block:
+        raise ValueError(f"a norm quantizes rows of a multiple of {block}, not {n}")
+    strides = (i64(n), i64(n * rows), i64(n * rows))
+    common = (i32(n), i32(rows), i32(1), *strides, *strides)
+    wargs = (i32(n), i32(1), i32(1), i32(1), i64(n), i64(n), i64(n))
+    fn = be.kernels.function("norm", "rpc_rms_norm_mul_q8_f32")
+    args = (x, weight, dst, *common, *wargs, f32(eps), q, i32(block == 256))
+    _launch(be, fn, (rows,), (256,), args)
+
+
+def _activations(
+    be: CudaBackend, type_name: str, y: Any, k: int, ncols: int, yq: Any | None, quantized: bool
+) -> tuple[Any, int]:
+    """The products' input and a column's stride: f32 for float weights (floats), else q8_1
+    blocks in `yq` (bytes), quantized here unless `quantized` says they are there already."""
+    if type_name in sources.FLOAT_TYPES:
+        return y, k
+    assert yq is not None, "quantized products need a q8_1 scratch"
+    if not quantized:
+        quantize_q8_1(be, y, yq, k, ncols, k, activation_block(type_name) == 256)
+    return yq, k // 32 * Q8_1_BYTES
+
+
+def _group_kernel(type_name: str, glu: bool, split: bool) -> str:
+    kind = "glu" if glu else "group"
+    return f"rpc_mv_{kind}{'_split' if split else ''}_{sources.WEIGHT_TYPES[type_name]}"
+
+
+def matvec_group(
+    be: CudaBackend,
+    type_name: str,
+    weights: Sequence[Any],
+    y: Any,
+    dsts: Sequence[Any],
+    k: int,
+    rows: Sequence[int],
+    ncols: int,
+    yq: Any | None = None,
+    quantized: bool = False,
+) -> None:
+    """dsts[i][c, :rows[i]] = weights[i] @ y[c, :k] for up to GROUP_MAX weights of one type and
+    row length, c < ncols (<= MV_MAXCOLS), in one launch; y contiguous [ncols, k] f32."""
+    n = len(weights)
+    if not 1 <= n <= GROUP_MAX or len(dsts) != n or len(rows) != n:
+        raise ValueError(f"a group takes 1..{GROUP_MAX} products")
+    if not 1 <= ncols <= MV_MAXCOLS:
+        raise ValueError(f"a group takes 1..{MV_MAXCOLS} columns, not {ncols}")
+    rb = _aligned_row_bytes(type_name, weights[0], k)
+    for w in weights[1:]:
+        _aligned_row_bytes(type_name, w, k)
+    src, y_col = _activations(be, type_name, y, k, ncols, yq, quantized)
+    split = split_rows(type_name, k)
+    per_block = 1 if split else MV_WARPS
+    ws = [*weights, *[NULL] * (GROUP_MAX - n)]
+    ds = [*dsts, *[NULL] * (GROUP_MAX - n)]
+    ms = [*rows, *[0] * (GROUP_MAX - n)]
+    grid = (sum(_cdiv(m, per_block) for m in ms),)
+    fn = be.kernels.function("matvec_group", _group_kernel(type_name, False, split))
+    args = (*ws, *ds, *(i32(m) for m in ms), src, i32(k), i32(ncols), i64(rb), i64(y_col))
+    _launch(be, fn, grid, (32, MV_WARPS), args)
+
+
+def matvec_glu(
+    be: CudaBackend,
+    type_name: str,
+    gate: Any,
+    up: Any,
+    y: Any,
+    dst: Any,
+    k: int,
+    m: int,
+    ncols: int,
+    op: int,
+    alpha: float,
+    limit: float,
+    yq: Any | None = None,
+    quantized: bool = False,
+) -> None:
+    """dst[c, :m] = glu_op(gate @ y[c], up @ y[c]) for c < ncols (<= 32, launches of up to
+    MV_MAXCOLS columns): the products are never written."""
+    if not 1 <= ncols <= 4 * MV_MAXCOLS:
+        raise ValueError(f"a GLU product takes 1..{4 * MV_MAXCOLS} columns, not {ncols}")
+    rb = _aligned_row_bytes(type_name, gate, k)
+    _aligned_row_bytes(type_name, up, k)
+    src, y_col = _activations(be, type_name, y, k, ncols, yq, quantized)
+    col_bytes = y_col * (4 if type_name in sources.FLOAT_TYPES else 1)
+    split = split_rows(type_name, k)
+    grid = (m if split else _cdiv(m, MV_WARPS),)
+    fn = be.kernels.function("matvec_group", _group_kernel(type_name, True, split))
+    for c0 in range(0, ncols, MV_MAXCOLS):  # each launch reads the weights once
+        nc = min(MV_MAXCOLS, ncols - c0)
+        args = (gate, up, _at(dst, 4 * m * c0), i32(m), _at(src, col_bytes * c0), i32(k))
+        tail = (i32(nc), i64(rb), i64(y_col), i32(op), f32(alpha), f32(limit))
+        _launch(be, fn, grid, (32, MV_WARPS), (*args, *tail))

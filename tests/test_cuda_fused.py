@@ -1,0 +1,126 @@
+"""The fused decode kernels EXECUTED on the CPU (tests/support/cuda_emu): a norm that quantizes
+what it writes, products of one input in one launch, and the gate/up products with their GLU,
+each against NumPy oracles (gguf.quants for weights, ggml's q8_1 and q8_K definitions, float64
+formulas), in both the warp-per-row and the block-per-row (wide rows) forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rpcnet.compute.cuda import launch, launch_fused
+from support.cuda_emu import EmuBackend
+from support.cuda_quant import float_activations, q8_1_oracle
+from test_cuda_emulated import _gguf_dequant, _mmvq_activations, random_rows
+
+GROUP_TYPES = ["Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "F16", "F32"]
+#: row lengths below and at the wide-row form (launch.split_rows)
+ROW_LENGTHS = [512, 2048]
+
+
+@pytest.fixture(scope="module")
+def be() -> EmuBackend:
+    return EmuBackend()
+
+
+def _activations(y: np.ndarray, type_name: str) -> np.ndarray:
+    """What the products multiply the weights by, per column."""
+    if type_name in ("F32", "F16", "BF16"):
+        return float_activations(y, type_name)
+    return np.stack([_mmvq_activations(y[c], type_name) for c in range(y.shape[0])])
+
+
+@pytest.mark.parametrize("block", [32, 256])
+def test_norm_quantizes_what_it_writes(be, block):
+    rng = np.random.default_rng(block)
+    rows, n = 3, 1024
+    x = (rng.standard_normal((rows, n)) * rng.uniform(0.1, 20, (rows, n))).astype(np.float32)
+    wt = rng.standard_normal(n).astype(np.float32)
+    dst = be.zeros((rows, n), np.float32)
+    q = be.zeros(launch.q8_1_bytes(n, rows), np.uint8)
+    launch_fused.rms_norm_mul_q8(be, be.asarray(x), dst, 1e-6, be.asarray(wt), q, block)
+    out = be.asnumpy(dst)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + 1e-6) * wt
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    blocks = be.asnumpy(q).reshape(-1, 36)
+    if block == 32:  # byte for byte what ggml's q8_1 quantizer makes of the written rows
+        np.testing.assert_array_equal(blocks.reshape(-1), q8_1_oracle(out.reshape(-1)))
+    else:  # q8_K's f32 scale in each block's first four bytes
+        scale = blocks[:, :4].copy().view(np.float32).astype(np.float64)
+        got = (scale * blocks[:, 4:].view(np.int8)).reshape(-1)
+        want_q = np.concatenate([_mmvq_activations(out[r], "Q4_K") for r in range(rows)])
+        np.testing.assert_array_equal(got, want_q)
+
+
+def test_norm_refuses_rows_it_cannot_quantize(be):
+    x = be.zeros((1, 96), np.float32)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        launch_fused.rms_norm_mul_q8(be, x, x, 1e-6, be.zeros(96, np.float32), x, 256)
+
+
+@pytest.mark.parametrize("k", ROW_LENGTHS)
+@pytest.mark.parametrize("type_name", GROUP_TYPES)
+def test_group_of_three_products(be, type_name, k):
+    rows, ncols = (22, 5, 9), 2  # not multiples of the warps per block
+    rng = np.random.default_rng(k)
+    y = rng.standard_normal((ncols, k)).astype(np.float32)
+    raws = [random_rows(type_name, m, k, seed=i + k) for i, m in enumerate(rows)]
+    dsts = [be.full((ncols, m), np.nan, np.float32) for m in rows]
+    scratch = be.zeros(launch.q8_1_bytes(k, ncols), np.uint8)
+    weights = [be.asarray(r) for r in raws]
+    launch_fused.matvec_group(be, type_name, weights, be.asarray(y), dsts, k, rows, ncols, scratch)
+    yq = _activations(y, type_name)
+    for raw, dst in zip(raws, dsts, strict=True):
+        w = _gguf_dequant(type_name, raw, k).astype(np.float64)
+        want, scale = yq @ w.T, np.abs(yq) @ np.abs(w).T
+        got = be.asnumpy(dst).astype(np.float64)
+        assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), type_name
+
+
+def test_group_reads_blocks_already_quantized(be):
+    """`quantized`: the scratch holds the input's blocks (its producer wrote them); the input
+    itself is not read."""
+    k, m = 512, 6
+    y = np.random.default_rng(1).standard_normal((1, k)).astype(np.float32)
+    scratch = be.asarray(q8_1_oracle(y.reshape(-1)))
+    raw = random_rows("Q8_0", m, k, seed=2)
+    dst = be.full((1, m), np.nan, np.float32)
+    garbage = be.full((1, k), np.nan, np.float32)
+    launch_fused.matvec_group(
+        be, "Q8_0", [be.asarray(raw)], garbage, [dst], k, [m], 1, scratch, quantized=True
+    )
+    w = _gguf_dequant("Q8_0", raw, k).astype(np.float64)
+    yq = _activations(y, "Q8_0")
+    want, scale = yq @ w.T, np.abs(yq) @ np.abs(w).T
+    assert np.all(np.abs(be.asnumpy(dst) - want) <= 1e-5 * scale)
+
+
+GLU_OPS = {  # glu.cu's op ids -> act(a) * b in float64
+    0: lambda a, b: np.maximum(a, 0) * b,
+    2: lambda a, b: a / (1 + np.exp(-a)) * b,
+    4: lambda a, b: a / (1 + np.exp(-1.702 * a)) * b,
+}
+
+
+@pytest.mark.parametrize("k", ROW_LENGTHS)
+@pytest.mark.parametrize(("type_name", "op"), [("Q8_0", 2), ("Q4_K", 0), ("F16", 4), ("F32", 2)])
+def test_gate_up_products_with_their_glu(be, type_name, op, k):
+    m, ncols = 13, 2
+    rng = np.random.default_rng(op + k)
+    y = rng.standard_normal((ncols, k)).astype(np.float32)
+    gate_raw, up_raw = (random_rows(type_name, m, k, seed=s + k) for s in (7, 8))
+    dst = be.full((ncols, m), np.nan, np.float32)
+    scratch = be.zeros(launch.q8_1_bytes(k, ncols), np.uint8)
+    launch_fused.matvec_glu(
+        be, type_name, be.asarray(gate_raw), be.asarray(up_raw), be.asarray(y), dst,
+        k, m, ncols, op, 1.702, 7.0, yq=scratch,
+    )  # fmt: skip
+    yq = _activations(y, type_name)
+    wg, wu = (_gguf_dequant(type_name, r, k).astype(np.float64) for r in (gate_raw, up_raw))
+    g, u = yq @ wg.T, yq @ wu.T
+    sg, su = np.abs(yq) @ np.abs(wg).T, np.abs(yq) @ np.abs(wu).T
+    want = GLU_OPS[op](g, u)
+    # the products' own error (1e-5 of their magnitude), carried through act(a) * b
+    bound = 1e-5 * (sg * np.abs(u) * 1.2 + su * np.abs(GLU_OPS[op](g, np.ones_like(u))))
+    got = be.asnumpy(dst).astype(np.float64)
+    assert np.all(np.abs(got - want) <= bound + 1e-6 * np.abs(want) + 1e-30), type_name
