@@ -6,13 +6,13 @@ import gc
 
 import pytest
 from rpcnet.compute.device import MemoryPool
+from rpcnet.compute.kernels.kernel_table import scratch_bytes
 from rpcnet.compute.ops import Op
 from rpcnet.compute.scratch import (
     ScratchBudget,
     ScratchExceeded,
     default_max_scratch,
     overlaps_itself,
-    scratch_bytes,
 )
 from rpcnet.compute.tensor import Tensor
 

@@ -103,10 +103,14 @@ def needs_compute(node: Tensor) -> bool:
 def compile_plan(nodes: list[Tensor], device: str = "cpu", budget: Any = None) -> Plan:
     """Compile nodes into a plan; with a ScratchBudget, refuse plans whose scratch exceeds it."""
     with kernel_table.planning() as state:
-        return _compile(nodes, device, budget, state)
+        context = kernel_table.BuildContext.for_plan(nodes, device, budget, state)
+        return _compile(nodes, device, budget, context)
 
 
-def _compile(nodes: list[Tensor], device: str, budget: Any, state: kernel_table.PlanState) -> Plan:
+def _compile(
+    nodes: list[Tensor], device: str, budget: Any, context: kernel_table.BuildContext
+) -> Plan:
+    state = context.plan
     computed = [n for n in nodes if needs_compute(n)]
     written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
     groups = _node_groups(computed, nodes, device)
@@ -140,12 +144,12 @@ def _compile(nodes: list[Tensor], device: str, budget: Any, state: kernel_table.
         # The bounds are the CPU kernels' temporaries; GPU plans share one scratch per device
         # (compute/cuda/kernels/) instead.
         counted = budget is not None and device == "cpu"
-        bound = scratch.scratch_bytes(node, kernel.name, budget.limit) if counted else 0
+        bound = kernel_table.scratch_bytes(node, kernel, budget.limit) if counted else 0
         if bound > need:
             # Checked before build: builders may already allocate index arrays per shape.
             budget.check(bound, kernel_table.describe_node(node))
             need, needy = bound, node
-        step = kernel.build(node)
+        step = kernel.build(node, context)
         if profile.enabled():
             base = f"{op_name(node.op)} {'/'.join(kernel_table.types_of(node))}"
             shapes = [tuple(s.ne) for s in node.src if s is not None]

@@ -82,9 +82,9 @@ def overlaps_itself(t: Tensor) -> bool:
     return False
 
 
-def _overlap_charge(node: Tensor) -> int:
-    # An output that overlaps itself makes NumPy compute into a temporary of its logical size.
-    # (Inputs are charged by each op's bound: copies of them are at most their logical size.)
+def overlap_charge(node: Tensor) -> int:
+    """An output that overlaps itself makes NumPy compute into a temporary of its logical size.
+    (Inputs are charged by each op's bound: copies of them are at most their logical size.)"""
     return logical_f32(node) if overlaps_itself(node) else 0
 
 
@@ -95,36 +95,18 @@ def used_mask_f32(mask: Tensor | None, ne0: int, ne1: int) -> int:
     return min(mask.ne[0], ne0) * min(mask.ne[1], ne1) * mask.ne[2] * mask.ne[3] * F32
 
 
-def _srcs(node: Tensor) -> list[Tensor]:
-    return [s for s in node.src if s is not None]
+def default_bound(node: Tensor, limit: int | None = None) -> int:
+    """Elementwise, norm, reduce, shape and rope kernels: a converted copy of every operand and
+    one or two temporaries the size of the output."""
+    return 2 * (logical_f32(node) + sum(logical_f32(s) for s in node.src if s is not None))
 
 
-def _default(node: Tensor) -> int:
-    # Elementwise, norm, reduce, shape and rope kernels: a converted copy of every operand and
-    # one or two temporaries the size of the output.
-    return 2 * (logical_f32(node) + sum(logical_f32(s) for s in _srcs(node)))
-
-
-def _aliasable(t: Tensor | None, node: Tensor) -> int:
+def aliasable(t: Tensor | None, node: Tensor) -> int:
     """An f32 operand read in place costs nothing, unless it shares the output's buffer (NumPy
     then copies it first)."""
     if t is None or (t.buffer is not None and t.buffer is not node.buffer):
         return 0
     return logical_f32(t)
-
-
-def _mul_mat(node: Tensor, limit: int | None) -> int:
-    from rpcnet.compute.kernels.matmul import weight_chunk_bytes
-
-    a, b = node.src[0], node.src[1]
-    if a is None or a.type == 0:
-        weights = _aliasable(a, node)
-    else:  # a dequantized copy, at most one chunk of rows at a time (matmul.weight_chunks)
-        weights = min(logical_f32(a), weight_chunk_bytes(limit)) * 5 // 4
-    # Activations: converted or rounded (vec_dot_operand) and stacked per weight matrix when
-    # the weights broadcast (matmul.batched_matmul): two copies at most.
-    acts = 2 * logical_f32(b)
-    return weights + acts + logical_f32(node)
 
 
 def _mul_mat_id(node: Tensor) -> int:
@@ -138,7 +120,7 @@ def _flash_attn(node: Tensor) -> int:
     q, k, v = node.src[0], node.src[1], node.src[2]
     mask = node.src[3] if len(node.src) > 3 else None
     if q is None or k is None or v is None:
-        return _default(node)
+        return default_bound(node)
     n_head, n3 = q.ne[2], q.ne[3]
     n_kv = k.ne[1]
     row = n3 * n_head * n_kv  # scores of one query row over every head
@@ -151,13 +133,6 @@ def _flash_attn(node: Tensor) -> int:
     masked = 2 * used_mask_f32(mask, n_kv, q.ne[1])
     sinks = logical_f32(node.src[4]) if len(node.src) > 4 else 0
     return sinks + 2 * logical_f32(q) + kv + masked + 3 * block + 2 * logical_f32(node)
-
-
-def _soft_max(node: Tensor) -> int:
-    mask = node.src[1] if len(node.src) > 1 else None
-    masked = 2 * used_mask_f32(mask, node.ne[0], node.ne[1])
-    sinks = logical_f32(node.src[2]) if len(node.src) > 2 else 0
-    return sinks + 4 * logical_f32(node) + masked + logical_f32(node.src[0])
 
 
 def _get_rows(node: Tensor) -> int:
@@ -177,36 +152,35 @@ def _copy(node: Tensor) -> int:
     return 2 * logical_f32(node.src[0]) + logical_f32(node)
 
 
+# Ops whose family declares no scratch rule yet.
 _BY_OP: dict[int, Callable[[Tensor], int]] = {
     Op.MUL_MAT_ID: _mul_mat_id,
     Op.FLASH_ATTN_EXT: _flash_attn,
-    Op.SOFT_MAX: _soft_max,
     Op.GET_ROWS: _get_rows,
     Op.SET_ROWS: _set_rows,
     Op.CPY: _copy,
     Op.DUP: _copy,
     Op.CONT: _copy,
 }
-# Kernels (by builder name) whose temporaries differ from their op's generic CPU kernel.
+
+
+def legacy_bound(node: Tensor, limit: int | None = None) -> int:
+    """The bound of an op whose family declares none."""
+    return _BY_OP.get(node.op, default_bound)(node)
+
+
+# Kernels (by builder name) registered outside an op family's declaration, with their bounds.
 _BY_KERNEL: dict[str, Callable[[Tensor], int]] = {}
 
 
 def register(kernel_name: str, bound: Callable[[Tensor], int]) -> None:
-    """Declare a kernel's own scratch bound (e.g. a native kernel that converts nothing)."""
+    """Declare the scratch bound of a kernel registered outside an op family's declaration."""
     _BY_KERNEL[kernel_name] = bound
 
 
-def scratch_bytes(node: Tensor, kernel: str | None = None, limit: int | None = None) -> int:
-    """Upper bound of the temporaries the node's CPU kernel (builder name `kernel`) allocates in
-    one run; `limit` is the device's --max-scratch, which sizes MUL_MAT's weight chunks."""
-    own = _BY_KERNEL.get(kernel) if kernel is not None else None
-    if own is not None:
-        bound = own(node)
-    elif node.op == Op.MUL_MAT:
-        bound = _mul_mat(node, limit)
-    else:
-        bound = _BY_OP.get(node.op, _default)(node)
-    return bound + _overlap_charge(node)
+def rule_of_kernel(kernel_name: str) -> Callable[[Tensor, int | None], int] | None:
+    bound = _BY_KERNEL.get(kernel_name)
+    return None if bound is None else lambda node, limit: bound(node)
 
 
 class ScratchLease:

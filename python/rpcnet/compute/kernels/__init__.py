@@ -1,11 +1,14 @@
-"""Kernels, one module per op family: the CPU's here, other backends' in their packages.
+"""Kernels, one module per op family: each declares its op whole in a `FAMILY` (kernel_table.py's
+`OpFamily`): shape and type rules, scratch, the CPU kernels, the module of its CUDA builders.
 
-Importing this package registers the kernel modules listed below, in one place; which kernel
-serves a node is decided by the device and the priorities given at registration (kernel_table.py),
-not by this order. Registering the cuda kernels imports no CuPy.
+Importing this package enters the families listed below into the kernel table, in one place;
+which kernel serves a node is decided by the device and the priorities of the declarations, not
+by this order. Registering the cuda kernels imports no CuPy.
 """
 
 import importlib
+
+from rpcnet.compute.kernels import kernel_table
 
 KERNEL_MODULES = (
     "attention",
@@ -16,8 +19,6 @@ KERNEL_MODULES = (
     "glu",
     "glu_native",
     "matmul",
-    "fwht",
-    "matmul_native",
     "moe",
     "moe_native",
     "norm",
@@ -29,7 +30,6 @@ KERNEL_MODULES = (
     "rows_native",
     "shape",
     "softmax",
-    "softmax_native",
     "unary",
 )
 
@@ -37,9 +37,13 @@ BACKEND_KERNEL_MODULES = ("rpcnet.compute.cuda.kernels",)
 
 
 def register_all() -> None:
-    """Import every kernel module; their ``@kernel`` decorators fill the registry."""
+    """Import every kernel module and declare its family; the cuda modules register their
+    entries themselves."""
     for name in KERNEL_MODULES:
-        importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(f"{__name__}.{name}")
+        family = getattr(module, "FAMILY", None)
+        if family is not None:
+            kernel_table.declare(family)
     for name in BACKEND_KERNEL_MODULES:
         importlib.import_module(name)
 

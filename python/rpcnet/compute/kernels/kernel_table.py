@@ -1,7 +1,13 @@
 """The kernel table: (op, types, device) -> a builder that compiles one node into a callable.
 
-A builder runs once per graph (plan time): it resolves array views and returns a closure that
-does only the arithmetic, so GRAPH_RECOMPUTE re-runs closures without any decoding.
+Each op family's module declares the whole op in one `OpFamily`: its kernels per backend (each
+with the shapes and types it supports and, on the CPU, the scratch its run may allocate) and
+where its CUDA builders live. `declare` enters a family into the table; the CUDA modules
+register their entries with `kernel`.
+
+A builder runs once per graph (plan time) with the node and a `BuildContext` (device kind,
+backend, threads, scratch limit, plan state): it resolves array views and returns a closure
+that does only the arithmetic, so GRAPH_RECOMPUTE re-runs closures without any decoding.
 
 Of the kernels of one op that support a node, the one of highest priority runs: native fast
 paths (narrow cases, Rust) come before the generic xp kernels, whatever the import order.
@@ -9,25 +15,82 @@ paths (narrow cases, Rust) come before the generic xp kernels, whatever the impo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from rpcnet.compute import scratch
+from rpcnet.compute.backend import Backend
 from rpcnet.compute.errors import UnsupportedOp
 from rpcnet.compute.ops import op_name
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import type_name
 
 Step = Callable[[], None]
-Builder = Callable[[Tensor], Step]
+Builder = Callable[[Tensor], Step]  # the CUDA modules' builders: the node alone
 Predicate = Callable[[Tensor], bool]
+#: bytes of temporaries one run of a node's kernel may allocate, given the device's
+#: --max-scratch (None: no limit known)
+ScratchRule = Callable[[Tensor, int | None], int]
 
 GENERIC = 0  # xp (NumPy/CuPy) kernels that handle every supported layout of their op
 NATIVE = 10  # native fast paths for a narrow case, tried before the generic kernel
 PREFILL = 20  # compute-bound shapes where a GEMM beats the native row kernels
 HINT = 30  # op_params that make ggml run another algorithm (e.g. MUL_MAT's Hadamard hint)
+
+
+@dataclass
+class PlanState:
+    """What the builders of one plan may know of the nodes built before theirs, in plan order:
+    e.g. that a GPU scratch still holds an activation an earlier node quantized."""
+
+    written: list[Tensor] = field(default_factory=list)  # outputs of the steps built so far
+    shared: dict[str, Any] = field(default_factory=dict)  # builders' own notes, by topic
+
+    def written_since(self, mark: int, t: Tensor) -> bool:
+        """Whether a step built after `mark` (a len(written)) writes bytes `t` reads."""
+        if t.buffer is None:
+            return True
+        lo, hi = t.offset, t.offset + t.nbytes
+        return any(
+            w.buffer is t.buffer and w.offset < hi and lo < w.offset + w.nbytes
+            for w in self.written[mark:]
+        )
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything a builder may know besides its node, handed to it rather than looked up
+    through the node's buffer and device."""
+
+    device: str = "cpu"  # the table's device key
+    backend: Backend | None = None  # the device's memory operations (None: no device)
+    threads: int = 1  # native kernels' worker threads
+    max_scratch: int | None = None  # the device's --max-scratch (sizes MUL_MAT's weight chunks)
+    plan: PlanState = field(default_factory=PlanState)  # the plan being compiled
+
+    @classmethod
+    def for_plan(
+        cls, nodes: list[Tensor], device: str, budget: Any, plan: PlanState
+    ) -> BuildContext:
+        """The context of a plan over `nodes` on `device`: threads, backend and scratch limit of
+        the device holding its outputs; `budget` (a ScratchBudget) names the limit if given."""
+        holder = next((n.buffer.device for n in nodes if n.buffer is not None), None)
+        if budget is None:
+            budget = getattr(holder, "scratch", None)
+        return cls(
+            device,
+            holder.backend if holder is not None else None,
+            max(1, int(getattr(holder, "threads", 1) or 1)),
+            getattr(budget, "limit", None),
+            plan,
+        )
+
+
+ContextBuilder = Callable[[Tensor, BuildContext], Step]
 
 
 @dataclass(frozen=True)
@@ -36,18 +99,85 @@ class Kernel:
     name: str
     device: str
     supports: Predicate
-    build: Builder
+    build: ContextBuilder
     types: str  # human-readable (op, types) summary for `rpcnet ops`
     priority: int
     #: whether a GPU may record the node's step into a CUDA graph: a step that allocates,
     #: synchronizes or calls cuBLAS through CuPy while it runs may not
     capturable: Predicate | bool = True
+    #: the CPU temporaries of one run, where they differ from the op's (`OpFamily.scratch`)
+    scratch: ScratchRule | None = None
 
     def captures(self, node: Tensor) -> bool:
         return self.capturable if isinstance(self.capturable, bool) else self.capturable(node)
 
 
+def cpu_kernel(
+    op: int,
+    types: str,
+    supports: Predicate,
+    build: ContextBuilder,
+    priority: int = GENERIC,
+    scratch: ScratchRule | None = None,
+) -> Kernel:
+    """A CPU entry of an op family's declaration (named after its builder)."""
+    return Kernel(op, build.__name__, "cpu", supports, build, types, priority, True, scratch)
+
+
+@dataclass(frozen=True)
+class OpFamily:
+    """One ggml op family, declared whole: its kernels on each backend (each with the shapes and
+    types it supports), the scratch its generic CPU kernels allocate per op (ops not listed: the
+    default bound of compute/scratch.py), and the module of its CUDA builders (which register
+    themselves, without CuPy)."""
+
+    name: str
+    kernels: tuple[Kernel, ...]
+    scratch: Mapping[int, ScratchRule] = field(default_factory=dict)
+    cuda: str | None = None
+
+    @property
+    def ops(self) -> frozenset[int]:
+        return frozenset(k.op for k in self.kernels)
+
+
 _KERNELS: dict[tuple[int, str], list[Kernel]] = {}
+_OP_SCRATCH: dict[int, ScratchRule] = {}
+FAMILIES: dict[str, OpFamily] = {}
+
+
+def _add(entry: Kernel) -> None:
+    entries = _KERNELS.setdefault((entry.op, entry.device), [])
+    if any(k.name == entry.name and k.priority == entry.priority for k in entries):
+        return  # the same declaration again
+    clash = [k.name for k in entries if k.priority == entry.priority]
+    if clash:
+        raise ValueError(
+            f"kernel {entry.name} for {op_name(entry.op)} on {entry.device}: priority "
+            f"{entry.priority} is taken by {clash[0]}"
+        )
+    entries.append(entry)
+    entries.sort(key=lambda k: -k.priority)
+
+
+def declare(family: OpFamily) -> OpFamily:
+    """Enter an op family's kernels and scratch rules into the table."""
+    FAMILIES[family.name] = family
+    for entry in family.kernels:
+        _add(entry)
+    _OP_SCRATCH.update(family.scratch)
+    return family
+
+
+def scratch_bytes(node: Tensor, kernel: Kernel | None = None, limit: int | None = None) -> int:
+    """Upper bound of the temporaries one run of the node's CPU `kernel` allocates (None: its
+    op's generic kernel); `limit` is the device's --max-scratch."""
+    rule = kernel.scratch if kernel is not None else None
+    if rule is None and kernel is not None:
+        rule = scratch.rule_of_kernel(kernel.name)
+    if rule is None:
+        rule = _OP_SCRATCH.get(node.op, scratch.legacy_bound)
+    return rule(node, limit) + scratch.overlap_charge(node)
 
 
 def kernel(
@@ -58,26 +188,21 @@ def kernel(
     device: str = "cpu",
     capturable: Predicate | bool = True,
 ) -> Callable[[Builder], Builder]:
-    """Register a builder for `op` on `device`; higher `priority` is tried first.
-    `capturable` (a flag or a predicate of the node) says whether a GPU may put its step into
-    a CUDA graph.
+    """Register a builder of the node alone (the CUDA modules' form) for `op` on `device`;
+    higher `priority` is tried first. `capturable` (a flag or a predicate of the node) says
+    whether a GPU may put its step into a CUDA graph.
 
     Two kernels of one op and device may not share a priority: which one runs must never
     depend on the order their modules were imported in.
     """
 
     def register(build: Builder) -> Builder:
-        entry = Kernel(op, build.__name__, device, supports, build, types, priority, capturable)
-        entries = _KERNELS.setdefault((op, device), [])
-        clash = [k.name for k in entries if k.priority == priority and k.build is not build]
-        if clash:
-            raise ValueError(
-                f"kernel {entry.name} for {op_name(op)} on {device}: priority {priority} "
-                f"is taken by {clash[0]}"
-            )
-        if not any(k.build is build for k in entries):
-            entries.append(entry)
-            entries.sort(key=lambda k: -k.priority)
+        @functools.wraps(build)
+        def with_context(node: Tensor, context: BuildContext) -> Step:
+            return build(node)
+
+        name = build.__name__
+        _add(Kernel(op, name, device, supports, with_context, types, priority, capturable))
         return build
 
     return register
@@ -152,25 +277,6 @@ def group_finder(device: str) -> Callable[[GroupFinder], GroupFinder]:
 
 def group_finders(device: str) -> list[GroupFinder]:
     return list(_GROUP_FINDERS.get(device, ()))
-
-
-@dataclass
-class PlanState:
-    """What the builders of one plan may know of the nodes built before theirs, in plan order:
-    e.g. that a GPU scratch still holds an activation an earlier node quantized."""
-
-    written: list[Tensor] = field(default_factory=list)  # outputs of the steps built so far
-    shared: dict[str, Any] = field(default_factory=dict)  # builders' own notes, by topic
-
-    def written_since(self, mark: int, t: Tensor) -> bool:
-        """Whether a step built after `mark` (a len(written)) writes bytes `t` reads."""
-        if t.buffer is None:
-            return True
-        lo, hi = t.offset, t.offset + t.nbytes
-        return any(
-            w.buffer is t.buffer and w.offset < hi and lo < w.offset + w.nbytes
-            for w in self.written[mark:]
-        )
 
 
 _PLAN_STATE: ContextVar[PlanState | None] = ContextVar("rpcnet_plan_state", default=None)

@@ -1,4 +1,10 @@
-"""MUL_MAT: out[M, N, ne2, ne3] = src1[K, N] · src0[K, M]ᵀ; src0 repeats over dims 2-3."""
+"""MUL_MAT: out[M, N, ne2, ne3] = src1[K, N] · src0[K, M]ᵀ; src0 repeats over dims 2-3.
+
+Three CPU kernels, tried in this order: the Hadamard hint (ggml's fast Walsh-Hadamard transform
+instead of a product), the native kernel (weights of every supported type read in block form,
+matmul_native.py) and the NumPy kernel here (weights converted to float32, large ones a block of
+rows at a time). CUDA: compute/cuda/kernels/matmul.py.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +15,25 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from rpcnet.compute import convert
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import (
+    GENERIC,
+    HINT,
+    NATIVE,
+    BuildContext,
+    OpFamily,
+    Step,
+    cpu_kernel,
+)
+from rpcnet.compute.kernels.matmul_native import mul_mat_native, native_scratch, native_supported
 from rpcnet.compute.kernels.operands import vec_dot_operand
 from rpcnet.compute.ops import Op
+from rpcnet.compute.scratch import aliasable, logical_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
 
 WEIGHT_CHUNK = 256 << 20  # float32 bytes of weights converted at once (and the most cached)
+HINT_SRC0_IS_HADAMARD = 1  # op_params[1]: src0 is a normalized Hadamard matrix
 
 
 def weight_chunk_bytes(max_scratch: int | None) -> int:
@@ -96,14 +113,11 @@ def weight_chunks(a_t: Tensor, chunk: int, always: bool = False) -> list[tuple[i
     ]
 
 
-@kernel(Op.MUL_MAT, "f32|f16|bf16|quantized x f32|f16 -> f32", _supported)
-def mul_mat(node: Tensor) -> Step:
+def mul_mat(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     out = plain_view(node)
-    device = getattr(node.buffer, "device", None)
-    budget = getattr(device, "scratch", None)
-    chunks = weight_chunks(a_t, weight_chunk_bytes(getattr(budget, "limit", None)))
+    chunks = weight_chunks(a_t, weight_chunk_bytes(context.max_scratch))
 
     def run() -> None:
         b = vec_dot_operand(convert.load_f32(b_t), a_t.type)
@@ -114,3 +128,94 @@ def mul_mat(node: Tensor) -> Step:
             batched_matmul(b, convert.load_f32(part), out[..., m0:m1])
 
     return run
+
+
+# MUL_MAT flagged "src0 is a Hadamard matrix": llama.cpp rotates Q and K (and V) by a normalized
+# Hadamard matrix before a quantized KV cache, as a MUL_MAT whose op_params[1] holds
+# GGML_HINT_SRC0_IS_HADAMARD. ggml's CPU backend then ignores src0 and transforms each src1 row
+# itself (`ggml_compute_forward_fwht`): scale by `1/sqrtf(n)` first, then the butterflies
+# `(u + v, u - v)` for half-widths 1, 2, 4, ... in float32. Another summation order than a
+# matmul, so it is replayed here to keep the bits (a one-ulp change in a rotated K flips q8_0
+# codes of the KV cache).
+
+
+def _hadamard_supported(node: Tensor) -> bool:
+    b = node.src[1]
+    if b is None or node.src[0] is None or len(node.op_params) < 8:
+        return False
+    n = b.ne[0]
+    return (
+        node.i32(1) == HINT_SRC0_IS_HADAMARD
+        and b.type == GgmlType.F32
+        and node.type == GgmlType.F32
+        and n > 0
+        and n & (n - 1) == 0
+        and tuple(node.ne) == tuple(b.ne)
+    )
+
+
+def fwht_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """`out` = ggml's FWHT of each last-axis row of `x` (float32, same shape)."""
+    n = x.shape[-1]
+    y = np.multiply(x, np.float32(1.0) / np.sqrt(np.float32(n)), dtype=np.float32)
+    rows = y.reshape(-1, n)
+    half = 1
+    while half < n:
+        pairs = rows.reshape(rows.shape[0], n // (2 * half), 2, half)
+        u, v = pairs[:, :, 0, :], pairs[:, :, 1, :]
+        rows = np.stack((u + v, u - v), axis=2).reshape(rows.shape[0], n)
+        half *= 2
+    out[...] = rows.reshape(x.shape)
+
+
+def mul_mat_hadamard(node: Tensor, context: BuildContext) -> Step:
+    b_t = node.src[1]
+    assert b_t is not None
+    x, out = plain_view(b_t), plain_view(node)
+
+    def run() -> None:
+        fwht_rows(np.asarray(x), out)
+
+    return run
+
+
+def _scratch(node: Tensor, limit: int | None) -> int:
+    """The NumPy kernel's temporaries: weights of another type than f32 dequantized, at most one
+    chunk of rows at a time (`weight_chunks`); the activations converted or rounded
+    (`vec_dot_operand`) and stacked per weight matrix when the weights broadcast
+    (`batched_matmul`): two copies at most; the product."""
+    a, b = node.src[0], node.src[1]
+    if a is None or a.type == GgmlType.F32:
+        weights = aliasable(a, node)
+    else:
+        weights = min(logical_f32(a), weight_chunk_bytes(limit)) * 5 // 4
+    return weights + 2 * logical_f32(b) + logical_f32(node)
+
+
+FAMILY = OpFamily(
+    "matmul",
+    (
+        cpu_kernel(
+            Op.MUL_MAT,
+            "Hadamard-hinted f32 rows (ggml's FWHT)",
+            _hadamard_supported,
+            mul_mat_hadamard,
+            HINT,
+            # the scaled copy, one stacked copy per pass, the result before it is stored
+            lambda node, limit: 3 * logical_f32(node),
+        ),
+        cpu_kernel(
+            Op.MUL_MAT,
+            "any supported weight type x f32 -> f32 (native)",
+            native_supported,
+            mul_mat_native,
+            NATIVE,
+            native_scratch,
+        ),
+        cpu_kernel(
+            Op.MUL_MAT, "f32|f16|bf16|quantized x f32|f16 -> f32", _supported, mul_mat, GENERIC
+        ),
+    ),
+    scratch={Op.MUL_MAT: _scratch},
+    cuda="rpcnet.compute.cuda.kernels.matmul",
+)

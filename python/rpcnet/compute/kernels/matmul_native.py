@@ -1,4 +1,5 @@
-"""MUL_MAT fast path: weights of every supported type read in block form by the native kernel.
+"""MUL_MAT's native kernel (declared in matmul.py): weights of every supported type read in
+block form.
 
 `_native.matmul_quant` converts the float32 activations to the weight type's vec_dot type the
 way ggml's x86 CPU backend does (q8_0 / q8_1 / q8_K / f16 / bf16) and computes each row pair in
@@ -15,10 +16,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from rpcnet import _native
-from rpcnet.compute import scratch
-from rpcnet.compute.kernels.kernel_table import NATIVE, Step, kernel
-from rpcnet.compute.kernels.native_args import device_threads, tensor_arg
-from rpcnet.compute.ops import Op
+from rpcnet.compute.kernels.kernel_table import BuildContext, Step
+from rpcnet.compute.kernels.native_args import tensor_arg
+from rpcnet.compute.scratch import logical_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view, storage
 from rpcnet.ggml_types import GgmlType
@@ -65,7 +65,7 @@ def f32_contiguous(t: Tensor) -> bool:
     return True
 
 
-def _supported(node: Tensor) -> bool:
+def native_supported(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     if a is None or b is None or node.type != GgmlType.F32 or b.type != GgmlType.F32:
         return False
@@ -89,15 +89,14 @@ def _batches(a: Tensor, b: Tensor) -> Iterator[tuple[int, int, int]]:
             yield i13, i12, a.offset + (i12 // r2) * a.nb[2] + (i13 // r3) * a.nb[3]
 
 
-@kernel(Op.MUL_MAT, "any supported weight type x f32 -> f32 (native)", _supported, priority=NATIVE)
-def mul_mat_native(node: Tensor) -> Step:
+def mul_mat_native(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     layout = weight_layout(a_t)
     assert layout is not None
     row = layout[0]
     k, m = a_t.ne[0], a_t.ne[1]
-    type_id, stride, threads = a_t.type, a_t.nb[1], device_threads(node)
+    type_id, stride, threads = a_t.type, a_t.nb[1], context.threads
     x = plain_view(b_t)  # (ne3, ne2, ne1, K)
     out = plain_view(node)  # (ne3, ne2, ne1, M)
     # one call for all batches when that changes nothing: ggml picks its multi-row kernels
@@ -144,9 +143,7 @@ def mul_mat_native(node: Tensor) -> Step:
     return run
 
 
-# Temporaries: the activations made contiguous and the kernel's converted copy of them, and an
-# output staging array when the destination is strided.
-scratch.register(
-    mul_mat_native.__name__,
-    lambda node: 2 * scratch.logical_f32(node.src[1]) + 2 * scratch.logical_f32(node),
-)
+def native_scratch(node: Tensor, limit: int | None) -> int:
+    """The activations made contiguous and the kernel's converted copy of them, and an output
+    staging array when the destination is strided."""
+    return 2 * logical_f32(node.src[1]) + 2 * logical_f32(node)

@@ -7,7 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 from rpcnet.compute import scratch
-from rpcnet.compute.kernels.kernel_table import NATIVE, Builder, Predicate, kernel
+from rpcnet.compute.kernels.kernel_table import (
+    NATIVE,
+    Builder,
+    ContextBuilder,
+    Kernel,
+    Predicate,
+    cpu_kernel,
+    kernel,
+)
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import storage
 
@@ -30,6 +38,16 @@ def native_kernel(op: int, types: str, supports: Predicate) -> Callable[[Builder
         return kernel(op, types, supports, priority=NATIVE)(build)
 
     return register
+
+
+def native_row_kernel(
+    op: int, types: str, supports: Predicate, build: ContextBuilder
+) -> tuple[Kernel, ...]:
+    """A native row kernel's entry in its family's declaration, unless the native ops are
+    switched off (then none)."""
+    if not ENABLED:
+        return ()
+    return (cpu_kernel(op, types, supports, build, NATIVE, lambda node, limit: ROW_SCRATCH),)
 
 
 def tensor_arg(t: Tensor, offset: int = 0, ne0: int | None = None) -> TensorArg:

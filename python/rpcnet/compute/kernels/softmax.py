@@ -1,4 +1,9 @@
-"""SOFT_MAX along ne0 with scale, optional mask (ALiBi-sloped when max_bias > 0) and sinks."""
+"""SOFT_MAX along ne0 with scale, optional mask (ALiBi-sloped when max_bias > 0) and sinks.
+
+The NumPy kernel takes every layout; the native one (ggml's AVX2 vector expf and its float32
+chunk sums added in double, so attention without flash attention matches the reference bit for
+bit) takes rows the kernel walks by stride. CUDA: compute/cuda/kernels/attention.py.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import AVX2_LANES, exp, simd_then_scalar, v_expf
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Op
+from rpcnet.compute.scratch import logical_f32, used_mask_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
@@ -96,8 +104,7 @@ def _vec_sum(e: Any) -> Any:
     return np.cumsum(parts, axis=-1)[..., -1:]  # sequential, not pairwise
 
 
-@kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", operands_supported)
-def soft_max(node: Tensor) -> Step:
+def soft_max(node: Tensor, context: BuildContext) -> Step:
     a_t = node.src[0]
     mask_t = node.src[1] if len(node.src) > 1 else None
     sinks_t = node.src[2] if len(node.src) > 2 else None
@@ -127,3 +134,66 @@ def soft_max(node: Tensor) -> Step:
             np.multiply(e, (1.0 / total).astype(f32), out=out)
 
     return run
+
+
+ELEM = {GgmlType.F32: 4, GgmlType.F16: 2}
+
+
+def _native_supported(node: Tensor) -> bool:
+    """`softmax`'s conditions, plus rows the kernel walks by stride and no partial aliasing."""
+    if not operands_supported(node):
+        return False
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    sinks = node.src[2] if len(node.src) > 2 else None
+    assert a is not None
+    if not (rows_contiguous(a, 4) and rows_contiguous(node, 4)):
+        return False
+    if mask is not None and not rows_contiguous(mask, ELEM[mask.type]):
+        return False
+    if sinks is not None and (sinks.nb[0] != 4 or sinks.ne[1] * sinks.ne[2] * sinks.ne[3] != 1):
+        return False
+    if node.buffer is a.buffer and node.offset != a.offset:
+        return a.offset + a.nbytes <= node.offset or node.offset + node.nbytes <= a.offset
+    return node.buffer is not a.buffer or tuple(node.nb) == tuple(a.nb)
+
+
+def soft_max_native(node: Tensor, context: BuildContext) -> Step:
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    sinks = node.src[2] if len(node.src) > 2 else None
+    assert a is not None
+    return _native.soft_max_step(
+        tensor_arg(a),
+        tensor_arg(mask) if mask is not None else None,
+        mask.type if mask is not None else GgmlType.F32,
+        tensor_arg(sinks) if sinks is not None else None,
+        tensor_arg(node),
+        node.f32(0),
+        node.f32(1),
+        context.threads,
+    )
+
+
+def _scratch(node: Tensor, limit: int | None) -> int:
+    """The scaled and masked scores, their exps and sums, the converted mask rows and sinks."""
+    mask = node.src[1] if len(node.src) > 1 else None
+    masked = 2 * used_mask_f32(mask, node.ne[0], node.ne[1])
+    sinks = logical_f32(node.src[2]) if len(node.src) > 2 else 0
+    return sinks + 4 * logical_f32(node) + masked + logical_f32(node.src[0])
+
+
+FAMILY = OpFamily(
+    "softmax",
+    (
+        cpu_kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", operands_supported, soft_max),
+        *native_row_kernel(
+            Op.SOFT_MAX,
+            "f32 (+f16/f32 mask, f32 sinks) (native)",
+            _native_supported,
+            soft_max_native,
+        ),
+    ),
+    scratch={Op.SOFT_MAX: _scratch},
+    cuda="rpcnet.compute.cuda.kernels.attention",
+)
