@@ -1,18 +1,26 @@
-"""Element-wise ADD, SUB, MUL, DIV with ggml's repeat-broadcast of src1 over src0."""
+"""Element-wise ADD, SUB, MUL, DIV with ggml's repeat-broadcast of src1 over src0.
+
+The NumPy kernel takes f32/f16/bf16; f32 tensors run natively (src1 repeated over src0 by
+modulo, as ggml broadcasts), so a decode step's residual adds and norm-weight products need no
+NumPy. CUDA: compute/cuda/kernels/elementwise.py.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.common import repeats_into, same_shape, tile_to
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
 
 _UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
+_NATIVE_OPS = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}  # the native kernel's op codes
 
 
 def _supported(node: Tensor) -> bool:
@@ -28,7 +36,7 @@ def _supported(node: Tensor) -> bool:
     )
 
 
-def _build(node: Tensor) -> Step:
+def binary(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     ufunc = _UFUNCS[Op(node.op)]
@@ -48,5 +56,45 @@ def _build(node: Tensor) -> Step:
     return run_mixed
 
 
-for _op in _UFUNCS:
-    kernel(_op, "f32/f16/bf16 (src1 repeat-broadcast)", _supported)(_build)
+def _overlaps_partially(node: Tensor, src: Tensor) -> bool:
+    """Shares bytes with the output without being exactly the output (in place is fine)."""
+    if src.buffer is not node.buffer:
+        return False
+    if src.offset == node.offset and tuple(src.nb) == tuple(node.nb):
+        return False
+    return not (src.offset + src.nbytes <= node.offset or node.offset + node.nbytes <= src.offset)
+
+
+def _native_supported(node: Tensor) -> bool:
+    a, b = node.src[0], node.src[1]
+    if a is None or b is None or not (node.type == a.type == b.type == GgmlType.F32):
+        return False
+    if not all(rows_contiguous(t, 4) for t in (a, b, node)):
+        return False
+    if not (same_shape(a, node) and repeats_into(b, a)):
+        return False
+    return not (_overlaps_partially(node, a) or _overlaps_partially(node, b))
+
+
+def binary_native(node: Tensor, context: BuildContext) -> Step:
+    a, b = node.src[0], node.src[1]
+    assert a is not None and b is not None
+    return _native.binary_step(
+        tensor_arg(a), tensor_arg(b), tensor_arg(node), _NATIVE_OPS[Op(node.op)], context.threads
+    )
+
+
+FAMILY = OpFamily(
+    "binary",
+    tuple(
+        entry
+        for op in _UFUNCS
+        for entry in (
+            cpu_kernel(op, "f32/f16/bf16 (src1 repeat-broadcast)", _supported, binary),
+            *native_row_kernel(
+                op, "f32 (src1 repeat-broadcast, native)", _native_supported, binary_native
+            ),
+        )
+    ),
+    cuda="rpcnet.compute.cuda.kernels.elementwise",
+)

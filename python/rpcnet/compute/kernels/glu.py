@@ -2,7 +2,8 @@
 exchanges them) or fused (x = src0, g = src1, `swapped` ignored as in ggml).
 
 Per-op arithmetic follows the ggml CPU kernels, including the f16 GELU tables on f32/f16 inputs
-and the clamping of SWIGLU_OAI / SWIGLU_CLAMP.
+and the clamping of SWIGLU_OAI / SWIGLU_CLAMP. SWIGLU on f32 rows also runs natively (ggml's
+AVX2 SiLU with its vector expf). CUDA: compute/cuda/kernels/elementwise.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet import _native
 from rpcnet.compute.kernels.common import F32, float_io, quiet, reader, same_shape, writer
 from rpcnet.compute.kernels.floatmath import (
     ONE,
@@ -25,7 +27,8 @@ from rpcnet.compute.kernels.floatmath import (
     silu,
     silu_rows,
 )
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Glu, Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
@@ -115,8 +118,7 @@ def _supported(node: Tensor) -> bool:
     return float_io(node, b) and same_shape(a, b) and same_shape(a, node)
 
 
-@kernel(Op.GLU, "f32|f16|bf16 split or fused (all glu ops, GEGLU via f16 table)", _supported)
-def glu(node: Tensor) -> Step:
+def glu(node: Tensor, context: BuildContext) -> Step:
     a_t = node.src[0]
     b_t = node.src[1] if len(node.src) > 1 else None
     assert a_t is not None
@@ -143,3 +145,56 @@ def glu(node: Tensor) -> Step:
             store(fn(a[..., first], a[..., second]))
 
     return run_split
+
+
+def _native_supported(node: Tensor) -> bool:
+    a = node.src[0] if node.src else None
+    b = node.src[1] if len(node.src) > 1 else None
+    if (
+        a is None
+        or node.i32(0) != Glu.SWIGLU
+        or a.type != GgmlType.F32
+        or node.type != GgmlType.F32
+    ):
+        return False
+    if not (rows_contiguous(a, 4) and rows_contiguous(node, 4)):
+        return False
+    if tuple(node.ne[1:]) != tuple(a.ne[1:]):
+        return False
+    if b is None:
+        return node.ne[0] * 2 == a.ne[0]
+    return (
+        b.type == GgmlType.F32
+        and rows_contiguous(b, 4)
+        and tuple(b.ne) == tuple(a.ne) == tuple(node.ne)
+    )
+
+
+def swiglu_native(node: Tensor, context: BuildContext) -> Step:
+    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    assert a is not None
+    nc = node.ne[0]
+    if b is not None:
+        x, g = tensor_arg(a), tensor_arg(b)
+    else:
+        swapped = node.i32(1) != 0
+        x = tensor_arg(a, offset=4 * nc if swapped else 0, ne0=nc)
+        g = tensor_arg(a, offset=0 if swapped else 4 * nc, ne0=nc)
+    return _native.swiglu_step(x, g, tensor_arg(node), context.threads)
+
+
+FAMILY = OpFamily(
+    "glu",
+    (
+        cpu_kernel(
+            Op.GLU,
+            "f32|f16|bf16 split or fused (all glu ops, GEGLU via f16 table)",
+            _supported,
+            glu,
+        ),
+        *native_row_kernel(
+            Op.GLU, "SWIGLU f32 split or fused (native)", _native_supported, swiglu_native
+        ),
+    ),
+    cuda="rpcnet.compute.cuda.kernels.elementwise",
+)

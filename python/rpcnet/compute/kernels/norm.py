@@ -2,7 +2,9 @@
 
 Sums are accumulated in float64 and the statistics rounded to float32 at the points where the
 ggml CPU kernels do (NORM over rows that are not contiguous sums left to right in float32, as
-ggml's strided path does), so results agree with the reference to float32 rounding.
+ggml's strided path does), so results agree with the reference to float32 rounding. RMS_NORM of
+f32 rows also runs natively (ggml's double sum and float32 scale). CUDA:
+compute/cuda/kernels/elementwise.py.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute.kernels.common import F32, float_io, quiet, reader, same_shape, writer
 from rpcnet.compute.kernels.floatmath import ONE
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
+from rpcnet.ggml_types import GgmlType
 
 F64 = np.float64
 
@@ -34,8 +38,7 @@ def _row_sum(x: Any) -> Any:
     return np.sum(x, axis=-1, dtype=F64, keepdims=True)
 
 
-@kernel(Op.RMS_NORM, "f32|f16|bf16", _supported)
-def rms_norm(node: Tensor) -> Step:
+def rms_norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
     load, store = reader(src), writer(node)
@@ -50,8 +53,7 @@ def rms_norm(node: Tensor) -> Step:
     return run
 
 
-@kernel(Op.NORM, "f32|f16|bf16", _supported)
-def norm(node: Tensor) -> Step:
+def norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
     load, store = reader(src), writer(node)
@@ -78,8 +80,7 @@ def norm(node: Tensor) -> Step:
     return run
 
 
-@kernel(Op.L2_NORM, "f32|f16|bf16", _supported)
-def l2_norm(node: Tensor) -> Step:
+def l2_norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
     load, store = reader(src), writer(node)
@@ -99,8 +100,7 @@ def _group_norm_ok(node: Tensor) -> bool:
     return a is not None and same_shape(a, node) and float_io(node, a) and node.i32(0) > 0
 
 
-@kernel(Op.GROUP_NORM, "f32|f16|bf16 (p0 groups over ne2, p1 eps)", _group_norm_ok)
-def group_norm(node: Tensor) -> Step:
+def group_norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
     load, store = reader(src), writer(node)
@@ -128,3 +128,36 @@ def group_norm(node: Tensor) -> Step:
             store(d * scale)
 
     return run
+
+
+def _native_supported(node: Tensor) -> bool:
+    x = node.src[0] if node.src else None
+    if x is None or x.type != GgmlType.F32 or node.type != GgmlType.F32:
+        return False
+    return (
+        tuple(x.ne) == tuple(node.ne)
+        and rows_contiguous(x, 4)
+        and rows_contiguous(node, 4)
+        and node.f32(0) >= 0.0
+    )
+
+
+def rms_norm_native(node: Tensor, context: BuildContext) -> Step:
+    x = node.src[0]
+    assert x is not None
+    return _native.rms_norm_step(tensor_arg(x), tensor_arg(node), node.f32(0), context.threads)
+
+
+FAMILY = OpFamily(
+    "norm",
+    (
+        cpu_kernel(Op.RMS_NORM, "f32|f16|bf16", _supported, rms_norm),
+        *native_row_kernel(Op.RMS_NORM, "f32 (native)", _native_supported, rms_norm_native),
+        cpu_kernel(Op.NORM, "f32|f16|bf16", _supported, norm),
+        cpu_kernel(Op.L2_NORM, "f32|f16|bf16", _supported, l2_norm),
+        cpu_kernel(
+            Op.GROUP_NORM, "f32|f16|bf16 (p0 groups over ne2, p1 eps)", _group_norm_ok, group_norm
+        ),
+    ),
+    cuda="rpcnet.compute.cuda.kernels.elementwise",
+)
