@@ -32,7 +32,6 @@ from rpcnet.compute.tensor import Tensor
 
 F32 = 4
 DEFAULT_SCRATCH_CAP = 1 << 30
-SCORE_BLOCK_FLOATS = 1 << 24  # attention.py bounds its score blocks at this many floats
 
 
 class ScratchExceeded(ComputeError):
@@ -116,25 +115,6 @@ def _mul_mat_id(node: Tensor) -> int:
     return one_expert + 2 * logical_f32(b) + 2 * logical_f32(node) + 4 * logical_f32(ids)
 
 
-def _flash_attn(node: Tensor) -> int:
-    q, k, v = node.src[0], node.src[1], node.src[2]
-    mask = node.src[3] if len(node.src) > 3 else None
-    if q is None or k is None or v is None:
-        return default_bound(node)
-    n_head, n3 = q.ne[2], q.ne[3]
-    n_kv = k.ne[1]
-    row = n3 * n_head * n_kv  # scores of one query row over every head
-    rows_per_block = min(q.ne[1], max(1, SCORE_BLOCK_FLOATS // max(1, row)))
-    block = row * rows_per_block * F32  # scores, their exp, the mask tile: one block each
-    expand = 1
-    if k.ne[2] != v.ne[2] or k.ne[3] != n3 or v.ne[3] != n3:  # K/V repeated to n_head heads
-        expand = max(1, n_head // max(1, min(k.ne[2], v.ne[2]))) * max(1, n3 // max(1, k.ne[3]))
-    kv = (logical_f32(k) + logical_f32(v)) * expand
-    masked = 2 * used_mask_f32(mask, n_kv, q.ne[1])
-    sinks = logical_f32(node.src[4]) if len(node.src) > 4 else 0
-    return sinks + 2 * logical_f32(q) + kv + masked + 3 * block + 2 * logical_f32(node)
-
-
 def _get_rows(node: Tensor) -> int:
     ids = node.src[1]
     n_ids = 0 if ids is None else ids.nelements
@@ -155,7 +135,6 @@ def _copy(node: Tensor) -> int:
 # Ops whose family declares no scratch rule yet.
 _BY_OP: dict[int, Callable[[Tensor], int]] = {
     Op.MUL_MAT_ID: _mul_mat_id,
-    Op.FLASH_ATTN_EXT: _flash_attn,
     Op.GET_ROWS: _get_rows,
     Op.SET_ROWS: _set_rows,
     Op.CPY: _copy,

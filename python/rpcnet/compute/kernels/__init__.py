@@ -12,7 +12,6 @@ from rpcnet.compute.kernels import kernel_table
 
 KERNEL_MODULES = (
     "attention",
-    "attention_native",
     "binary",
     "copy",
     "glu",
@@ -22,7 +21,6 @@ KERNEL_MODULES = (
     "norm",
     "reduce",
     "rope",
-    "rope_native",
     "rows",
     "rows_native",
     "shape",

@@ -13,6 +13,13 @@ softmax·V in an f16 buffer when V is f16 (each rescale and each FMA rounded to 
 otherwise; ``_online_softmax_v`` replays that order and those roundings (the f16 buffer alone
 moves the output by ~1e-3 of its scale). ggml's split-KV decode path (one query row, >= 512 kv,
 several threads) and the tiled path are not replayed: they accumulate in f32.
+
+The native kernel (`_native.flash_attn_ext_step`) reads f16 K/V (the KV cache) in place and
+follows ggml's CPU path for path: below 64 query rows one row at a time (q rounded to f16,
+ggml's f16 dot product, online softmax with the f16 V accumulator, the split-KV decode path for
+>= 512 positions); from 64 rows ggml's tiled f32 path (K and V f16 or f32). Its output matches
+the reference server's bit for bit where the thread counts match, and it reads only the `n_kv`
+positions the graph passes. CUDA: compute/cuda/kernels/attention.py.
 """
 
 from __future__ import annotations
@@ -25,20 +32,23 @@ from rpcnet import _native
 from rpcnet.compute import convert, quant
 from rpcnet.compute.kernels.copy import block_view
 from rpcnet.compute.kernels.floatmath import exp, tanh
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import native_row_kernel, tensor_arg
 from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
 from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads, used_mask
 from rpcnet.compute.ops import Op
+from rpcnet.compute.scratch import F32 as F32_BYTES
+from rpcnet.compute.scratch import default_bound, logical_f32, used_mask_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
-from rpcnet.ggml_types import GgmlType
+from rpcnet.ggml_types import GgmlType, traits_of
 
 f32 = np.float32
 Q_TILE = 64  # ggml's GGML_FA_TILE_Q
-_SCORE_LIMIT = 1 << 24
+SCORE_LIMIT = 1 << 24  # score floats per block of the NumPy kernel
 # score floats per block of the tiled (exact softmax) path: 4 MiB, so its passes over the
 # scores run from cache instead of DRAM (1.5x faster on a 512 x 1536 x 16-head prompt)
-_TILED_SCORE_LIMIT = 1 << 20
+_TILEDSCORE_LIMIT = 1 << 20
 _SPLIT_KV_MIN = 512  # ggml's split-KV decode path: one query row and at least this many kv
 
 
@@ -87,8 +97,7 @@ def _expand_heads(x: Any, n3: int, n2: int) -> Any:
     return x
 
 
-@kernel(Op.FLASH_ATTN_EXT, "f32 q x f32/f16/bf16/quantized k, v (+f16 mask, sinks)", _supported)
-def flash_attn_ext(node: Tensor) -> Step:
+def flash_attn_ext(node: Tensor, context: BuildContext) -> Step:
     src = tuple(node.src) + (None,) * (5 - len(node.src))
     q_t, k_t, v_t, mask_t, sinks_t = src[:5]
     assert q_t is not None and k_t is not None and v_t is not None
@@ -115,9 +124,9 @@ def flash_attn_ext(node: Tensor) -> Step:
     v_f16 = v_t.type == GgmlType.F16
     # query rows per block, bounding the score matrix at ~16M floats (the lane-exact dot
     # products at ~4M float64 of 32 lanes each)
-    limit = _SCORE_LIMIT // 128 if exact_dot or q8_dot else _SCORE_LIMIT
+    limit = SCORE_LIMIT // 128 if exact_dot or q8_dot else SCORE_LIMIT
     if tiled:
-        limit = _TILED_SCORE_LIMIT
+        limit = _TILEDSCORE_LIMIT
     step = max(1, limit // max(1, n3 * n_head * n_kv))
 
     def run() -> None:
@@ -288,3 +297,100 @@ def _online_softmax_v(s: Any, v: Any, v_f16: bool, sinks: Any, per_group: int, n
             total = _fma_f32(total, ms, vs)
         inv = np.where(total == 0, f32(0), f32(1) / total)
     return vkq * inv
+
+
+def _native_supported(node: Tensor) -> bool:
+    src = tuple(node.src) + (None,) * (5 - len(node.src))
+    q, k, v, mask, sinks = src[:5]
+    if q is None or k is None or v is None or node.type != GgmlType.F32 or q.type != GgmlType.F32:
+        return False
+    dk, n_q, n_head, n3 = q.ne
+    kv_types = (GgmlType.F16, GgmlType.F32) if n_q >= Q_TILE else (GgmlType.F16,)
+    if k.type != v.type or k.type not in kv_types or q.nb[0] != 4:
+        return False
+    if k.nb[0] != traits_of(k.type).type_size or v.nb[0] != traits_of(v.type).type_size:
+        return False
+    if k.ne[0] != dk or v.ne[1] != k.ne[1]:
+        return False
+    if tuple(node.ne) != (v.ne[0], n_head, n_q, n3) or node.nb[0] != 4:
+        return False
+    if node.nb[1] != 4 * node.ne[0] or node.nb[2] != node.nb[1] * n_head:
+        return False
+    if node.nb[3] != node.nb[2] * n_q:
+        return False
+    for t in (k, v):
+        if t.ne[2] <= 0 or t.ne[3] <= 0 or n_head % t.ne[2] or n3 % t.ne[3]:
+            return False
+    if mask is not None:
+        if mask.type != GgmlType.F16 or mask.nb[0] != 2 or mask.ne[0] < k.ne[1] or mask.ne[1] < n_q:
+            return False
+        if mask.ne[2] <= 0 or mask.ne[3] <= 0 or n_head % mask.ne[2] or n3 % mask.ne[3]:
+            return False
+    if sinks is not None:
+        if sinks.type != GgmlType.F32 or sinks.nb[0] != 4 or sinks.ne[0] < n_head:
+            return False
+        if sinks.ne[1] * sinks.ne[2] * sinks.ne[3] != 1:
+            return False
+    return True
+
+
+def flash_attn_ext_native(node: Tensor, context: BuildContext) -> Step:
+    src = tuple(node.src) + (None,) * (5 - len(node.src))
+    q, k, v, mask, sinks = src[:5]
+    assert q is not None and k is not None and v is not None
+    return _native.flash_attn_ext_step(
+        tensor_arg(q),
+        tensor_arg(k),
+        tensor_arg(v),
+        tensor_arg(mask) if mask is not None else None,
+        tensor_arg(sinks) if sinks is not None else None,
+        tensor_arg(node),
+        node.f32(0),
+        node.f32(1),
+        node.f32(2),
+        context.threads,
+        kv_f32=k.type == GgmlType.F32,
+    )
+
+
+def _scratch(node: Tensor, limit: int | None) -> int:
+    """The NumPy kernel's temporaries: q rounded, K and V converted (and repeated to n_head heads
+    when they broadcast), the mask rows it reads, one score block three times (scores, their
+    exp, the mask tile), the result before it is stored."""
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask = node.src[3] if len(node.src) > 3 else None
+    if q is None or k is None or v is None:
+        return default_bound(node)
+    n_head, n3 = q.ne[2], q.ne[3]
+    n_kv = k.ne[1]
+    row = n3 * n_head * n_kv  # scores of one query row over every head
+    rows_per_block = min(q.ne[1], max(1, SCORE_LIMIT // max(1, row)))
+    block = row * rows_per_block * F32_BYTES
+    expand = 1
+    if k.ne[2] != v.ne[2] or k.ne[3] != n3 or v.ne[3] != n3:
+        expand = max(1, n_head // max(1, min(k.ne[2], v.ne[2]))) * max(1, n3 // max(1, k.ne[3]))
+    kv = (logical_f32(k) + logical_f32(v)) * expand
+    masked = 2 * used_mask_f32(mask, n_kv, q.ne[1])
+    sinks = logical_f32(node.src[4]) if len(node.src) > 4 else 0
+    return sinks + 2 * logical_f32(q) + kv + masked + 3 * block + 2 * logical_f32(node)
+
+
+FAMILY = OpFamily(
+    "attention",
+    (
+        cpu_kernel(
+            Op.FLASH_ATTN_EXT,
+            "f32 q x f32/f16/bf16/quantized k, v (+f16 mask, sinks)",
+            _supported,
+            flash_attn_ext,
+        ),
+        *native_row_kernel(
+            Op.FLASH_ATTN_EXT,
+            "f32 q x f16 k, v (f32 too from 64 rows; +f16 mask, sinks) (native)",
+            _native_supported,
+            flash_attn_ext_native,
+        ),
+    ),
+    scratch={Op.FLASH_ATTN_EXT: _scratch},
+    cuda="rpcnet.compute.cuda.kernels.attention",
+)

@@ -3,7 +3,9 @@
 Matches ggml's CPU kernel closely: each rotation angle is built exactly as ggml builds it
 (theta = p, then theta *= theta_scale once per pair, in float32), because for large positions a
 single-ulp difference in the angle is visible in the output. Transcendentals are evaluated in
-float64 and rounded, like glibc's correctly rounded float functions.
+float64 and rounded, like glibc's correctly rounded float functions. Normal and neox modes of
+f32 tensors also run natively (the same angle recurrence, YaRN ramp and fused rotation). CUDA:
+compute/cuda/kernels/elementwise.py.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import cos as libm_cos
 from rpcnet.compute.kernels.floatmath import sin as libm_sin
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
@@ -178,8 +182,7 @@ def rope_angles(p: RopeParams, positions: Any, consts, freq_factors: Any | None)
     return libm_cos(interp) * mscale, libm_sin(interp) * mscale  # cosf, sinf
 
 
-@kernel(Op.ROPE, "f32/f16 x i32 positions (+f32 freq factors), all rope modes", _supported)
-def rope(node: Tensor) -> Step:
+def rope(node: Tensor, context: BuildContext) -> Step:
     x_t, pos_t = node.src[0], node.src[1]
     ff_t = node.src[2] if len(node.src) > 2 else None
     assert x_t is not None and pos_t is not None
@@ -222,3 +225,74 @@ def rope(node: Tensor) -> Step:
         out[..., i1] = r1
 
     return run
+
+
+def _native_supported(node: Tensor) -> bool:
+    x, pos = node.src[0], node.src[1]
+    ff = node.src[2] if len(node.src) > 2 else None
+    if x is None or pos is None or pos.type != GgmlType.I32 or not rows_contiguous(pos, 4):
+        return False
+    if x.type != GgmlType.F32 or node.type != GgmlType.F32 or tuple(node.ne) != tuple(x.ne):
+        return False
+    if not (rows_contiguous(x, 4) and rows_contiguous(node, 4)):
+        return False
+    p = RopeParams(node)
+    if p.mode not in (NORMAL, NEOX) or not p.valid(node) or pos.nelements != x.ne[2]:
+        return False
+    if ff is not None and (ff.type != GgmlType.F32 or ff.ne[0] < p.n_rot or ff.nb[0] != 4):
+        return False
+    # an in-place rope whose views do not coincide exactly would read rotated values
+    if node.buffer is not x.buffer or _disjoint(node, x):
+        return True
+    return node.offset == x.offset and tuple(node.nb) == tuple(x.nb)
+
+
+def _disjoint(a: Tensor, b: Tensor) -> bool:
+    return a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
+
+
+def rope_native(node: Tensor, context: BuildContext) -> Step:
+    x, pos = node.src[0], node.src[1]
+    ff = node.src[2] if len(node.src) > 2 else None
+    assert x is not None and pos is not None
+    p = RopeParams(node)
+    params = (
+        p.n_dims,
+        p.mode,
+        p.n_ctx_orig,
+        p.n_offs,
+        p.freq_base,
+        p.freq_scale,
+        p.ext_factor,
+        p.attn_factor,
+        p.beta_fast,
+        p.beta_slow,
+    )
+    return _native.rope_step(
+        tensor_arg(x),
+        tensor_arg(pos),
+        tensor_arg(ff) if ff is not None else None,
+        tensor_arg(node),
+        params,
+        context.threads,
+    )
+
+
+FAMILY = OpFamily(
+    "rope",
+    (
+        cpu_kernel(
+            Op.ROPE,
+            "f32/f16 x i32 positions (+f32 freq factors), all rope modes",
+            _supported,
+            rope,
+        ),
+        *native_row_kernel(
+            Op.ROPE,
+            "f32 x i32 positions (+f32 freq factors), normal/neox (native)",
+            _native_supported,
+            rope_native,
+        ),
+    ),
+    cuda="rpcnet.compute.cuda.kernels.elementwise",
+)
