@@ -641,7 +641,7 @@ def test_cont_of_permuted_heads_into_rows_matches_reference(reference_v8, rpcnet
     # and it is the native copy that ran (a padded destination is left to NumPy)
     elem = 2 if dst_type == F16 else 4
     src_t = _tensor(F32, (d, heads, tokens, 1), (4, 4 * d * tokens, 4 * d, 4 * src.nbytes))
-    for pad, name in ((0, "cont_native"), (8, "_build")):
+    for pad, name in ((0, "copy_native"), (8, "copy")):
         row = elem * d * heads + pad
         nb = (elem, row, row * tokens, row * tokens)
         node = _tensor(dst_type, (d * heads, tokens, 1, 1), nb, CONT, (src_t,))

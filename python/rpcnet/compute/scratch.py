@@ -115,31 +115,9 @@ def _mul_mat_id(node: Tensor) -> int:
     return one_expert + 2 * logical_f32(b) + 2 * logical_f32(node) + 4 * logical_f32(ids)
 
 
-def _get_rows(node: Tensor) -> int:
-    ids = node.src[1]
-    n_ids = 0 if ids is None else ids.nelements
-    # The gathered rows (raw, then as float32) and NumPy's intp copy of the index arrays.
-    return 3 * logical_f32(node) + 8 * 3 * n_ids
-
-
-def _set_rows(node: Tensor) -> int:
-    rows, ids = node.src[0], node.src[1]
-    n_rows = 0 if rows is None else rows.ne[1] * rows.ne[2] * rows.ne[3]
-    return 3 * logical_f32(rows) + 8 * 3 * n_rows + logical_f32(ids)
-
-
-def _copy(node: Tensor) -> int:
-    return 2 * logical_f32(node.src[0]) + logical_f32(node)
-
-
 # Ops whose family declares no scratch rule yet.
 _BY_OP: dict[int, Callable[[Tensor], int]] = {
     Op.MUL_MAT_ID: _mul_mat_id,
-    Op.GET_ROWS: _get_rows,
-    Op.SET_ROWS: _set_rows,
-    Op.CPY: _copy,
-    Op.DUP: _copy,
-    Op.CONT: _copy,
 }
 
 

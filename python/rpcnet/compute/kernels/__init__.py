@@ -22,7 +22,6 @@ KERNEL_MODULES = (
     "reduce",
     "rope",
     "rows",
-    "rows_native",
     "shape",
     "softmax",
     "unary",

@@ -3,6 +3,8 @@
 ggml copies element i of src0 (counting ne0 fastest, then ne1, ...) to element i of the
 destination, whatever either layout is; the shapes only need the same element count. Same-type
 copies move whole blocks (so quantized tensors copy bit-exactly); other pairs go through float32.
+Copies between f32 and f16 of the same shape (or into a packed destination of another shape, the
+CONT of a permuted view) run natively. CUDA: compute/cuda/kernels/rows.py.
 """
 
 from __future__ import annotations
@@ -13,8 +15,17 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import convert
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import (
+    ELEM,
+    TensorArg,
+    disjoint,
+    float_rows,
+    native_row_kernel,
+    tensor_arg,
+)
 from rpcnet.compute.ops import Op
+from rpcnet.compute.scratch import logical_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, f32_to_bf16, plain_view, shape_of, storage
 from rpcnet.ggml_types import GgmlType
@@ -71,7 +82,7 @@ def _supported(node: Tensor) -> bool:
     )
 
 
-def _build(node: Tensor) -> Step:
+def copy(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
     dst_shape = shape_of(node)
@@ -106,7 +117,71 @@ def _build(node: Tensor) -> Step:
     return run_convert
 
 
-for _op in (Op.CPY, Op.DUP, Op.CONT):
-    kernel(_op, "f32/f16/bf16/i32/quantized -> f32/f16/bf16/i32/q8_0/q4_x/q5_x/iq4_nl", _supported)(
-        _build
+def _native_supported(node: Tensor) -> bool:
+    a = node.src[0] if node.src else None
+    if a is None or not (float_rows(a) and float_rows(node)):
+        return False
+    if tuple(a.ne) != tuple(node.ne) and not _reshaped_contiguous(node, a):
+        return False
+    # overlapping source and destination (other than exactly in place) need the NumPy copy
+    same = node.buffer is a.buffer
+    return not same or disjoint(node, a)
+
+
+def _contiguous_nb(ne: tuple[int, ...], elem: int) -> tuple[int, ...]:
+    nb = [elem]
+    for n in ne[:-1]:
+        nb.append(nb[-1] * n)
+    return tuple(nb)
+
+
+def _reshaped_contiguous(node: Tensor, a: Tensor) -> bool:
+    """A contiguous destination of another shape (CONT_2D of a permuted view): its elements in
+    order are the source's in logical row-major order, so it is the source's shape, packed."""
+    return node.nelements == a.nelements and tuple(node.nb) == _contiguous_nb(
+        tuple(node.ne), ELEM[node.type]
     )
+
+
+def _dest_arg(node: Tensor, a: Tensor) -> TensorArg:
+    if tuple(a.ne) == tuple(node.ne):
+        return tensor_arg(node)
+    ne = tuple(a.ne)
+    return (storage(node), node.offset, ne, _contiguous_nb(ne, ELEM[node.type]))
+
+
+def copy_native(node: Tensor, context: BuildContext) -> Step:
+    a = node.src[0]
+    assert a is not None
+    return _native.copy_step(tensor_arg(a), a.type, _dest_arg(node, a), node.type, context.threads)
+
+
+def _scratch(node: Tensor, limit: int | None) -> int:
+    """The source as float32 (and reshaped), the converted result."""
+    return 2 * logical_f32(node.src[0]) + logical_f32(node)
+
+
+_NATIVE_TYPES = {
+    Op.CPY: "f32/f16 -> f32/f16, same shape (native)",
+    Op.CONT: "f32/f16 -> f32/f16, same shape or packed (native)",
+    Op.DUP: "f32/f16 -> f32/f16, same shape (native)",
+}
+
+FAMILY = OpFamily(
+    "copy",
+    tuple(
+        entry
+        for op, native_types in _NATIVE_TYPES.items()
+        for entry in (
+            cpu_kernel(
+                op,
+                "f32/f16/bf16/i32/quantized -> f32/f16/bf16/i32/q8_0/q4_x/q5_x/iq4_nl",
+                _supported,
+                copy,
+            ),
+            *native_row_kernel(op, native_types, _native_supported, copy_native),
+        )
+    ),
+    scratch=dict.fromkeys(_NATIVE_TYPES, _scratch),
+    cuda="rpcnet.compute.cuda.kernels.rows",
+)

@@ -18,8 +18,10 @@ from rpcnet.compute.kernels.kernel_table import (
 )
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import storage
+from rpcnet.ggml_types import GgmlType
 
 TensorArg = tuple[Any, int, tuple[int, ...], tuple[int, ...]]
+ELEM = {GgmlType.F32: 4, GgmlType.F16: 2}  # bytes per element of the float row kernels' types
 
 # RPCNET_NATIVE_OPS=0 leaves the non-matmul ops to the NumPy kernels (for comparisons).
 ENABLED = os.environ.get("RPCNET_NATIVE_OPS", "1") != "0"
@@ -64,3 +66,13 @@ def device_threads(node: Tensor) -> int:
 def rows_contiguous(t: Tensor, elem: int) -> bool:
     """Elements of a row are adjacent (ggml's nb[0] == type size)."""
     return t.nb[0] == elem
+
+
+def float_rows(t: Tensor) -> bool:
+    """An f32 or f16 tensor whose rows are contiguous."""
+    return t.type in ELEM and rows_contiguous(t, ELEM[t.type])
+
+
+def disjoint(a: Tensor, b: Tensor) -> bool:
+    """The two tensors' byte ranges do not overlap (whatever their buffers)."""
+    return a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset

@@ -20,7 +20,12 @@ from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import cos as libm_cos
 from rpcnet.compute.kernels.floatmath import sin as libm_sin
 from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
-from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
+from rpcnet.compute.kernels.native_args import (
+    disjoint,
+    native_row_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
@@ -242,13 +247,9 @@ def _native_supported(node: Tensor) -> bool:
     if ff is not None and (ff.type != GgmlType.F32 or ff.ne[0] < p.n_rot or ff.nb[0] != 4):
         return False
     # an in-place rope whose views do not coincide exactly would read rotated values
-    if node.buffer is not x.buffer or _disjoint(node, x):
+    if node.buffer is not x.buffer or disjoint(node, x):
         return True
     return node.offset == x.offset and tuple(node.nb) == tuple(x.nb)
-
-
-def _disjoint(a: Tensor, b: Tensor) -> bool:
-    return a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
 
 
 def rope_native(node: Tensor, context: BuildContext) -> Step:

@@ -1,4 +1,10 @@
-"""GET_ROWS (gather rows by I32 ids) and SET_ROWS (scatter converted rows into a destination)."""
+"""GET_ROWS (gather rows by I32 ids) and SET_ROWS (scatter converted rows into a destination).
+
+The NumPy kernels take every loadable source and storable destination. SET_ROWS of f32 rows into
+an f16 (or f32) KV cache and GET_ROWS of f32/f16 embeddings, once per layer per token, run
+natively; f16 results are rounded to nearest even like ggml's conversion. CUDA:
+compute/cuda/kernels/rows.py.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,19 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels.copy import blocks_ok, encode
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.native_args import (
+    float_rows,
+    native_row_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
 from rpcnet.compute.ops import Op
+from rpcnet.compute.scratch import logical_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, bf16_to_f32, plain_view, row_bytes_view
 from rpcnet.ggml_types import GgmlType
@@ -37,8 +51,7 @@ def _get_rows_supported(node: Tensor) -> bool:
     return convert.can_load(a.type) and convert.can_store(node.type) and blocks_ok(a)
 
 
-@kernel(Op.GET_ROWS, "any loadable[rows] x i32 ids -> f32 (i32 for i32 data)", _get_rows_supported)
-def get_rows(node: Tensor) -> Step:
+def get_rows(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     ids_v = plain_view(b_t)[0]  # (a.ne3, a.ne2, n_rows)
@@ -98,12 +111,7 @@ def _set_rows_supported(node: Tensor) -> bool:
     return convert.can_load(rows.type) and convert.can_store(node.type) and blocks_ok(node)
 
 
-@kernel(
-    Op.SET_ROWS,
-    "f32/f16 rows x i32/i64 ids -> f32/f16/bf16/q8_0/q4_x/q5_x/iq4_nl",
-    _set_rows_supported,
-)
-def set_rows(node: Tensor) -> Step:
+def set_rows(node: Tensor, context: BuildContext) -> Step:
     rows_t, idx_t = node.src[0], node.src[1]
     assert rows_t is not None and idx_t is not None
     n3, n2 = rows_t.ne[3], rows_t.ne[2]
@@ -143,3 +151,102 @@ def set_rows(node: Tensor) -> Step:
         dst_raw[i3, i2, ids()] = encode(node.type, values)
 
     return run_quant
+
+
+# --- native kernels --------------------------------------------------------------------------
+
+
+def _get_rows_native_supported(node: Tensor) -> bool:
+    a, b = node.src[0], node.src[1]
+    if a is None or b is None or b.type != GgmlType.I32 or node.type != GgmlType.F32:
+        return False
+    if not rows_contiguous(b, 4):
+        return False
+    if not (float_rows(a) and float_rows(node)):
+        return False
+    if tuple(node.ne) != (a.ne[0], b.ne[0], b.ne[1], b.ne[2]):
+        return False
+    return a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1
+
+
+def get_rows_native(node: Tensor, context: BuildContext) -> Step:
+    a, b = node.src[0], node.src[1]
+    assert a is not None and b is not None
+    return _native.get_rows_step(
+        tensor_arg(a), a.type, tensor_arg(b), tensor_arg(node), context.threads
+    )
+
+
+def _set_rows_native_supported(node: Tensor) -> bool:
+    rows, idx = node.src[0], node.src[1]
+    if rows is None or idx is None or idx.type not in (GgmlType.I32, GgmlType.I64):
+        return False
+    if rows.type != GgmlType.F32 or not float_rows(rows) or not float_rows(node):
+        return False
+    if not rows_contiguous(idx, 8 if idx.type == GgmlType.I64 else 4):
+        return False
+    if node.ne[0] != rows.ne[0] or node.ne[2] != rows.ne[2] or node.ne[3] != rows.ne[3]:
+        return False
+    if rows.ne[1] != idx.ne[0] or idx.ne[3] != 1 or idx.ne[1] <= 0 or idx.ne[2] <= 0:
+        return False
+    return rows.ne[2] % idx.ne[1] == 0 and rows.ne[3] % idx.ne[2] == 0
+
+
+def set_rows_native(node: Tensor, context: BuildContext) -> Step:
+    rows, idx = node.src[0], node.src[1]
+    assert rows is not None and idx is not None
+    return _native.set_rows_step(
+        tensor_arg(rows),
+        tensor_arg(idx),
+        idx.type,
+        tensor_arg(node),
+        node.type,
+        context.threads,
+    )
+
+
+def _get_rows_scratch(node: Tensor, limit: int | None) -> int:
+    """The gathered rows (raw, then as float32) and NumPy's intp copy of the index arrays."""
+    ids = node.src[1]
+    n_ids = 0 if ids is None else ids.nelements
+    return 3 * logical_f32(node) + 8 * 3 * n_ids
+
+
+def _set_rows_scratch(node: Tensor, limit: int | None) -> int:
+    """The rows converted and encoded, the index arrays (intp) and the ids read."""
+    rows, ids = node.src[0], node.src[1]
+    n_rows = 0 if rows is None else rows.ne[1] * rows.ne[2] * rows.ne[3]
+    return 3 * logical_f32(rows) + 8 * 3 * n_rows + logical_f32(ids)
+
+
+FAMILY = OpFamily(
+    "rows",
+    (
+        cpu_kernel(
+            Op.GET_ROWS,
+            "any loadable[rows] x i32 ids -> f32 (i32 for i32 data)",
+            _get_rows_supported,
+            get_rows,
+        ),
+        *native_row_kernel(
+            Op.GET_ROWS,
+            "f32/f16 rows x i32 ids -> f32 (native)",
+            _get_rows_native_supported,
+            get_rows_native,
+        ),
+        cpu_kernel(
+            Op.SET_ROWS,
+            "f32/f16 rows x i32/i64 ids -> f32/f16/bf16/q8_0/q4_x/q5_x/iq4_nl",
+            _set_rows_supported,
+            set_rows,
+        ),
+        *native_row_kernel(
+            Op.SET_ROWS,
+            "f32 rows x i32/i64 ids -> f32/f16 (native)",
+            _set_rows_native_supported,
+            set_rows_native,
+        ),
+    ),
+    scratch={Op.GET_ROWS: _get_rows_scratch, Op.SET_ROWS: _set_rows_scratch},
+    cuda="rpcnet.compute.cuda.kernels.rows",
+)

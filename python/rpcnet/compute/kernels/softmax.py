@@ -17,7 +17,12 @@ from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import AVX2_LANES, exp, simd_then_scalar, v_expf
 from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
-from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
+from rpcnet.compute.kernels.native_args import (
+    ELEM,
+    native_row_kernel,
+    rows_contiguous,
+    tensor_arg,
+)
 from rpcnet.compute.ops import Op
 from rpcnet.compute.scratch import logical_f32, used_mask_f32
 from rpcnet.compute.tensor import Tensor
@@ -134,9 +139,6 @@ def soft_max(node: Tensor, context: BuildContext) -> Step:
             np.multiply(e, (1.0 / total).astype(f32), out=out)
 
     return run
-
-
-ELEM = {GgmlType.F32: 4, GgmlType.F16: 2}
 
 
 def _native_supported(node: Tensor) -> bool:
