@@ -392,5 +392,5 @@ FAMILY = OpFamily(
         ),
     ),
     scratch={Op.FLASH_ATTN_EXT: _scratch},
-    cuda="rpcnet.compute.cuda.kernels.attention",
+    cuda=("rpcnet.compute.cuda.kernels.attention",),
 )

@@ -96,5 +96,5 @@ FAMILY = OpFamily(
             ),
         )
     ),
-    cuda="rpcnet.compute.cuda.kernels.elementwise",
+    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
 )

@@ -183,5 +183,5 @@ FAMILY = OpFamily(
         )
     ),
     scratch=dict.fromkeys(_NATIVE_TYPES, _scratch),
-    cuda="rpcnet.compute.cuda.kernels.rows",
+    cuda=("rpcnet.compute.cuda.kernels.rows",),
 )

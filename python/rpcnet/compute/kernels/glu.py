@@ -196,5 +196,5 @@ FAMILY = OpFamily(
             Op.GLU, "SWIGLU f32 split or fused (native)", _native_supported, swiglu_native
         ),
     ),
-    cuda="rpcnet.compute.cuda.kernels.elementwise",
+    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
 )

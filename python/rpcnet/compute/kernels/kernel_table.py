@@ -128,13 +128,13 @@ def cpu_kernel(
 class OpFamily:
     """One ggml op family, declared whole: its kernels on each backend (each with the shapes and
     types it supports), the scratch its generic CPU kernels allocate per op (ops not listed: the
-    default bound of compute/scratch.py), and the module of its CUDA builders (which register
+    default bound of compute/scratch.py), and the modules of its CUDA builders (which register
     themselves, without CuPy)."""
 
     name: str
     kernels: tuple[Kernel, ...]
     scratch: Mapping[int, ScratchRule] = field(default_factory=dict)
-    cuda: str | None = None
+    cuda: tuple[str, ...] = ()
 
     @property
     def ops(self) -> frozenset[int]:

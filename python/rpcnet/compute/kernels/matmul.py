@@ -217,5 +217,5 @@ FAMILY = OpFamily(
         ),
     ),
     scratch={Op.MUL_MAT: _scratch},
-    cuda="rpcnet.compute.cuda.kernels.matmul",
+    cuda=("rpcnet.compute.cuda.kernels.matmul",),
 )

@@ -159,5 +159,5 @@ FAMILY = OpFamily(
             Op.GROUP_NORM, "f32|f16|bf16 (p0 groups over ne2, p1 eps)", _group_norm_ok, group_norm
         ),
     ),
-    cuda="rpcnet.compute.cuda.kernels.elementwise",
+    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
 )

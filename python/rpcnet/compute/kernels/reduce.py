@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute.kernels.common import F32, FLOAT_TYPES, float_io, reader, same_shape, writer
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, plain_view
@@ -37,8 +37,7 @@ def _sum_ok(node: Tensor) -> bool:
     return a is not None and float_io(node, a) and node.nelements == 1
 
 
-@kernel(Op.SUM, "f32|f16|bf16 -> scalar", _sum_ok)
-def sum_all(node: Tensor) -> Step:
+def sum_all(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
@@ -68,8 +67,7 @@ def _rows_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.SUM_ROWS, "f32|f16|bf16", _rows_ok)
-def sum_rows(node: Tensor) -> Step:
+def sum_rows(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
@@ -80,8 +78,7 @@ def sum_rows(node: Tensor) -> Step:
     return run
 
 
-@kernel(Op.MEAN, "f32|f16|bf16", _rows_ok)
-def mean(node: Tensor) -> Step:
+def mean(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
@@ -98,8 +95,7 @@ def _same_float_ok(node: Tensor) -> bool:
     return a is not None and float_io(node, a) and same_shape(a, node)
 
 
-@kernel(Op.CUMSUM, "f32|f16|bf16 along ne0", _same_float_ok)
-def cumsum(node: Tensor) -> Step:
+def cumsum(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
@@ -120,8 +116,7 @@ def _argmax_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.ARGMAX, "f32|f16|bf16 -> i32", _argmax_ok)
-def argmax(node: Tensor) -> Step:
+def argmax(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
@@ -152,8 +147,7 @@ def _descending(x: Any) -> Any:
     return np.argsort(-x, axis=-1, kind="stable")
 
 
-@kernel(Op.ARGSORT, "f32|f16|bf16 -> i32 (p0: 0 asc, 1 desc)", _argsort_ok)
-def argsort(node: Tensor) -> Step:
+def argsort(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
@@ -178,8 +172,7 @@ def _top_k_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.TOP_K, "f32|f16|bf16 -> i32 (k = ne0, descending)", _top_k_ok)
-def top_k(node: Tensor) -> Step:
+def top_k(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
     load, store = reader(a_t), writer(node)
@@ -212,8 +205,7 @@ def _count_equal_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.COUNT_EQUAL, "i32 (any plain type) x same -> i64", _count_equal_ok)
-def count_equal(node: Tensor) -> Step:
+def count_equal(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
     a, b = plain_view(a_t), plain_view(b_t)
@@ -223,3 +215,21 @@ def count_equal(node: Tensor) -> Step:
         store(np.int64(np.count_nonzero(a == b)))
 
     return run
+
+
+FAMILY = OpFamily(
+    "reduce",
+    (
+        cpu_kernel(Op.SUM, "f32|f16|bf16 -> scalar", _sum_ok, sum_all),
+        cpu_kernel(Op.SUM_ROWS, "f32|f16|bf16", _rows_ok, sum_rows),
+        cpu_kernel(Op.MEAN, "f32|f16|bf16", _rows_ok, mean),
+        cpu_kernel(Op.CUMSUM, "f32|f16|bf16 along ne0", _same_float_ok, cumsum),
+        cpu_kernel(Op.ARGMAX, "f32|f16|bf16 -> i32", _argmax_ok, argmax),
+        cpu_kernel(Op.ARGSORT, "f32|f16|bf16 -> i32 (p0: 0 asc, 1 desc)", _argsort_ok, argsort),
+        cpu_kernel(Op.TOP_K, "f32|f16|bf16 -> i32 (k = ne0, descending)", _top_k_ok, top_k),
+        cpu_kernel(
+            Op.COUNT_EQUAL, "i32 (any plain type) x same -> i64", _count_equal_ok, count_equal
+        ),
+    ),
+    cuda=("rpcnet.compute.cuda.kernels.array_code",),
+)

@@ -295,5 +295,5 @@ FAMILY = OpFamily(
             rope_native,
         ),
     ),
-    cuda="rpcnet.compute.cuda.kernels.elementwise",
+    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
 )

@@ -248,5 +248,5 @@ FAMILY = OpFamily(
         ),
     ),
     scratch={Op.GET_ROWS: _get_rows_scratch, Op.SET_ROWS: _set_rows_scratch},
-    cuda="rpcnet.compute.cuda.kernels.rows",
+    cuda=("rpcnet.compute.cuda.kernels.rows",),
 )

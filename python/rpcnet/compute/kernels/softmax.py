@@ -197,5 +197,5 @@ FAMILY = OpFamily(
         ),
     ),
     scratch={Op.SOFT_MAX: _scratch},
-    cuda="rpcnet.compute.cuda.kernels.attention",
+    cuda=("rpcnet.compute.cuda.kernels.attention",),
 )

@@ -11,6 +11,7 @@ results rounded to the destination type):
 * `a*b + c` that the reference computes with an FMA (SCALE with bias, XIELU) is rounded once.
 
 The tensor readers/writers live in common.py, the float32 math (erf, gelu, libm) in floatmath.py.
+CUDA: compute/cuda/kernels/elementwise.py and array_code.py.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from rpcnet.compute.kernels.floatmath import (
     sin,
     tanh,
 )
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
 from rpcnet.compute.ops import Op, Unary
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
@@ -137,8 +138,7 @@ def _map(node: Tensor, fn: Callable[[Any], Any]) -> Step:
     return run
 
 
-@kernel(Op.UNARY, "f32|f16|bf16 -> f32|f16|bf16 (all unary ops, GELU via f16 table)", _unary_ok)
-def unary(node: Tensor) -> Step:
+def unary(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
     return _map(node, _unary_fn(node, src.type))
@@ -153,24 +153,18 @@ _MATH: dict[int, Callable[[Any], Any]] = {
 }
 
 
-def _math(node: Tensor) -> Step:
+def _math(node: Tensor, context: BuildContext) -> Step:
     return _map(node, _MATH[Op(node.op)])
 
 
-for _op in _MATH:
-    kernel(_op, "f32|f16|bf16 -> f32|f16|bf16", _elementwise_ok)(_math)
-
-
-@kernel(Op.SCALE, "f32|f16|bf16 (x*s + b)", _elementwise_ok)
-def scale(node: Tensor) -> Step:
+def scale(node: Tensor, context: BuildContext) -> Step:
     s, b = F32(node.f32(0)), F32(node.f32(1))
     if b == 0.0:
         return _map(node, lambda x: x * s)
     return _map(node, lambda x: fma(x, s, b))  # ggml_vec_mad1_f32 is an FMA
 
 
-@kernel(Op.CLAMP, "f32|f16|bf16", _elementwise_ok)
-def clamp(node: Tensor) -> Step:
+def clamp(node: Tensor, context: BuildContext) -> Step:
     lo, hi = F32(node.f32(0)), F32(node.f32(1))
 
     def fn(x: Any) -> Any:
@@ -181,8 +175,7 @@ def clamp(node: Tensor) -> Step:
     return _map(node, fn)
 
 
-@kernel(Op.LEAKY_RELU, "f32|f16|bf16", _elementwise_ok)
-def leaky_relu(node: Tensor) -> Step:
+def leaky_relu(node: Tensor, context: BuildContext) -> Step:
     slope = F32(node.f32(0))
     return _map(node, lambda x: np.where(x > 0, x, ZERO) + slope * np.where(x < 0, x, ZERO))
 
@@ -191,8 +184,7 @@ def _fill_ok(node: Tensor) -> bool:
     return node.type in FLOAT_TYPES
 
 
-@kernel(Op.FILL, "-> f32|f16|bf16", _fill_ok)
-def fill(node: Tensor) -> Step:
+def fill(node: Tensor, context: BuildContext) -> Step:
     value = np.asarray(F32(node.f32(0)))
     store = writer(node)
 
@@ -200,3 +192,22 @@ def fill(node: Tensor) -> Step:
         store(value)
 
     return run
+
+
+FAMILY = OpFamily(
+    "unary",
+    (
+        cpu_kernel(
+            Op.UNARY,
+            "f32|f16|bf16 -> f32|f16|bf16 (all unary ops, GELU via f16 table)",
+            _unary_ok,
+            unary,
+        ),
+        cpu_kernel(Op.SCALE, "f32|f16|bf16 (x*s + b)", _elementwise_ok, scale),
+        cpu_kernel(Op.CLAMP, "f32|f16|bf16", _elementwise_ok, clamp),
+        cpu_kernel(Op.LEAKY_RELU, "f32|f16|bf16", _elementwise_ok, leaky_relu),
+        cpu_kernel(Op.FILL, "-> f32|f16|bf16", _fill_ok, fill),
+        *(cpu_kernel(op, "f32|f16|bf16 -> f32|f16|bf16", _elementwise_ok, _math) for op in _MATH),
+    ),
+    cuda=("rpcnet.compute.cuda.kernels.elementwise", "rpcnet.compute.cuda.kernels.array_code"),
+)
