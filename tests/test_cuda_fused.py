@@ -124,3 +124,69 @@ def test_gate_up_products_with_their_glu(be, type_name, op, k):
     bound = 1e-5 * (sg * np.abs(u) * 1.2 + su * np.abs(GLU_OPS[op](g, np.ones_like(u))))
     got = be.asnumpy(dst).astype(np.float64)
     assert np.all(np.abs(got - want) <= bound + 1e-6 * np.abs(want) + 1e-30), type_name
+
+
+def _rope_oracle(x: np.ndarray, pos: np.ndarray, mode: int, base: float, ff: np.ndarray | None):
+    """x [ncols, heads, d] rotated over whole heads in float64 (ggml's NORMAL or NEOX pairs)."""
+    d = x.shape[-1]
+    k = np.arange(d // 2)
+    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * k / d)
+    if ff is not None:
+        theta = theta / ff.astype(np.float64)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    out = x.copy()
+    if mode == 0:
+        a, b = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., : d // 2], x[..., d // 2 :]
+        out[..., : d // 2], out[..., d // 2 :] = a * c - b * s, a * s + b * c
+    return out
+
+
+@pytest.mark.parametrize("freq_factors", [False, True])
+@pytest.mark.parametrize("k", ROW_LENGTHS)
+@pytest.mark.parametrize(("type_name", "mode"), [("Q8_0", 0), ("Q4_K", 2), ("F16", 0), ("F32", 2)])
+def test_qkv_products_with_rope(be, type_name, mode, k, freq_factors):
+    head_dim, heads, kv_heads, ncols = 64, 4, 2, 2
+    rows = (heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
+    rng = np.random.default_rng(k + mode)
+    y = rng.standard_normal((ncols, k)).astype(np.float32)
+    pos = np.array([3, 700], np.int32)
+    ff = rng.uniform(1.0, 8.0, head_dim // 2).astype(np.float32) if freq_factors else None
+    raws = [random_rows(type_name, m, k, seed=i + 3 * k) for i, m in enumerate(rows)]
+    dsts = [be.full((ncols, m), np.nan, np.float32) for m in rows]
+    scratch = be.zeros(launch.q8_1_bytes(k, ncols), np.uint8)
+    ff_dev = None if ff is None else be.asarray(ff)
+    rope = launch_fused.RopeArgs(be.asarray(pos), head_dim, mode, 10000.0, freq_factors=ff_dev)
+    weights = [be.asarray(r) for r in raws]
+    launch_fused.matvec_qkv_rope(
+        be, type_name, weights, be.asarray(y), dsts, k, rows, ncols, rope, scratch
+    )
+    yq = _activations(y, type_name)
+    for i, (raw, dst) in enumerate(zip(raws, dsts, strict=True)):
+        w = _gguf_dequant(type_name, raw, k).astype(np.float64)
+        prod, scale = yq @ w.T, np.abs(yq) @ np.abs(w).T
+        got = be.asnumpy(dst).astype(np.float64)
+        if i < 2:  # Q and K rotated: a pair's error is at most its two products' errors
+            shape = (ncols, rows[i] // head_dim, head_dim)
+            want = _rope_oracle(prod.reshape(shape), pos, mode, 10000.0, ff).reshape(ncols, -1)
+            scale3 = scale.reshape(shape)
+            if mode == 0:  # each value's rotation partner: 2p <-> 2p+1, or p <-> p + d/2
+                partner = scale3.reshape(*shape[:2], -1, 2)[..., ::-1].reshape(shape)
+            else:
+                partner = np.roll(scale3, head_dim // 2, axis=-1)
+            bound = 1e-5 * (scale3 + partner).reshape(ncols, -1) + 2e-6 * np.abs(prod).max()
+        else:
+            want, bound = prod, 1e-5 * scale
+        assert np.all(np.abs(got - want) <= bound + 1e-30), (type_name, i)
+
+
+def test_qkv_refuses_partial_heads(be):
+    rope = launch_fused.RopeArgs(be.zeros(1, np.int32), 64, 0, 10000.0)
+    w = be.zeros(64 * 34, np.uint8)
+    with pytest.raises(ValueError, match="whole heads"):
+        launch_fused.matvec_qkv_rope(
+            be, "Q8_0", [w, w, w], be.zeros((1, 64), np.float32), [w, w, w], 64,
+            [96, 64, 64], 1, rope,
+        )  # fmt: skip

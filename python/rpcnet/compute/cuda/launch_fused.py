@@ -5,7 +5,10 @@ after them (matvec_group.cu). Conventions as in launch.py."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.device import CudaBackend
@@ -28,6 +31,22 @@ from rpcnet.compute.cuda.launch import (
 
 #: products one group launch takes (attention's Q, K and V)
 GROUP_MAX = 3
+
+
+@dataclass(frozen=True)
+class RopeArgs:
+    """RoPE of whole heads (n_dims == head_dim), NORMAL (0) or NEOX (2), as launch.rope takes
+    it: positions (int32, one per column), YaRN, frequency factors (f32 [head_dim / 2])."""
+
+    pos: Any
+    head_dim: int
+    mode: int
+    freq_base: float
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    mscale: float = 1.0
+    corr: tuple[float, float] = (0.0, 0.0)
+    freq_factors: Any | None = None
 
 
 def rms_norm_mul_q8(
@@ -130,3 +149,42 @@ def matvec_glu(
         args = (gate, up, _at(dst, 4 * m * c0), i32(m), _at(src, col_bytes * c0), i32(k))
         tail = (i32(nc), i64(rb), i64(y_col), i32(op), f32(alpha), f32(limit))
         _launch(be, fn, grid, (32, MV_WARPS), (*args, *tail))
+
+
+def matvec_qkv_rope(
+    be: CudaBackend,
+    type_name: str,
+    weights: Sequence[Any],
+    y: Any,
+    dsts: Sequence[Any],
+    k: int,
+    rows: Sequence[int],
+    ncols: int,
+    rope: RopeArgs,
+    yq: Any | None = None,
+    quantized: bool = False,
+) -> None:
+    """Attention's Q, K and V products (weights and dsts in that order) in one launch, Q and K
+    written rotated by `rope` over whole heads (V as it is), c < ncols (<= MV_MAXCOLS)."""
+    if len(weights) != 3 or len(dsts) != 3 or len(rows) != 3:
+        raise ValueError("the Q/K/V launch takes three products")
+    if not 1 <= ncols <= MV_MAXCOLS:
+        raise ValueError(f"the Q/K/V launch takes 1..{MV_MAXCOLS} columns, not {ncols}")
+    mq, mk, mv = rows
+    if rope.head_dim % 2 or mq % rope.head_dim or mk % rope.head_dim or mv % 2:
+        raise ValueError(f"rows {tuple(rows)} are not whole heads of {rope.head_dim}")
+    rb = _aligned_row_bytes(type_name, weights[0], k)
+    for w in weights[1:]:
+        _aligned_row_bytes(type_name, w, k)
+    src, y_col = _activations(be, type_name, y, k, ncols, yq, quantized)
+    split = split_rows(type_name, k)
+    pairs = (mq + mk + mv) // 2
+    grid = (pairs if split else _cdiv(pairs, MV_WARPS),)
+    name = f"rpc_mv_qkv_rope{'_split' if split else ''}_{sources.WEIGHT_TYPES[type_name]}"
+    fn = be.kernels.function("matvec_group", name)
+    ff = NULL if rope.freq_factors is None else rope.freq_factors
+    args = (*weights, *dsts, i32(mq), i32(mk), i32(mv), src, i32(k), i32(ncols), i64(rb))
+    theta_scale = float(np.float32(rope.freq_base) ** np.float32(-2.0 / rope.head_dim))
+    freq = (theta_scale, rope.freq_scale, rope.ext_factor, rope.mscale, *rope.corr)
+    tail = (rope.pos, ff, i32(rope.head_dim), i32(rope.mode), *(f32(v) for v in freq))
+    _launch(be, fn, grid, (32, MV_WARPS), (*args, i64(y_col), *tail))

@@ -138,7 +138,7 @@ def expected_kernels() -> dict[str, set[str]]:
         "dequantize": {dequantize_kernel(t, o) for t in WEIGHT_TYPES for o in ("f16", "f32")},
         "matvec_group": {
             f"rpc_mv_{kind}{split}_{suffix}"
-            for kind in ("group", "glu")
+            for kind in ("group", "glu", "qkv_rope")
             for split in ("", "_split")
             for suffix in WEIGHT_TYPES.values()
         },

@@ -23,7 +23,7 @@ from rpcnet.compute.cuda.kernels.common import (
 )
 from rpcnet.compute.cuda.kernels.matmul import _mul_mat_ok, q8_1_input
 from rpcnet.compute.kernels.kernel_table import NodeGroup, Step, group_finder
-from rpcnet.compute.ops import Glu, Op
+from rpcnet.compute.ops import VIEW_OPS, Glu, Op
 from rpcnet.compute.tensor import FLAG_OUTPUT, Tensor
 
 
@@ -53,6 +53,25 @@ def _may_move(member: Tensor, passed: list[Tensor], group: list[Tensor]) -> bool
         if any(_overlap(r, member) for r in n_reads):
             return False
     return True
+
+
+def _outputs_clear(outputs: list[Tensor], reads: list[Tensor]) -> bool:
+    """Whether the group's written outputs overlap neither each other nor what the launch
+    reads: its blocks run in no order, so one block's write must not reach another's input."""
+    for i, out in enumerate(outputs):
+        if any(_overlap(out, r) for r in reads) or any(_overlap(out, o) for o in outputs[i + 1 :]):
+            return False
+    return True
+
+
+def _launch_reads(products: list[Tensor], wt: str) -> list[Tensor]:
+    """What a launch of `products` reads from memory: the weights, and their input unless the
+    weights are quantized (the launch then reads the input's q8_1 blocks in the scratch)."""
+    reads = [p.src[0] for p in products if p.src[0] is not None]
+    y = products[0].src[1]
+    if wt in _float_types() and y is not None:
+        reads.append(y)
+    return reads
 
 
 def _decode_product(node: Tensor) -> str | None:
@@ -85,7 +104,9 @@ def _same_input_products(computed: list[Tensor], nodes: list[Tensor]) -> list[No
             if other.src[0].ne[0] != k:  # type: ignore[union-attr]
                 continue
             passed = [n for n in computed[i + 1 : j] if all(n is not m for m in members)]
-            if _may_move(other, passed, [*members, other]):
+            candidate = [*members, other]
+            clear = _outputs_clear(candidate, _launch_reads(candidate, wt))
+            if clear and _may_move(other, passed, candidate):
                 members.append(other)
                 last = j
         if len(members) > 1 and last > i:
@@ -119,11 +140,7 @@ def _group_builder(members: tuple[Tensor, ...], wt: str):  # noqa: ANN202
 
 def _glu_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
     """A GLU of two sources, each a decode product of the same input read by nothing else."""
-    readers: dict[int, int] = {}
-    for n in nodes:
-        for s in n.src:
-            if s is not None:
-                readers[s.id] = readers.get(s.id, 0) + 1
+    readers = _readers(nodes)
     at = {id(n): i for i, n in enumerate(computed)}
     groups: list[NodeGroup] = []
     for g in computed:
@@ -151,7 +168,7 @@ def _glu_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup
             )
             for m in members[1:]
         )
-        if ok:
+        if ok and _outputs_clear([g], _launch_reads([gate, up], wt)):
             groups.append(NodeGroup(tuple(members), _glu_builder(gate, up, g, wt)))
     return groups
 
@@ -179,6 +196,151 @@ def _glu_builder(gate: Tensor, up: Tensor, g: Tensor, wt: str):  # noqa: ANN202
     return build
 
 
+def _readers(nodes: list[Tensor]) -> dict[int, int]:
+    readers: dict[int, int] = {}
+    for n in nodes:
+        for src in n.src:
+            if src is not None:
+                readers[src.id] = readers.get(src.id, 0) + 1
+    return readers
+
+
+def _roped_product(rope: Tensor, readers: dict[int, int]) -> Tensor | None:
+    """The decode product whose rows `rope` rotates as whole heads, when nothing else reads the
+    product (so it need never be written), else None."""
+    from rpcnet.compute.cuda.kernels.elementwise import _ROPE_NEOX, _ROPE_NORMAL, _rope_ok
+    from rpcnet.compute.kernels.rope import RopeParams
+
+    x = rope.src[0]
+    if rope.op != Op.ROPE or x is None or not _rope_ok(rope) or x.op not in VIEW_OPS:
+        return None
+    mm = x.src[0] if x.src else None
+    if mm is None or mm.op != Op.MUL_MAT or _decode_product(mm) is None:
+        return None
+    p = RopeParams(rope)
+    return (
+        mm
+        if (
+            p.mode in (_ROPE_NORMAL, _ROPE_NEOX)
+            and p.n_dims == x.ne[0]
+            and x.offset == mm.offset
+            and x.ne[0] * x.ne[1] == mm.ne[0]
+            and x.ne[2] == mm.ne[1]
+            and readers.get(mm.id, 0) == 1
+            and readers.get(x.id, 0) == 1
+            and not mm.flags & FLAG_OUTPUT
+            and not x.flags & FLAG_OUTPUT
+        )
+        else None
+    )
+
+
+def _same_rope(a: Tensor, b: Tensor) -> bool:
+    return (
+        a.op_params == b.op_params
+        and all(x is y for x, y in zip(a.src[1:3], b.src[1:3], strict=False))
+        and len(a.src) == len(b.src)
+    )
+
+
+def _qkv_with_rope(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
+    """Q and K products rotated by the same RoPE, and a V product of the same input: one launch
+    that writes Q and K rotated (the products themselves are never written)."""
+    readers = _readers(nodes)
+    at = {id(n): i for i, n in enumerate(computed)}
+    roped: dict[int, list[tuple[Tensor, Tensor]]] = {}  # id(input) -> [(product, rope)]
+    for r in computed:
+        mm = _roped_product(r, readers)
+        if mm is not None and id(mm) in at:
+            roped.setdefault(id(mm.src[1]), []).append((mm, r))
+    groups: list[NodeGroup] = []
+    for pairs in roped.values():
+        if len(pairs) != 2:
+            continue
+        (mq, rq), (mk, rk) = pairs
+        wt = _decode_product(mq)
+        y = mq.src[1]
+        assert y is not None and mq.src[0] is not None
+        k = mq.src[0].ne[0]
+        if _decode_product(mk) != wt or not _same_rope(rq, rk):
+            continue
+        v = next(
+            (
+                n
+                for n in computed
+                if n is not mq
+                and n is not mk
+                and n.op == Op.MUL_MAT
+                and len(n.src) > 1
+                and n.src[1] is y
+                and _decode_product(n) == wt
+                and n.src[0] is not None
+                and n.src[0].ne[0] == k
+                and n.ne[0] % 2 == 0
+            ),
+            None,
+        )
+        if v is None or wt is None:
+            continue
+        members = sorted((mq, rq, mk, rk, v), key=lambda t: at[id(t)])
+        first = at[id(members[0])]
+        movable = all(
+            _may_move(
+                m,
+                [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
+                members,
+            )
+            for m in members[1:]
+        )
+        rope_reads = [t for t in rq.src[1:3] if t is not None]
+        reads = [*_launch_reads([mq, mk, v], wt), *rope_reads]
+        if movable and _outputs_clear([rq, rk, v], reads):
+            groups.append(NodeGroup(tuple(members), _qkv_rope_builder(mq, rq, mk, rk, v, wt)))
+    return groups
+
+
+def _qkv_rope_builder(  # noqa: ANN202
+    mq: Tensor, rq: Tensor, mk: Tensor, rk: Tensor, v: Tensor, wt: str
+):
+    def build() -> Step:
+        from rpcnet.compute.kernels.rope import RopeParams, corr_dims, rope_mscale
+
+        y_t = mq.src[1]
+        assert y_t is not None
+        be, launch_fused = _backend(v), _fused_module()
+        k, n = mq.src[0].ne[0], y_t.ne[1]  # type: ignore[union-attr]
+        products = (mq, mk, v)
+        weights = [_raw(m.src[0]) for m in products]  # type: ignore[arg-type]
+        dsts = [_view(out, (n, m.ne[0])) for out, m in ((rq, mq), (rk, mk), (v, v))]
+        rows = [m.ne[0] for m in products]
+        pos_t, freq_t = rq.src[1], rq.src[2] if len(rq.src) > 2 else None
+        assert pos_t is not None
+        p = RopeParams(rq)
+        lo, hi = corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+        rope = launch_fused.RopeArgs(
+            _view(pos_t, (pos_t.ne[0],)),
+            p.n_dims,
+            p.mode,
+            p.freq_base,
+            p.freq_scale,
+            p.ext_factor,
+            float(rope_mscale(p)),
+            (float(lo), float(hi)),
+            None if freq_t is None else _view(freq_t, (freq_t.ne[0],)),
+        )
+        y = _view(y_t, (n, k))
+        yq, quantized = (None, False)
+        if wt not in _float_types():
+            yq, quantized = q8_1_input(be, y_t, wt, k, n)
+
+        def run() -> None:
+            launch_fused.matvec_qkv_rope(be, wt, weights, y, dsts, k, rows, n, rope, yq, quantized)
+
+        return run
+
+    return build
+
+
 def _fused_module():  # noqa: ANN202
     from rpcnet.compute.cuda import launch_fused  # at build time only
 
@@ -191,5 +353,6 @@ def _float_types() -> dict[str, str]:
     return sources.FLOAT_TYPES
 
 
+group_finder(CUDA)(_qkv_with_rope)
 group_finder(CUDA)(_glu_products)
 group_finder(CUDA)(_same_input_products)

@@ -4,14 +4,20 @@
 //   and V): the grid's blocks go to the rows of w0, then w1, then w2, and each product is
 //   written to its own destination;
 // - rpc_mv_glu_*: the gate (w0) and up (w1) products of a feed-forward block and the GLU after
-//   them: dst = act(w0 y) * (w1 y) (glu.cuh's op codes); neither product is written.
+//   them: dst = act(w0 y) * (w1 y) (glu.cuh's op codes); neither product is written;
+// - rpc_mv_qkv_rope_*: attention's Q, K and V products with the RoPE of Q and K (NORMAL or NEOX
+//   over whole heads of head_dim rows, position pos[c] for column c): a block's warp (or the
+//   block, in the split form) takes one pair of rows, rotates it and writes Q and K rotated;
+//   V's rows go in pairs too, unrotated. The unrotated Q and K are never written.
 // Activations: q8_1 blocks for quantized weights (quantized by the input's producer or by
 // quantize.cu), f32 for float weights; y_col is a column's stride in bytes (q8_1) or floats.
 // Launch: block (32, RPC_MV_WARPS); grid (blocks of w0 + w1 + w2 rows) for a group, (blocks of
-// w0 rows) for a GLU, with RPC_MV_WARPS rows a block, or one row a block in the *_split_*
-// kernels (wide rows, the block's warps splitting each row).
+// w0 rows) for a GLU, (blocks of (mq + mk + mv) / 2 row pairs) for Q/K/V with RoPE, with
+// RPC_MV_WARPS rows (pairs) a block, or one a block in the *_split_* kernels (wide rows, the
+// block's warps splitting each row).
 #include "glu.cuh"
 #include "matvec.cuh"
+#include "rope.cuh"
 
 template <int T, bool QUANT> struct RpcMvLane;
 template <int T> struct RpcMvLane<T, true> {
@@ -106,6 +112,81 @@ __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* u
     }
 }
 
+// The rows one pair of the Q/K/V-with-RoPE launch covers: its segment's output, the two rows,
+// and for Q and K the pair index within the head that sets the angle (-1 for V).
+struct RpcQkvPair {
+    const uint8_t* w;
+    float* d;
+    int m, r0, r1, p;
+};
+
+__device__ __forceinline__ RpcQkvPair rpc_qkv_pair(int pair, const uint8_t* wq, const uint8_t* wk,
+                                                   const uint8_t* wv, float* dq, float* dk,
+                                                   float* dv, int mq, int mk, int mv, int head_dim,
+                                                   int mode) {
+    RpcQkvPair out = {wv, dv, mv, 0, 0, -1};
+    int local = pair;
+    if (local < mq / 2) {
+        out = {wq, dq, mq, 0, 0, 0};
+    } else if ((local -= mq / 2) < mk / 2) {
+        out = {wk, dk, mk, 0, 0, 0};
+    } else {
+        local -= mk / 2;
+        out.r0 = 2 * local;
+        out.r1 = 2 * local + 1;
+        return out;
+    }
+    const int half = head_dim / 2, head = local / half, p = local % half;
+    out.p = p;
+    out.r0 = head * head_dim + (mode == 0 ? 2 * p : p);
+    out.r1 = head * head_dim + (mode == 0 ? 2 * p + 1 : p + half);
+    return out;
+}
+
+template <int T, bool QUANT, bool SPLIT>
+__device__ __forceinline__ void rpc_mv_qkv_rope(
+    const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, float* dq, float* dk, float* dv,
+    int mq, int mk, int mv, const void* y, int k, int ncols, long long w_row_bytes,
+    long long y_col, const int* pos, const float* ff, int head_dim, int mode, RpcRopeFreq f) {
+    const int pair = SPLIT ? (int)blockIdx.x : (int)(blockIdx.x * RPC_MV_WARPS + threadIdx.y);
+    if (!SPLIT && pair >= (mq + mk + mv) / 2) return;
+    const RpcQkvPair q = rpc_qkv_pair(pair, wq, wk, wv, dq, dk, dv, mq, mk, mv, head_dim, mode);
+    const int first = SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
+    const int stride = SPLIT ? RPC_WARP * RPC_MV_WARPS : RPC_WARP;
+    float a0[RPC_MV_MAXCOLS], a1[RPC_MV_MAXCOLS];
+    RpcMvLane<T, QUANT>::run(q.w + q.r0 * w_row_bytes, y, k, ncols, y_col, first, stride, a0);
+    RpcMvLane<T, QUANT>::run(q.w + q.r1 * w_row_bytes, y, k, ncols, y_col, first, stride, a1);
+#pragma unroll
+    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+        if (c < ncols) {
+            const float x0 = rpc_mv_row_sum<SPLIT>(a0[c]);
+            const float x1 = rpc_mv_row_sum<SPLIT>(a1[c]);
+            if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
+                float* d = q.d + (long long)c * q.m;
+                if (q.p < 0) {
+                    d[q.r0] = x0;
+                    d[q.r1] = x1;
+                } else {
+                    float cs, sn;
+                    rpc_rope_cs(f, (float)pos[c], q.p, q.p, ff ? ff[q.p] : 1.0f, &cs, &sn);
+                    d[q.r0] = x0 * cs - x1 * sn;
+                    d[q.r1] = x0 * sn + x1 * cs;
+                }
+            }
+        }
+    }
+}
+
+#define RPC_MV_QKV_ARGS                                                                          \
+    const uint8_t *wq, const uint8_t *wk, const uint8_t *wv, float *dq, float *dk, float *dv,     \
+        int mq, int mk, int mv, const void *y, int k, int ncols, long long w_row_bytes,          \
+        long long y_col, const int *pos, const float *ff, int head_dim, int mode,                 \
+        float theta_scale, float freq_scale, float ext_factor, float mscale, float corr_lo,       \
+        float corr_hi
+#define RPC_MV_QKV_PASS                                                                          \
+    wq, wk, wv, dq, dk, dv, mq, mk, mv, y, k, ncols, w_row_bytes, y_col, pos, ff, head_dim, mode, \
+        RpcRopeFreq{theta_scale, freq_scale, ext_factor, mscale, corr_lo, corr_hi}
+
 #define RPC_MV_GROUP_ARGS                                                                        \
     const uint8_t *w0, const uint8_t *w1, const uint8_t *w2, float *d0, float *d1, float *d2,     \
         int m0, int m1, int m2, const void *y, int k, int ncols, long long w_row_bytes,          \
@@ -133,7 +214,20 @@ __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* u
         rpc_mv_glu_split_##name(RPC_MV_GLU_ARGS) {                                                \
         rpc_mv_glu<T, QUANT, true>(RPC_MV_GLU_PASS);                                              \
     }
-#define RPC_MV_GROUP_QUANT(T, name) RPC_MV_GROUP_KERNELS(T, name, true)
-#define RPC_MV_GROUP_FLOAT(T, name) RPC_MV_GROUP_KERNELS(T, name, false)
+#define RPC_MV_QKV_KERNELS(T, name, QUANT)                                                       \
+    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
+        rpc_mv_qkv_rope_##name(RPC_MV_QKV_ARGS) {                                                 \
+        rpc_mv_qkv_rope<T, QUANT, false>(RPC_MV_QKV_PASS);                                        \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
+        rpc_mv_qkv_rope_split_##name(RPC_MV_QKV_ARGS) {                                           \
+        rpc_mv_qkv_rope<T, QUANT, true>(RPC_MV_QKV_PASS);                                         \
+    }
+#define RPC_MV_GROUP_QUANT(T, name)                                                              \
+    RPC_MV_GROUP_KERNELS(T, name, true)                                                           \
+    RPC_MV_QKV_KERNELS(T, name, true)
+#define RPC_MV_GROUP_FLOAT(T, name)                                                              \
+    RPC_MV_GROUP_KERNELS(T, name, false)                                                          \
+    RPC_MV_QKV_KERNELS(T, name, false)
 RPC_FOR_QUANT_TYPES(RPC_MV_GROUP_QUANT)
 RPC_FOR_FLOAT_TYPES(RPC_MV_GROUP_FLOAT)

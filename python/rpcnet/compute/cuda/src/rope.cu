@@ -6,7 +6,7 @@
 // The host passes theta_scale = freq_base^(-2/n_dims), the YaRN corr dims, and mscale
 // (attn_factor, already corrected for ext_factor as ggml does).
 // Launch: block 256, grid (ceil(ne0/2 / 256), min(nrows, 65535)), nrows = ne1*ne2*ne3; element strides for x and dst.
-#include "common.cuh"
+#include "rope.cuh"
 
 #define RPC_ROPE_NORMAL 0
 #define RPC_ROPE_NEOX 2
@@ -72,14 +72,10 @@ __device__ __forceinline__ void rpc_rope_row(const typename E::T* x, const int* 
     int stream, fidx;
     rpc_rope_stream(a, p, &stream, &fidx);
     const float position = (float)pos[i2 + (long long)a.ne2 * stream];
-    const float theta_extrap = position * powf(a.theta_scale, (float)fidx) / (ff ? ff[p] : 1.0f);
-    float theta = a.freq_scale * theta_extrap;
-    if (a.ext_factor != 0.0f) {
-        const float y = (p - a.corr_lo) / fmaxf(0.001f, a.corr_hi - a.corr_lo);
-        const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * a.ext_factor;
-        theta = theta * (1.0f - ramp) + theta_extrap * ramp;
-    }
-    const float c = cosf(theta) * a.mscale, s = sinf(theta) * a.mscale;
+    const RpcRopeFreq f = {a.theta_scale, a.freq_scale, a.ext_factor,
+                           a.mscale,      a.corr_lo,    a.corr_hi};
+    float c, s;
+    rpc_rope_cs(f, position, fidx, p, ff ? ff[p] : 1.0f, &c, &s);
     const float x0 = E::load(xr + j0), x1 = E::load(xr + j1);
     E::store(dr + j0, x0 * c - x1 * s);
     E::store(dr + j1, x0 * s + x1 * c);
