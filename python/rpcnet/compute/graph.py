@@ -154,7 +154,8 @@ def _compile(
             base = f"{op_name(node.op)} {'/'.join(kernel_table.types_of(node))}"
             shapes = [tuple(s.ne) for s in node.src if s is not None]
             # on a GPU each kernel is waited for: its time, not its launch's (and no capture)
-            sync = None if device == "cpu" else node.buffer.device.backend.synchronize
+            backend = context.backend
+            sync = None if device == "cpu" or backend is None else backend.synchronize
             step = profile.timed(profile.label(base, kernel.name, shapes), step, sync)
             if sync is not None:
                 step.capturable = False  # type: ignore[attr-defined]
