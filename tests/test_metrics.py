@@ -361,14 +361,20 @@ def test_hash_cache_metrics(tmp_path):
         blobs = [bytes([i + 1]) * mib for i in range(2)]
 
         async def go() -> list[bool]:
+            ne = (mib // 4, 1, 1, 1)
             async with await RpcClient.connect("127.0.0.1", srv.port) as c:
                 handle, _ = await c.alloc_buffer(mib)
                 base = await c.buffer_base(handle)
-                ne = (mib // 4, 1, 1, 1)
                 t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=ne)
                 for blob in blobs:
                     await c.set_tensor(t, 0, blob, cache=True)
                     await c.device_count()  # the store has finished
+            while srv.memory_held():  # gone from memory too: the lookups go to the cache
+                await asyncio.sleep(0.01)
+            async with await RpcClient.connect("127.0.0.1", srv.port) as c:
+                handle, _ = await c.alloc_buffer(mib)
+                base = await c.buffer_base(handle)
+                t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=ne)
                 return [await c.set_tensor_hash(t, 0, _native.fnv1a64(b)) for b in blobs]
 
         assert asyncio.run(go()) == [False, True]

@@ -20,6 +20,12 @@ class MemoryPool:
             self._held += nbytes
             return True
 
+    def charge(self, nbytes: int) -> None:
+        """Count `nbytes` even past capacity: bytes that move from one holder to another (a
+        buffer range's bytes refunded as they become one shared copy) are never refused."""
+        with self._lock:
+            self._held += nbytes
+
     def release(self, nbytes: int) -> None:
         with self._lock:
             self._held -= nbytes

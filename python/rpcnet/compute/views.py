@@ -34,9 +34,14 @@ def shape_of(t: Tensor) -> tuple[int, int, int, int]:
 
 
 def storage(t: Tensor) -> Any:
-    if t.buffer is None:
+    """The array a kernel addresses `t` in at `t.offset`: its buffer's, or the window of the
+    shared content it lies in (compute/shared_content.py), resolved when the plan is built."""
+    buf = t.buffer
+    if buf is None:
         raise ComputeError(f"tensor {t.describe()} has no storage on this server")
-    return t.buffer.array
+    if not buf.shares:
+        return buf.array
+    return buf.resolve(t.offset, t.nbytes)
 
 
 def plain_view(t: Tensor) -> Any:

@@ -45,6 +45,10 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "llama.cpp" / "rpc"
 
 
+# What a hash-cache store vouches for: (FNV-1a-64, SHA-256, trust label of where it is kept).
+Stored = tuple[int, bytes, str]
+
+
 def hash_name(digest: int) -> str:
     return f"{digest:016x}"
 
@@ -61,6 +65,20 @@ class HashCache:
         self.collisions = 0  # uploads refused: same FNV-1a, other content
         self._strong: dict[str, bytes] = {}  # SHA-256 by name, where xattrs are unavailable
         self.directory.mkdir(parents=True, exist_ok=True)
+        # who trusts this directory's entries trusts what they name (shared weights in memory)
+        self.label = f"cache:{self.directory.resolve()}"
+
+    def origins(self) -> frozenset[str]:
+        """Trust labels of the entries this cache answers with (see compute/shared_content.py)."""
+        return frozenset({self.label})
+
+    def load_traced(
+        self, digest: int, target: Callable[[int], Any]
+    ) -> tuple[str, bytes | None] | None:
+        """`load_into`, and on a hit (this cache's label, the entry's verified SHA-256)."""
+        if not self.load_into(digest, target):
+            return None
+        return self.label, self.recorded_strong(digest)
 
     def path_for(self, digest: int) -> Path:
         return self.directory / hash_name(digest)
@@ -208,13 +226,17 @@ class HashCache:
             where,
         )
 
-    def store_hashed(self, data: Any) -> None:
-        """Hash `data` and store it; a failing disk disables further writes, serving goes on."""
+    def store_hashed(self, data: Any) -> Stored | None:
+        """Hash `data` and store it; a failing disk disables further writes, serving goes on.
+        What the stored entry vouches for, None when nothing was stored."""
+        digest, strong = _native.fnv1a64(data), strong_hash(data)
         try:
-            self.store(_native.fnv1a64(data), data)
+            if self.store(digest, data, strong):
+                return digest, strong, self.label
         except OSError as exc:
             self.writable = False
             log.warning("cache write failed (%s): cache writes disabled, serving continues", exc)
+        return None
 
     def evict(self, max_bytes: int, keep: str | None = None) -> None:
         with self._lock:

@@ -421,7 +421,15 @@ class Connection:
         elif cmd == COMM_INIT:  # may wait for the peer server; other clients carry on
             req = session.begin_comm_init(await stream.readexactly(size))
             if not isinstance(req, bytes):
-                link = await self.server.comm.open(req.device, req.rank, req.port, req.host)
+                tenant = self.tenant
+                link = await self.server.comm.open(
+                    req.device,
+                    req.rank,
+                    req.port,
+                    req.host,
+                    tenant.name if tenant else None,
+                    tenant.token if tenant else None,
+                )
                 if link is not None:
                     self.links[req.device] = link
                 req = session.comm_init_done(req.device, link is not None)
@@ -439,14 +447,9 @@ class Connection:
         cache = self.cache
         assert cache is not None  # the session asks for lookups only when there is a cache
 
-        # The file read and the hash check run on a thread; the entry lands in device memory.
-        def load() -> bool:
-            found = cache.load_into(lookup.digest, lookup.target)
-            if found:
-                lookup.loaded()  # a GPU backend copies the verified entry to the device
-            return found
-
-        return await asyncio.to_thread(load)
+        # The file read and the hash check run on a thread; the entry lands in device memory
+        # (a GPU backend copies it there after the check), or a held copy is shared.
+        return await asyncio.to_thread(lookup.run, cache)
 
     def _launch_allreduce(self, payload: bytes) -> None:
         """Queue the exchange and add on the link's thread, behind this connection's graphs.
@@ -508,7 +511,7 @@ class Connection:
         if target.cache and cache is not None and cache.writable:
             # Hash and store straight from device memory on a thread (GIL released while
             # hashing); this connection waits, so nothing can change those bytes meanwhile.
-            await asyncio.to_thread(cache.store_hashed, target.received())
+            await asyncio.to_thread(target.store_in, cache)
 
     async def _wait_graphs(self) -> None:
         pending = self.session.take_pending()

@@ -25,6 +25,7 @@ from prometheus_client.core import (
 
 from rpcnet import __version__, _native
 from rpcnet.compute import profile
+from rpcnet.compute.shared_content import device_sharing
 from rpcnet.server.access import allowed
 from rpcnet.server.modeldir import hash_cache_of
 from rpcnet.server.stats import LATENCY_BUCKETS
@@ -173,8 +174,27 @@ class ServerCollector:
             "Client decode steps that ran inside joint passes",
             labels=["device"],
         )
+        shared = GaugeMetricFamily(
+            "rpcnet_shared_bytes",
+            "Weight bytes held once for several buffer ranges (identical uploads)",
+            labels=["device"],
+        )
+        saved = GaugeMetricFamily(
+            "rpcnet_shared_saved_bytes",
+            "Bytes the shared weights save: what their users would hold beyond one copy",
+            labels=["device"],
+        )
+        collisions = CounterMetricFamily(
+            "rpcnet_shared_collisions",
+            "Uploads not shared: their FNV-1a names other content the server holds",
+            labels=["device"],
+        )
         for dev in self.server.devices:
             mem = dev.memory
+            sharing = device_sharing(dev)
+            shared.add_metric([dev.name], sharing["shared"])
+            saved.add_metric([dev.name], sharing["saved"])
+            collisions.add_metric([dev.name], sharing["collisions"])
             fams["held"].add_metric([dev.name], mem.held)
             fams["capacity"].add_metric([dev.name], mem.capacity)
             fams["free"].add_metric([dev.name], mem.free)
@@ -187,6 +207,7 @@ class ServerCollector:
         yield scratch
         yield joint_runs
         yield joint_plans
+        yield from (shared, saved, collisions)
 
     def _clients(self) -> Iterator[Any]:
         held = GaugeMetricFamily(
@@ -277,6 +298,8 @@ def status_snapshot(server: Server) -> dict[str, Any]:
                 "free": dev.memory_report()[0],
                 "derived_bytes": dev.derived.held,
                 "scratch_bytes": _scratch_bytes(dev),
+                "shared_bytes": device_sharing(dev)["shared"],
+                "shared_saved_bytes": device_sharing(dev)["saved"],
             }
             for dev in server.devices
         ],

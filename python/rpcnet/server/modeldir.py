@@ -34,6 +34,7 @@ INDEX_NAME = ".rpcnet-index.json"
 INDEX_VERSION = 1
 PROGRESS_EVERY = 2.0  # seconds between indexing progress lines
 READ_CHUNK = 64 << 20
+MODELS_LABEL = "model-dirs"
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,14 @@ class ModelDirs:
 
     # ------------------------------------------------------------ serving
 
+    def origins(self) -> frozenset[str]:
+        """Trust label of the operator's model files (see compute/shared_content.py)."""
+        return frozenset({MODELS_LABEL})
+
+    def load_traced(self, digest: int, target: Callable[[int], Any]) -> tuple[str, None] | None:
+        """`load_into`, and on a hit (the model dirs' label, no SHA-256 known)."""
+        return (MODELS_LABEL, None) if self.load_into(digest, target) else None
+
     def load_into(self, digest: int, target: Callable[[int], Any]) -> bool:
         """Read the tensor with this hash straight into `target(size)`; False on a miss."""
         entry = self._by_hash.get(digest)
@@ -378,9 +387,19 @@ class WeightSources:
             return True
         return self.models.load_into(digest, target)
 
-    def store_hashed(self, data: Any) -> None:
+    def store_hashed(self, data: Any) -> Any:
+        return self.cache.store_hashed(data) if self.cache is not None else None
+
+    def origins(self) -> frozenset[str]:
+        mine = self.cache.origins() if self.cache is not None else frozenset()
+        return frozenset(mine | self.models.origins())
+
+    def load_traced(self, digest: int, target: Callable[[int], Any]) -> tuple[str, Any] | None:
         if self.cache is not None:
-            self.cache.store_hashed(data)
+            hit = self.cache.load_traced(digest, target)
+            if hit is not None:
+                return hit
+        return self.models.load_traced(digest, target)
 
     def __getattr__(self, name: str) -> Any:  # the rest of HashCache (directory, ...)
         if self.cache is None:

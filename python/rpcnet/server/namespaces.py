@@ -51,7 +51,21 @@ class TenantCache:
                 return True
         return bool(self.models) and self.models.load_into(digest, target)
 
-    def store_hashed(self, data: Any) -> None:
+    def origins(self) -> frozenset[str]:
+        """Trust labels of what this tenant's lookups see (own, shared namespaces, model dirs)."""
+        labels = {self.own.label, *(c.label for _, c in self.shared)}
+        return frozenset(labels | (set(self.models.origins()) if self.models else set()))
+
+    def load_traced(self, digest: int, target: Callable[[int], Any]) -> tuple[str, Any] | None:
+        """`load_into`, and on a hit (the label of where it came from, its SHA-256 or None)."""
+        for cache in (self.own, *(c for _, c in self.shared)):
+            if cache is self.own or cache.has(digest):
+                hit = cache.load_traced(digest, target)
+                if hit is not None:
+                    return hit
+        return self.models.load_traced(digest, target) if self.models else None
+
+    def store_hashed(self, data: Any) -> tuple[int, bytes, str] | None:
         digest = _native.fnv1a64(data)
         strong = strong_hash(data)
         for name, cache in self.shared:
@@ -59,15 +73,17 @@ class TenantCache:
                 continue
             theirs = cache.strong_of(digest)
             if theirs == strong:
-                return  # every tenant already trusts this content
+                return digest, strong, cache.label  # every tenant already trusts this content
             if theirs is not None:
                 self.own.collision(hash_name(digest), f"the shared namespace {name!r}")
-                return
+                return None
         try:
-            self.own.store(digest, data, strong)
+            if self.own.store(digest, data, strong):
+                return digest, strong, self.own.label
         except OSError as exc:
             self.own.writable = False
             log.warning("cache write failed (%s): cache writes disabled, serving continues", exc)
+        return None
 
 
 class Namespaces:

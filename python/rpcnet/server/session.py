@@ -19,17 +19,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpcnet import _native
+from rpcnet.compute import plan_sharing
 from rpcnet.compute.backend import HostSink
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.graph import Plan, build_nodes, compile_plan
+from rpcnet.compute.shared_content import enabled as sharing_enabled
+from rpcnet.compute.shared_content import store_of
+from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import type_name
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import NO_CAPS, Cmd, version_triple
 from rpcnet.server.buffers import BufferTable
 from rpcnet.server.chain import Chain, Runner
 from rpcnet.server.comm import ELEMENT_SIZE
+from rpcnet.server.shared_weights import (
+    UploadSink,
+    attach_held,
+    fresh,
+    load_traced,
+    settle,
+    shareable,
+    trusted,
+    vouch,
+)
 
 log = logging.getLogger("rpcnet.session")
 
@@ -54,6 +68,11 @@ class SetTensorTarget:
         """The payload as it now is in the buffer, for the hash cache (zero-copy on the CPU)."""
         return self.buffer.read(self.offset, self.sink.nbytes)
 
+    def store_in(self, cache: Any) -> None:
+        """Store the payload in the hash cache (on a thread); what the store computed names
+        the shared content the range points at (compute/shared_content.py)."""
+        vouch(self.buffer, self.offset, self.sink.nbytes, cache.store_hashed(self.received()))
+
 
 @dataclass
 class CacheLookup:
@@ -63,6 +82,17 @@ class CacheLookup:
     digest: int
     target: Callable[[int], Any]
     loaded: Callable[[], None] = lambda: None  # after a hit: moves the bytes onto the device
+    # the whole lookup, given the connection's cache (shared weights: memory first)
+    answer: Callable[[Any], bool] | None = None
+
+    def run(self, cache: Any) -> bool:
+        """Look up, load and answer (on a thread): whether the entry was found."""
+        if self.answer is not None:
+            return self.answer(cache)
+        found = bool(cache.load_into(self.digest, self.target))
+        if found:
+            self.loaded()
+        return found
 
 
 @dataclass
@@ -101,6 +131,9 @@ class Session:
         self.caching = caching  # the server has a hash cache (spec §7.12)
         self.buffers = BufferTable()
         self._graphs: list[OrderedDict[int, Plan]] = [OrderedDict() for _ in devices]
+        # plan uid -> (its nodes, the buffer layouts it was built against): rebuilt when shared
+        # ranges of its buffers changed (compute/plan_sharing.py)
+        self._built: dict[int, tuple[list[Tensor], plan_sharing.Layouts]] = {}
         self._last_graph: list[Plan | None] = [None for _ in devices]  # v7 keeps one per device
         self._pending: list[Future[None]] = []
         self._chain = Chain()  # launched work runs in order, across devices and peer links
@@ -299,7 +332,11 @@ class Session:
         )
         start = rel + head.offset
         buf.touched()
-        sink = buf.host_sink(start, data_len)
+        array = fresh(data_len) if shareable(buf, data_len) else None
+        if array is not None:  # held once if another client holds the same bytes
+            sink: HostSink = UploadSink(array, lambda a: settle(buf, start, a))
+        else:
+            sink = buf.host_sink(start, data_len)
         return SetTensorTarget(sink, head.cache and self.caching, buf, start)
 
     def begin_set_tensor_hash(self, payload: bytes) -> CacheLookup | bytes:
@@ -309,22 +346,60 @@ class Session:
             return self.set_tensor_hash_response(False)
 
         sinks: list[HostSink] = []
+        arrays: list[tuple[DeviceBuffer, int, Any]] = []  # received to be shared
 
-        def target(size: int) -> Any:
+        def destination(size: int) -> tuple[DeviceBuffer, int]:
             # Only reached when the entry exists: a miss answers 0 without validating (spec §7.11).
             buf, rel = self.tensor_with_buffer(req.tensor)
             _native.check_region(
                 buf.base, buf.size, req.tensor.data, req.offset, size, req.tensor.nbytes()
             )
             buf.touched()
-            sinks.append(buf.host_sink(rel + req.offset, size))
+            return buf, rel + req.offset
+
+        def target(size: int) -> Any:
+            buf, start = destination(size)
+            array = fresh(size) if shareable(buf, size) else None
+            if array is not None:
+                arrays.append((buf, start, array))
+                return memoryview(array)
+            sinks.append(buf.host_sink(start, size))
             return sinks[-1].whole()
 
         def loaded() -> None:
             for sink in sinks:
                 sink.commit()
 
-        return CacheLookup(req.hash, target, loaded)
+        def answer(cache: Any) -> bool:
+            held = self._held_content(req.tensor, req.hash, cache)
+            if held is not None:
+                try:
+                    buf, start = destination(held.nbytes)
+                except BaseException:
+                    held.release()
+                    raise
+                attach_held(buf, start, held)
+                return True
+            arrays.clear()
+            hit = load_traced(cache, req.hash, target)
+            if hit is None:
+                return False
+            loaded()
+            if arrays:  # the last target is the one the entry was read into
+                buf, start, array = arrays[-1]
+                origin, strong = hit
+                settle(buf, start, array, strong, req.hash, origin or None)
+            return True
+
+        return CacheLookup(req.hash, target, loaded, answer)
+
+    def _held_content(self, tensor: _native.RpcTensor, digest: int, cache: Any) -> Any:
+        """The shared content named `digest` that this client's cache lookups would trust
+        (a new user of it), or None."""
+        buf = self.buffers.get(tensor.buffer) if tensor.buffer else None
+        if buf is None or buf.device.backend.name != "cpu" or not sharing_enabled():
+            return None
+        return store_of(buf.device).by_fnv(digest, trusted(cache))
 
     @staticmethod
     def set_tensor_hash_response(found: bool) -> bytes:
@@ -403,7 +478,7 @@ class Session:
             )
         try:
             nodes = build_nodes(graph, self.locate, self.buffers.regions, self.proto == 7)
-            plan = compile_plan(nodes, device.kind, budget=device.scratch)
+            plan = self._build(nodes, device)
         except _native.TensorError as exc:
             raise ComputeError(f"invalid tensor in graph: {exc}") from exc
         if self.proto == 7:
@@ -413,6 +488,8 @@ class Session:
             if len(cache) >= GRAPH_CACHE_MAX:
                 cache.clear()
             cache[graph.uid] = plan
+        else:
+            self._built.pop(plan.uid, None)  # uid 0: run once, never again
         try:
             self._check_quota(0, f"graph cache (this graph: {plan.footprint} bytes)")
         except ProtocolViolation:
@@ -431,7 +508,26 @@ class Session:
             raise ProtocolViolation(
                 f"GRAPH_RECOMPUTE of unknown graph uid {req.uid} on device {req.device}"
             )
+        built = self._built.get(plan.uid)
+        if built is not None and plan_sharing.stale(built[1]):
+            plan = self._build(built[0], device)  # shared ranges changed: resolve anew
+            if self.proto == 7:
+                self._last_graph[req.device] = plan
+            else:
+                self._graphs[req.device][req.uid] = plan
         self._launch(device, plan)
+
+    def _build(self, nodes: list[Tensor], device: Device) -> Plan:
+        """Compile `nodes`, its tensors resolved against the buffers' shared ranges as they
+        are now (copy on write where it writes; compute/plan_sharing.py)."""
+        layouts = plan_sharing.prepare(nodes)
+        plan = compile_plan(nodes, device.kind, budget=device.scratch)
+        if len(self._built) >= 2 * GRAPH_CACHE_MAX:  # forget plans no longer cached
+            live = {p.uid for cache in self._graphs for p in cache.values()}
+            live |= {p.uid for p in self._last_graph if p is not None}
+            self._built = {uid: b for uid, b in self._built.items() if uid in live}
+        self._built[plan.uid] = (nodes, layouts)
+        return plan
 
     def _launch(self, device: Device, plan: Plan) -> None:
         self.launch(device, device.plan_work(plan, self))
@@ -529,6 +625,7 @@ class Session:
             if last is not None:
                 last.release()
         self._last_graph = [None for _ in self.devices]
+        self._built.clear()
         for device in self._linked | set(self._comm_held):  # also without COMM_FREE
             self._drop_link(device)
         for dev in self.devices:

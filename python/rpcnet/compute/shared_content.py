@@ -1,0 +1,282 @@
+"""Identical weights held once: shared, immutable, reference-counted copies of content.
+
+When the bytes a client loads into a range of its buffer (SET_TENSOR, SET_TENSOR_HASH answered
+by the cache, a model directory or memory) equal bytes the server already holds, the range
+points at one `SharedContent` (`compute/shared_ranges.py` keeps each buffer's ranges); the
+buffer's own pages there are never written, and their bytes go back to the device's pool. A
+write into such a range copies the content back into the buffer first (copy on write,
+`DeviceBuffer.own`).
+
+Identity is by the bytes the server holds. Every content has a cheap key (its size and a
+BLAKE2b of 16 spread 4 KiB samples) and, once a second candidate with the same key appears, a
+SHA-256 of all its bytes (kept, so each content is hashed at most once; a content that arrives
+with a SHA-256 the hash cache verified is not hashed again). A first load therefore hashes only
+the samples. The FNV-1a-64 of SET_TENSOR_HASH names a content only once the server computed or
+verified it (a cache store or a verified cache or model-dir hit), together with the origins
+(cache namespaces, model dirs) a client must trust to be answered by it; the same FNV-1a with
+other content is a collision: logged, never shared.
+
+`RPCNET_SHARE_WEIGHTS=0` turns sharing off (every range holds its own bytes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("rpcnet.shared")
+
+SHARE_MIN = 256 << 10  # smaller uploads (a step's inputs, norms) keep their own bytes
+SAMPLES = 16
+SAMPLE_BYTES = 4096
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MADV_DONTNEED = 4
+
+
+def enabled() -> bool:
+    return os.environ.get("RPCNET_SHARE_WEIGHTS", "1") != "0"
+
+
+def strong_hash(data: Any) -> bytes:
+    """SHA-256 (hashlib releases the GIL while it hashes)."""
+    return hashlib.sha256(memoryview(data).cast("B")).digest()
+
+
+def sample_key(data: Any) -> bytes:
+    """A cheap digest of `data`: its size and SAMPLES blocks spread over it (first and last
+    included). Equal content has equal keys; unequal keys mean unequal content."""
+    view = memoryview(data).cast("B")
+    n = view.nbytes
+    hasher = hashlib.blake2b(n.to_bytes(8, "little"), digest_size=16)
+    span = max(0, n - SAMPLE_BYTES)
+    for i in range(SAMPLES):
+        at = span * i // (SAMPLES - 1)
+        hasher.update(view[at : at + SAMPLE_BYTES])
+    return hasher.digest()
+
+
+def drop_pages(array: Any, start: int, end: int) -> None:
+    """Give the whole pages of array[start:end] back to the OS (MADV_DONTNEED): a shared range's
+    own bytes are never read, and its pages must not stay resident."""
+    base = int(array.ctypes.data)
+    lo = (base + start + PAGE - 1) // PAGE * PAGE
+    hi = (base + end) // PAGE * PAGE
+    if hi > lo:
+        _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+class _Window:
+    """`__array_interface__` of a uint8 array whose byte `start + i` is the content's byte `i`:
+    a tensor at buffer offset `o` inside the shared range reads the content through the same
+    offset `o` its kernels already use. Bytes below `start` are never addressed (a tensor is
+    resolved to a window only when it lies wholly inside the range). Read-only: a kernel that
+    would write through it fails instead of changing shared bytes."""
+
+    def __init__(self, content: SharedContent, start: int) -> None:
+        self.content = content  # keeps the bytes alive as long as a view of the window lives
+        self.__array_interface__ = {
+            "data": (int(content.array.ctypes.data) - start, True),
+            "shape": (start + content.nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
+def window(content: SharedContent, start: int) -> Any:
+    return np.asarray(_Window(content, start))
+
+
+@dataclass(eq=False)
+class SharedContent:
+    array: Any  # uint8, read-only: the one copy
+    sample: bytes
+    store: SharedStore
+    strong: bytes | None = None  # SHA-256, once computed or verified by the hash cache
+    fnv: int | None = None  # FNV-1a-64, once computed or verified by the server
+    origins: set[str] = field(default_factory=set)  # who vouches for `fnv` (trust labels)
+    users: int = 1  # buffer ranges pointing at it
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+    def strong_hash(self) -> bytes:
+        if self.strong is None:
+            self.strong = strong_hash(self.array)
+        return self.strong
+
+    def release(self) -> None:
+        self.store.release(self)
+
+
+class Collision(Exception):
+    """Content whose FNV-1a names other content the server holds: never shared."""
+
+
+class SharedStore:
+    """The shared contents of one device, indexed by cheap key, SHA-256 and FNV-1a. Charged to
+    the device's pool once each; thread-safe (cache loads run on threads)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._by_sample: dict[bytes, list[SharedContent]] = {}
+        self._by_strong: dict[bytes, SharedContent] = {}
+        self._by_fnv: dict[int, SharedContent] = {}
+        self.collisions = 0
+
+    # ------------------------------------------------------------------ queries
+
+    def by_fnv(self, fnv: int, trusted: frozenset[str]) -> SharedContent | None:
+        """A content named `fnv` that a client trusting `trusted` may be answered with (a new
+        user of it: `release` it when done), or None."""
+        with self._lock:
+            content = self._by_fnv.get(fnv)
+            if content is None or not content.origins & trusted:
+                return None
+            content.users += 1
+            return content
+
+    def stats(self) -> tuple[int, int, int]:
+        """(bytes held once for several users, bytes those users would hold alone beyond
+        that, contents held)."""
+        with self._lock:
+            contents = [c for group in self._by_sample.values() for c in group]
+            shared = sum(c.nbytes for c in contents if c.users > 1)
+            saved = sum(c.nbytes * (c.users - 1) for c in contents)
+            return shared, saved, len(contents)
+
+    # ------------------------------------------------------------------ adding users
+
+    def adopt(
+        self,
+        array: Any,
+        strong: bytes | None = None,
+        fnv: int | None = None,
+        origin: str | None = None,
+    ) -> SharedContent:
+        """The content equal to `array` (a new user of it), `array` itself as a new content
+        (charged to the pool) when there is none. With `fnv` (verified by the caller) the
+        content is named by it for clients trusting `origin`; raises `Collision` when `fnv`
+        already names other content."""
+        sample = sample_key(array)
+        with self._lock:
+            named = self._by_fnv.get(fnv) if fnv is not None else None
+            if named is not None and strong is None and named.nbytes == array.nbytes:
+                strong = strong_hash(array)  # is it the content the FNV-1a names?
+            found = self._find(array, sample, strong)
+            if named is not None and named is not found:
+                self.collisions += 1
+                log.warning(
+                    "shared weights: FNV-1a collision on %016x: content with this hash but other "
+                    "bytes (SHA-256) than the content held; not shared",
+                    fnv,
+                )
+                raise Collision(f"{fnv:016x}")
+            if found is None:
+                array.flags.writeable = False
+                found = SharedContent(array, sample, self, strong=strong)
+                self._by_sample.setdefault(sample, []).append(found)
+                if strong is not None:
+                    self._by_strong.setdefault(strong, found)
+                self.pool.charge(found.nbytes)
+            else:
+                found.users += 1
+            if fnv is not None and origin is not None:
+                self._name(found, fnv, origin)
+            return found
+
+    def _find(self, array: Any, sample: bytes, strong: bytes | None) -> SharedContent | None:
+        """The held content equal to `array`: by SHA-256 among those with its cheap key."""
+        if strong is not None and strong in self._by_strong:
+            return self._by_strong[strong]
+        candidates = self._by_sample.get(sample)
+        if not candidates:
+            return None
+        strong = strong if strong is not None else strong_hash(array)
+        for content in candidates:
+            theirs = content.strong_hash()
+            self._by_strong.setdefault(theirs, content)
+            if theirs == strong:
+                return content
+        return None
+
+    def vouch(self, content: SharedContent, fnv: int, strong: bytes, origin: str) -> None:
+        """Name `content` by `fnv` for clients trusting `origin`; both hashes were computed
+        from its bytes (a hash-cache store)."""
+        with self._lock:
+            if content.strong is None:
+                content.strong = strong
+                self._by_strong.setdefault(strong, content)
+            named = self._by_fnv.get(fnv)
+            if named is not None and named is not content:
+                self.collisions += 1
+                log.warning(
+                    "shared weights: FNV-1a collision on %016x: two held contents have this "
+                    "hash; the second is not named by it",
+                    fnv,
+                )
+                return
+            self._name(content, fnv, origin)
+
+    def _name(self, content: SharedContent, fnv: int, origin: str) -> None:
+        if content.fnv is None:
+            content.fnv = fnv
+            self._by_fnv[fnv] = content
+        if content.fnv == fnv:
+            content.origins.add(origin)
+
+    # ------------------------------------------------------------------ dropping users
+
+    def release(self, content: SharedContent) -> None:
+        """One user fewer; the last one frees the content (its pool charge with it)."""
+        with self._lock:
+            content.users -= 1
+            if content.users > 0:
+                return
+            group = self._by_sample.get(content.sample, [])
+            if content in group:
+                group.remove(content)
+            if not group:
+                self._by_sample.pop(content.sample, None)
+            if content.strong is not None and self._by_strong.get(content.strong) is content:
+                del self._by_strong[content.strong]
+            if content.fnv is not None and self._by_fnv.get(content.fnv) is content:
+                del self._by_fnv[content.fnv]
+        self.pool.release(content.nbytes)
+
+
+_STORES_LOCK = threading.Lock()
+
+
+def device_sharing(device: Any) -> dict[str, int]:
+    """For metrics: bytes held once for several users, bytes that saves, contents held and
+    FNV-1a collisions refused, on `device` (zeros before its first shared upload)."""
+    store = getattr(device, "shared_store", None)
+    if store is None:
+        return {"shared": 0, "saved": 0, "contents": 0, "collisions": 0}
+    shared, saved, contents = store.stats()
+    return {"shared": shared, "saved": saved, "contents": contents, "collisions": store.collisions}
+
+
+def store_of(device: Any) -> SharedStore:
+    """The device's store, made on first use (one per device: its pool is shared by all)."""
+    store = getattr(device, "shared_store", None)
+    if store is None:
+        with _STORES_LOCK:
+            store = getattr(device, "shared_store", None)
+            if store is None:
+                store = SharedStore(device.memory)
+                device.shared_store = store
+    return store

@@ -1,0 +1,138 @@
+"""Uploads that may be held once (compute/shared_content.py), as the session receives them.
+
+A SET_TENSOR or a cache-answered SET_TENSOR_HASH of at least SHARE_MIN bytes into a CPU buffer
+that no plan writes is received into a fresh array instead of the buffer; when the bytes are
+complete the device's store either keeps that array as a new content or finds the equal content
+it already holds (the array is then dropped), and the buffer range points at it. A
+SET_TENSOR_HASH whose FNV-1a names a held content that the client trusts (the same origins its
+cache lookups see) is answered from memory: no bytes are read at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from rpcnet.compute.buffer import DeviceBuffer
+from rpcnet.compute.shared_content import (
+    SHARE_MIN,
+    Collision,
+    SharedContent,
+    enabled,
+    store_of,
+)
+
+
+def shareable(buf: DeviceBuffer, nbytes: int) -> bool:
+    """Whether an upload of `nbytes` into `buf` goes through the shared store."""
+    return (
+        nbytes >= SHARE_MIN
+        and not buf.graph_written
+        and buf.device.backend.name == "cpu"
+        and enabled()
+    )
+
+
+def fresh(nbytes: int) -> Any | None:
+    """A new uint8 array to receive an upload into (None: no memory, use the buffer)."""
+    try:
+        return np.empty(nbytes, dtype=np.uint8)
+    except MemoryError:
+        return None
+
+
+def settle(
+    buf: DeviceBuffer,
+    start: int,
+    array: Any,
+    strong: bytes | None = None,
+    fnv: int | None = None,
+    origin: str | None = None,
+) -> None:
+    """`array` (complete, verified) is the new content of buf[start:start+len]: share it, or
+    on an FNV-1a collision keep it as the buffer's own bytes."""
+    store = store_of(buf.device)
+    try:
+        content = store.adopt(array, strong, fnv, origin)
+    except Collision:
+        buf.write(start, array)
+        return
+    try:
+        buf.attach(start, content)
+    except BaseException:
+        content.release()
+        raise
+
+
+def attach_held(buf: DeviceBuffer, start: int, content: SharedContent) -> None:
+    """Point buf[start:...] at `content` (already counted as a user), or copy it in when the
+    buffer does not share."""
+    if shareable(buf, content.nbytes):
+        try:
+            buf.attach(start, content)
+        except BaseException:
+            content.release()
+            raise
+    else:
+        try:
+            buf.write(start, content.array)
+        finally:
+            content.release()
+
+
+def share_at(buf: DeviceBuffer, start: int, nbytes: int) -> SharedContent | None:
+    """The content buf[start:start+nbytes] points at exactly, if it does."""
+    shares = buf.shares
+    share = shares.containing(start, start + nbytes) if shares else None
+    if share is None or share.start != start or share.nbytes != nbytes:
+        return None
+    return share.content
+
+
+def vouch(buf: DeviceBuffer, start: int, nbytes: int, stored: Any) -> None:
+    """A cache store of buf[start:start+nbytes] computed (FNV-1a, SHA-256, label): the content
+    there, if shared, is named by that FNV-1a for clients trusting the label."""
+    content = share_at(buf, start, nbytes)
+    if content is None or stored is None:
+        return
+    fnv, strong, label = stored
+    content.store.vouch(content, fnv, strong, label)
+
+
+class UploadSink:
+    """A HostSink over a fresh array; `done(array)` runs once all bytes are in (after the
+    last piece, or on `commit()`)."""
+
+    def __init__(self, array: Any, done: Callable[[Any], None]) -> None:
+        self.array = array
+        self.nbytes = int(array.nbytes)
+        self._done: Callable[[Any], None] | None = done
+
+    def pieces(self) -> Iterator[memoryview]:
+        if self.nbytes:
+            yield memoryview(self.array)
+        self.commit()
+
+    def whole(self) -> memoryview:
+        return memoryview(self.array)
+
+    def commit(self) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done(self.array)
+
+
+def trusted(cache: Any) -> frozenset[str]:
+    """Trust labels of what `cache` (the connection's HashCache-like) answers with."""
+    origins = getattr(cache, "origins", None)
+    return frozenset(origins()) if origins is not None else frozenset()
+
+
+def load_traced(cache: Any, digest: int, target: Callable[[int], Any]) -> Any:
+    """`cache.load_traced`: on a hit (trust label, SHA-256 or None), else None."""
+    traced = getattr(cache, "load_traced", None)
+    if traced is not None:
+        return traced(digest, target)
+    return ("", None) if cache.load_into(digest, target) else None
