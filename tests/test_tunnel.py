@@ -4,6 +4,11 @@
   (and are within 1e-3 of llama.cpp's own CPU run, argmax equal);
 - a layer split across two TLS servers on different loopback addresses (127.0.0.2, 127.0.0.3),
   one tunnel listening for both, each connection TLS 1.3 with its tenant's token;
+- a tensor split (COMM_INIT, COMM_ALLREDUCE) across two TLS servers on 127.0.0.2 and 127.0.0.3,
+  each behind its own route of the tunnel: the tunnel rewrites the rank-0 address, the servers'
+  link is TLS with the tenant's token, logits equal to the same split over plain TCP; and the
+  link refused (a peer certificate that is not trusted): COMM_INIT answers ok = 0 and the client
+  falls back to its own reduction, logits unchanged;
 - `rpcnet tunnel` as a real process (the command line, the token file, a pinned fingerprint).
 """
 
@@ -11,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -120,6 +127,111 @@ def test_layer_split_across_two_tls_servers(env):
         for srv in servers:  # both served graphs; both free once the client is gone
             assert srv.server is not None and srv.server.stats.graphs > 0
             assert srv.connection_count() == 0 and srv.memory_held() == 0
+
+
+TENSOR_SPLIT = ("--split-mode", "tensor", "--tensor-split", "1,1")
+
+
+def comm_port_pair(host: str) -> int:
+    """A port P with P and P + 1000 (rank 0's comm port) free on `host`."""
+    for _ in range(200):
+        port = refenv.free_port()
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind((host, port))
+                b.bind((host, port + 1000))
+        except OSError:
+            continue
+        return port
+    raise AssertionError(f"no free port pair on {host}")
+
+
+def split_pair(env: dict, stack: ExitStack, **tls_opts) -> list[ServerThread]:
+    """Two servers on 127.0.0.2 (rank 0) and 127.0.0.3, TLS + tokens unless tls_opts says
+    plain=True."""
+    plain = tls_opts.pop("plain", False)
+    cert, key = env["cert"]
+    servers = []
+    for host in ("127.0.0.2", "127.0.0.3"):
+        secure = {} if plain else {"tls_cert": cert, "tls_key": key, "tokens": env["tokens"]}
+        srv = ServerThread(mem=MEM, host=host, port=comm_port_pair(host), **secure, **tls_opts)
+        srv.start()
+        stack.callback(srv.stop)
+        servers.append(srv)
+    return servers
+
+
+def comm_links(srv: ServerThread) -> tuple[int, int, int]:
+    """(links made, allreduces, links alive)."""
+    return srv.call(
+        lambda: (
+            srv.server.comm.stats.links,
+            srv.server.comm.stats.allreduces,
+            len(srv.server.comm.links),
+        )
+    )
+
+
+def released(srv: ServerThread) -> bool:
+    return srv.connection_count() == 0 and srv.memory_held() == 0 and comm_links(srv)[2] == 0
+
+
+def test_tensor_split_through_tunnels_equals_plain_tcp(env, caplog):
+    caplog.set_level(logging.INFO)
+    with ExitStack() as stack:
+        plain = split_pair(env, stack, plain=True)
+        over_tcp = generate(
+            env, ",".join(f"{s.config.host}:{s.port}" for s in plain), *TENSOR_SPLIT
+        )
+        assert all(comm_links(s)[:2] == (1, 20) for s in plain)  # the plain pair linked too
+        servers = split_pair(env, stack)
+        targets = [(s.config.host, s.port) for s in servers]
+        tunnel = TunnelThread(targets, TOKEN, ca=env["pki"].ca_path).start()
+        stack.callback(tunnel.stop)
+        caplog.clear()
+        through = generate(env, ",".join(tunnel.endpoints), *TENSOR_SPLIT)
+        assert np.array_equal(through, over_tcp)
+        close_to(through, generate(env, "local"))
+        # 5 llama_decode calls x 2 layers x 2 partial sums, over one TLS link per server
+        for srv in servers:
+            assert comm_links(srv)[:2] == (1, 20), comm_links(srv)
+        rank0, rank1 = servers
+        text = caplog.text
+        assert (
+            f"rank 0 at 127.0.0.1:{tunnel.ports[0] + 1000} -> 127.0.0.2:{rank0.port + 1000}" in text
+        )
+        assert "joined pairwise comm as rank 1 (peer 127.0.0.2:" in text
+        assert text.count("TLS 1.3, tenant tenant)") == 2, text
+        assert TOKEN not in text
+        wait_until(lambda: all(released(s) for s in servers))
+
+
+def test_tensor_split_untrusted_peer_falls_back(env, caplog, tmp_path):
+    """Rank 1 pins a certificate rank 0 does not have: the link is refused before the token
+    leaves, both COMM_INITs answer ok = 0 and the client reduces on its own."""
+    caplog.set_level(logging.INFO)
+    other = env["pki"].leaf("other", ("127.0.0.9",))[0]
+    with ExitStack() as stack:
+        servers = split_pair(
+            env, stack, comm_timeout=3.0, peer_fingerprints=(tls.cert_fingerprint(other),)
+        )
+        targets = [(s.config.host, s.port) for s in servers]
+        tunnel = TunnelThread(targets, TOKEN, ca=env["pki"].ca_path).start()
+        stack.callback(tunnel.stop)
+        got = generate(env, ",".join(tunnel.endpoints), *TENSOR_SPLIT)
+        close_to(got, generate(env, "local"))
+        assert "is not a trusted peer" in caplog.text, caplog.text
+        assert all(comm_links(s) == (0, 0, 0) for s in servers)
+        wait_until(lambda: all(released(s) for s in servers))
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for the servers to release everything")
 
 
 def test_tunnel_command_line(env, tmp_path):

@@ -167,6 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="'NAME TOKEN [MEM]' per tenant: every connection presents one (reloaded on change)",
     )
     secure.add_argument(
+        "--peer-ca",
+        type=Path,
+        metavar="PEM",
+        help="tensor split: verify the rank-0 peer server's certificate with this CA",
+    )
+    secure.add_argument(
+        "--peer-fingerprint",
+        action="append",
+        default=[],
+        metavar="HEX",
+        help="tensor split: or pin the peer's SHA-256 (repeatable; default: our own certificate)",
+    )
+    secure.add_argument(
         "--cache-shared",
         type=lambda t: tuple(filter(None, (x.strip() for x in t.split(",")))),
         default=(),
@@ -275,6 +288,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_self_signed=args.tls_self_signed,
         tokens=args.tokens,
         cache_shared=args.cache_shared,
+        peer_ca=args.peer_ca,
+        peer_fingerprints=tuple(args.peer_fingerprint),
     )
     if args.tls_cert is not None and args.tls_self_signed:
         print("rpcnet: --tls-cert and --tls-self-signed exclude each other", file=sys.stderr)

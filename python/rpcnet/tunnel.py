@@ -8,7 +8,15 @@ received chunk is handed to the other transport's `write`, and a transport whose
 fills pauses reading on the other side.
 
 Each connection logs one line when it is established: listen address, server, TLS version and
-cipher, the server certificate's fingerprint and the tenant the server answered.
+cipher, the server certificate's fingerprint and the tenant the server answered. `rpcnet caps`
+pointed at a listen address asks the tunnel for the same facts about its own connection.
+
+Tensor split (spec §11): the client tells rank 1 where rank 0 is as it sees it, a listen address
+of this tunnel, and the comm port as that port + 1000. The tunnel reads the client's frame
+boundaries (`rpcnet.tunnelwire`) and rewrites COMM_INIT: rank 1 gets the real rank-0 server's
+host and its port + 1000, rank 0 listens on its own port + 1000. Both routes must be in the same
+tunnel (one `--listen`/`--to` pair per server). The servers' link is TLS with the tenant's token
+(`rpcnet.server.peertls`).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import logging
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +39,13 @@ from rpcnet.server.tokens import (
     parse_answer_head,
 )
 from rpcnet.transport import tls as tlsmod
+from rpcnet.tunnelwire import RequestScanner, rewrite_comm_init, status_frame
 
 log = logging.getLogger("rpcnet.tunnel")
 
 WRITE_HIGH = 4 << 20  # bytes queued on one side before the other side stops reading
+COMM_PORT_OFFSET = 1000  # the client's comm port is rank 0's port + 1000 (spec §11.1)
+WILDCARD = ("", "0.0.0.0", "::")
 
 
 class TunnelError(Exception):
@@ -137,7 +149,7 @@ class _Secure(asyncio.Protocol):
 
 class _Plain(asyncio.Protocol):
     """The llama.cpp side. Until the TLS side is open and accepted, what arrives is kept (a
-    HELLO, typically) and reading pauses."""
+    HELLO, typically) and reading pauses. Its bytes pass through a `RequestScanner`."""
 
     def __init__(self, tunnel: Tunnel, route: Route) -> None:
         self.tunnel, self.route = tunnel, route
@@ -145,6 +157,9 @@ class _Plain(asyncio.Protocol):
         self.secure: Any = None  # the TLS transport once open
         self.closed = False
         self.early: list[bytes] = []  # what the client sent before the TLS side was ready
+        self.status: dict[str, Any] = {}  # this connection's TLS facts, for STATUS
+        self.who = "?"
+        self.scanner = RequestScanner(self._rewrite, self._answer_status)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -152,16 +167,45 @@ class _Plain(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.who = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.tunnel.opened(self)
 
     def data_received(self, data: bytes) -> None:
         secure = self.secure
         if secure is not None:
-            secure.write(data)  # encrypted at once (uvloop's TLS protocol)
+            parts = self.scanner.feed(data)
+            if len(parts) == 1:
+                secure.write(parts[0])  # encrypted at once (uvloop's TLS protocol)
+            elif parts:
+                secure.writelines(parts)
             return
         self.early.append(data)
         if len(self.early) == 1:
             self.transport.pause_reading()
+
+    def open(self, secure: Any) -> None:
+        """The TLS side is accepted: send what came early, then forward as it comes."""
+        self.secure = secure
+        early, self.early = self.early, []
+        for data in early:
+            parts = self.scanner.feed(data)
+            if parts:
+                secure.writelines(parts)
+        self.transport.resume_reading()
+
+    def _rewrite(self, payload: bytes) -> bytes:
+        new, change = rewrite_comm_init(payload, self.tunnel.comm_mapping(self.route))
+        if change is not None:
+            old_host, old_port, host, port = change
+            log.info(
+                "%s: COMM_INIT: rank 0 at %s:%d -> %s:%d", self.who, old_host or "(self)",
+                old_port, host or "(self)", port,
+            )
+        return new
+
+    def _answer_status(self) -> None:
+        self.transport.write(status_frame(self.status))
 
     def eof_received(self) -> bool | None:
         return False  # close; connection_lost closes the TLS side
@@ -192,6 +236,27 @@ class Tunnel:
     def ports(self) -> list[int]:
         return [s.sockets[0].getsockname()[1] for s in self._servers]
 
+    def comm_mapping(self, own: Route) -> Callable[[int, str, int], tuple[str, int] | None]:
+        """How COMM_INIT's rank-0 address is rewritten on a connection of route `own`: rank 0
+        listens on its server's port + 1000; rank 1 is sent to the server behind the listen
+        address the client named. Unknown addresses stay as they are."""
+        bound = [s.sockets[0].getsockname()[:2] for s in self._servers]
+
+        def mapping(rank: int, host: str, port: int) -> tuple[str, int] | None:
+            for route, (lhost, lport) in zip(self.config.routes, bound, strict=False):
+                if port != lport + COMM_PORT_OFFSET:
+                    continue
+                if rank == 0 and route is own:
+                    return "", route.to[1] + COMM_PORT_OFFSET
+                same_host = host == lhost or lhost in WILDCARD or (
+                    host == "localhost" and lhost.startswith("127.")
+                )
+                if rank != 0 and same_host:
+                    return route.to[0], route.to[1] + COMM_PORT_OFFSET
+            return None
+
+        return mapping
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         for route in self.config.routes:
@@ -219,13 +284,14 @@ class Tunnel:
         task.add_done_callback(self._tasks.discard)
 
     async def _connect(self, plain: _Plain) -> None:
-        peer = plain.transport.get_extra_info("peername")
-        who = f"{peer[0]}:{peer[1]}" if peer else "?"
+        who = plain.who
         route = plain.route
         target = f"{route.to[0]}:{route.to[1]}"
         transport = None
         try:
-            transport, secure, info = await asyncio.wait_for(self._open(route), self.config.timeout)
+            transport, secure, status = await asyncio.wait_for(
+                self._open(route), self.config.timeout
+            )
         except asyncio.TimeoutError:
             timeout = self.config.timeout
             log.warning("%s: tunnel to %s: no answer within %.0f s", who, target, timeout)
@@ -241,17 +307,25 @@ class Tunnel:
                 transport.close()
                 return
             secure.peer = plain.transport
-            plain.secure = transport
-            if plain.early:
-                transport.writelines(plain.early)
-                plain.early.clear()
-            plain.transport.resume_reading()
+            listen = plain.transport.get_extra_info("sockname")
+            status["listen"] = f"{listen[0]}:{listen[1]}" if listen else "?"
+            status["client"] = who
+            plain.status = status
+            plain.open(transport)
             self.opened_count += 1
-            log.info("%s: tunnel to %s: %s", who, target, info)
+            log.info(
+                "%s: tunnel to %s: %s %s, server certificate sha256 %s, tenant %s",
+                who,
+                target,
+                status["tls_version"],
+                status["cipher"],
+                tlsmod.colon_hex(status["fingerprint"]),
+                status["tenant"] or "(server has no tokens)",
+            )
             return
         plain.transport.abort()
 
-    async def _open(self, route: Route) -> tuple[Any, _Secure, str]:
+    async def _open(self, route: Route) -> tuple[Any, _Secure, dict[str, Any]]:
         loop = asyncio.get_running_loop()
         host, port = route.to
         server_name = (self.config.server_name or host) if route.fingerprint is None else None
@@ -277,18 +351,22 @@ class Tunnel:
             else:
                 fp = tlsmod.fingerprint(der)
             transport.write(encode_request(self.config.token))
-            status, tenant = await secure.answer
-            if status != ACCEPTED:
+            answer, tenant = await secure.answer
+            if answer != ACCEPTED:
                 raise TunnelError("the server refused the token")
         except BaseException:
             transport.abort()
             raise
         cipher = sslobj.cipher()
-        info = (
-            f"{sslobj.version()} {cipher[0] if cipher else '?'}, server certificate "
-            f"sha256 {tlsmod.colon_hex(fp)}, tenant {tenant or '(server has no tokens)'}"
-        )
-        return transport, secure, info
+        status: dict[str, Any] = {
+            "server": f"{host}:{port}",
+            "tls_version": sslobj.version(),
+            "cipher": cipher[0] if cipher else "?",
+            "fingerprint": fp,
+            "verified_by": "pinned fingerprint" if route.fingerprint else f"CA {self.config.ca}",
+            "tenant": tenant,
+        }
+        return transport, secure, status
 
     async def close(self) -> None:
         for server in self._servers:

@@ -21,6 +21,7 @@ from rpcnet.server.connection import Connection
 from rpcnet.server.metrics import MetricsServer
 from rpcnet.server.modeldir import ModelDirs, weight_sources
 from rpcnet.server.namespaces import Namespaces, TenantCache
+from rpcnet.server.peertls import PeerSecurity
 from rpcnet.server.stats import ServerStats
 from rpcnet.server.stream import StreamProtocol
 from rpcnet.server.tenants import Tenants
@@ -66,8 +67,11 @@ class Server:
             else default_allow(config.host, config.allow)
         )
         self.negotiation = ServerNegotiation.from_env()  # HELLO caps: RDMA via pyverbs, or TCP
-        # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers.
-        self.comm = CommHub(config.host, config.comm_timeout, self.allow)
+        # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers;
+        # TLS with the tenant's token on a TLS server (server/peertls.py).
+        self.comm = CommHub(
+            config.host, config.comm_timeout, self.allow, make_peer_security(self)
+        )
         self.connections: dict[asyncio.Task[None], Connection] = {}
         self.draining = False
         self._server: asyncio.Server | None = None
@@ -204,6 +208,15 @@ def make_tls(config: ServerConfig) -> tuple[ssl.SSLContext | None, str | None]:
     else:
         return None, None
     return tlsmod.server_context(cert, key), tlsmod.cert_fingerprint(cert)
+
+
+def make_peer_security(server: Server) -> PeerSecurity | None:
+    """How a TLS server's peer links are secured (None without TLS)."""
+    config = server.config
+    if server.tls is None or server.fingerprint is None:
+        return None
+    pins = tuple(tlsmod.parse_fingerprint(p) for p in config.peer_fingerprints)
+    return PeerSecurity(server.tls, server.fingerprint, config.peer_ca, pins, server.tenants)
 
 
 def open_cache(config: ServerConfig) -> HashCache | None:

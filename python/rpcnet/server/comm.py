@@ -31,6 +31,8 @@ Where rpcnet differs from the reference, on purpose:
   then answers ``ok = 0`` so the client falls back to its own reduction;
 * rank 0 listens on the server's own host (``--host``), not on every interface, and accepts the
   peer only from an address the server's allowlist (``--allow``) admits;
+* on a TLS server (``--tls-*``) the link is TLS 1.3 with the tenant's token before the caps
+  (``server/peertls.py``); a peer that fails that is closed and rank 0 waits for the next;
 * a peer that disappears, or a failed exchange, closes the one client connection whose link it
   was; the link of a connection that ends without COMM_FREE is closed with it.
 
@@ -48,6 +50,7 @@ import logging
 import os
 import select
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,6 +64,7 @@ from rpcnet.ggml_types import TYPE_TRAITS, GgmlType
 from rpcnet.protocol.commands import HELLO_CAPS_SIZE, NO_CAPS
 from rpcnet.server.access import Network, allowed
 from rpcnet.server.config import ServerConfig
+from rpcnet.server.peertls import PeerRefused, PeerSecurity
 
 log = logging.getLogger("rpcnet.comm")
 
@@ -135,6 +139,11 @@ EXCHANGE_TIMEOUT_FACTOR = 10
 # long the device worker tries an allreduce before handing it to the link's thread.
 SPIN_SECONDS = 0.002
 
+# One send of a TLS link at most (a TLS write that cannot finish must be retried with the same
+# bytes); a plain socket takes what it takes.
+TLS_SEND_CHUNK = 1 << 20
+WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
 
 class PeerLink:
     """One established peer link of a (connection, device): socket, rank, receive scratch."""
@@ -148,6 +157,7 @@ class PeerLink:
         self.rank = rank
         self.peer = peer
         self.stats = CommStats(links=1)
+        self.chunk = TLS_SEND_CHUNK if isinstance(sock, ssl.SSLSocket) else None
         self._scratch = np.empty(0, dtype=np.uint8)
         self.closed = False
         # Exchanges wait for the peer here, never on the device worker (see server/chain.py).
@@ -263,15 +273,16 @@ class Exchange:
         """Send and receive what the socket allows now; whether any byte moved."""
         sock, moved = self.link.sock, False
         if self._out.nbytes:
+            out = self._out if self.link.chunk is None else self._out[: self.link.chunk]
             try:
-                n = sock.send(self._out)
-            except BlockingIOError:
+                n = sock.send(out)
+            except WOULD_BLOCK:
                 n = 0
             self._out, moved = self._out[n:], n > 0
         if self._in.nbytes:
             try:
                 n = sock.recv_into(self._in)
-            except BlockingIOError:
+            except WOULD_BLOCK:
                 n = -1
             if n == 0:
                 raise CommError(f"peer {self.link.peer} closed the link")
@@ -319,7 +330,8 @@ class CommHub:
     """Creates peer links for a server and keeps the live ones (for stats and cleanup checks).
 
     `host` is where rank 0 listens (the server's own bind address), `timeout` bounds rank 0's
-    wait for its peer and each side's whole handshake, `allow` filters the peer's address.
+    wait for its peer and each side's whole handshake, `allow` filters the peer's address,
+    `security` (a TLS server) makes every link TLS with the tenant's token.
     """
 
     def __init__(
@@ -327,24 +339,37 @@ class CommHub:
         host: str = "127.0.0.1",
         timeout: float = DEFAULT_TIMEOUT,
         allow: tuple[Network, ...] | None = None,
+        security: PeerSecurity | None = None,
     ) -> None:
         self.host = host
         self.timeout = timeout
         self.allow = allow
+        self.security = security
         self.links: set[PeerLink] = set()
         self.stats = CommStats()
 
-    async def open(self, device: int, rank: int, port: int, host: str) -> PeerLink | None:
-        """Establish the link for COMM_INIT (caps exchanged); None means answer ``ok = 0``."""
+    async def open(
+        self,
+        device: int,
+        rank: int,
+        port: int,
+        host: str,
+        tenant: str | None = None,
+        token: bytes | None = None,
+    ) -> PeerLink | None:
+        """Establish the link for COMM_INIT (caps exchanged); None means answer ``ok = 0``.
+        `tenant` and `token` are those of the connection that sent it (TLS links)."""
         if not 0 < port < 65536:
             log.warning("COMM_INIT rank %d refused: comm port %d out of range", rank, port)
             return None
         try:
             if rank == 0:
-                sock, peer = await self._accept(port)
+                sock, peer = await self._accept(port, tenant)
             else:
-                sock, peer = await asyncio.wait_for(self._connect(host, port), self.timeout)
-        except (OSError, CommError, asyncio.TimeoutError) as exc:
+                sock, peer = await asyncio.wait_for(
+                    self._connect(host, port, token), self.timeout
+                )
+        except (OSError, CommError, PeerRefused, asyncio.TimeoutError) as exc:
             reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
             where = f"{self.host}:{port}" if rank == 0 else f"{host}:{port}"
             log.warning(
@@ -354,10 +379,16 @@ class CommHub:
         link = PeerLink(self, sock, device, rank, peer)
         self.links.add(link)
         self.stats.links += 1
-        log.info("device %d joined pairwise comm as rank %d (peer %s)", device, rank, peer)
+        log.info(
+            "device %d joined pairwise comm as rank %d (peer %s%s)",
+            device,
+            rank,
+            peer,
+            ", TLS 1.3" + (f", tenant {tenant}" if tenant else "") if self.security else "",
+        )
         return link
 
-    async def _accept(self, port: int) -> tuple[socket.socket, str]:
+    async def _accept(self, port: int, tenant: str | None) -> tuple[socket.socket, str]:
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(
             self.host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -377,10 +408,18 @@ class CommHub:
                     raise asyncio.TimeoutError
                 sock, peer_addr = await asyncio.wait_for(loop.sock_accept(listener), remaining)
                 peer = _name(peer_addr)
-                if allowed(peer_addr[0], self.allow):
+                if not allowed(peer_addr[0], self.allow):
+                    log.warning(
+                        "comm port %d: refused %s: address not in the allowlist", port, peer
+                    )
+                    sock.close()
+                    continue
+                if self.security is None:
                     break
-                log.warning("comm port %d: refused %s: address not in the allowlist", port, peer)
-                sock.close()
+                try:  # a peer that fails TLS or the token is closed; wait for the next
+                    return await self._secure_accept(sock, peer, tenant, deadline)
+                except (OSError, PeerRefused) as exc:
+                    log.warning("comm port %d: refused %s: %s", port, peer, exc)
         finally:
             listener.close()
         try:
@@ -394,7 +433,27 @@ class CommHub:
         _note_caps(peer, caps)
         return sock, peer
 
-    async def _connect(self, host: str, port: int) -> tuple[socket.socket, str]:
+    async def _secure_accept(
+        self, sock: socket.socket, peer: str, tenant: str | None, deadline: float
+    ) -> tuple[socket.socket, str]:
+        assert self.security is not None
+        loop = asyncio.get_running_loop()
+        # one peer's set-up may not take rank 0's whole wait
+        until = time.monotonic() + min(max(deadline - loop.time(), 1.0), self.timeout)
+        try:
+            tls, caps = await asyncio.to_thread(
+                self.security.accept, sock, tenant, PEER_CAPS, until
+            )
+        except BaseException:
+            sock.close()
+            raise
+        _prepare(tls)
+        _note_caps(peer, caps)
+        return tls, peer
+
+    async def _connect(
+        self, host: str, port: int, token: bytes | None = None
+    ) -> tuple[socket.socket, str]:
         loop = asyncio.get_running_loop()
         if not host:
             raise CommError("no rank-0 host given")
@@ -424,6 +483,18 @@ class CommHub:
         else:
             raise CommError(f"no connection after {CONNECT_ATTEMPTS} attempts ({last})")
         peer = _name(sock.getpeername())
+        if self.security is not None:
+            until = time.monotonic() + self.timeout
+            try:
+                tls, caps = await asyncio.to_thread(
+                    self.security.connect, sock, host, token, PEER_CAPS, until
+                )
+            except BaseException:
+                sock.close()
+                raise
+            _prepare(tls)
+            _note_caps(peer, caps)
+            return tls, peer
         try:
             _prepare(sock)
             await loop.sock_sendall(sock, PEER_CAPS)

@@ -38,6 +38,8 @@ class ServerConfig:
     tls_cert: Path | None = None  # --tls-cert/--tls-key: TLS 1.3 only
     tls_key: Path | None = None
     tls_self_signed: bool = False  # --tls-self-signed: a key pair kept in the state directory
+    peer_ca: Path | None = None  # --peer-ca: tensor-split peers' certificates verified by it
+    peer_fingerprints: tuple[str, ...] = ()  # --peer-fingerprint: or pinned (default: our own)
     tokens: Path | None = None  # --tokens FILE: NAME TOKEN [MEM] per tenant
     tokens_poll: float = 1.0  # seconds between checks of the tokens file's mtime
     cache_shared: tuple[str, ...] = ()  # --cache-shared: namespaces every tenant trusts

@@ -21,7 +21,7 @@ import hmac
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAGIC = b"RPCNTOK1"
 MAX_TOKEN = 1024
@@ -46,6 +46,8 @@ class Tenant:
     name: str
     digest: bytes  # SHA-256 of the token: compared in constant time, whatever its length
     mem: int | None  # bytes all of this tenant's connections may hold together
+    # The token itself: a TLS server presents it to its tensor-split peer (server/peertls.py).
+    token: bytes = field(default=b"", repr=False, compare=False)
 
 
 def token_digest(token: bytes) -> bytes:
@@ -116,7 +118,7 @@ def parse_tokens(text: str, parse_size: Callable[[str], int]) -> TokenTable:
                 raise TokensError(f"line {number}: tenant {name!r}: MEM: {exc}") from exc
         names.add(name)
         digests.add(digest)
-        tenants.append(Tenant(name, digest, mem))
+        tenants.append(Tenant(name, digest, mem, encoded))
     return TokenTable(tuple(tenants))
 
 
