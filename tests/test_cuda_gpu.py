@@ -651,7 +651,7 @@ def test_plan_on_a_cuda_device_runs_eager_captured_replayed_like_the_cpu():
         nodes, gbuf, gout = build(gpu)
         plan = compile_plan(nodes, gpu.kind)
         for expected in ("eager", "captured", "replayed"):
-            assert gpu.launch(plan, "session").result() == expected
+            assert gpu.submit(gpu.plan_work(plan, "session")).result() == expected
             got = np.frombuffer(bytes(gbuf.read(gout.offset, 4 * m)), np.float32)
             # q8_1 activations on the GPU vs f32 on the CPU: the quantized-type tolerance
             assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), expected

@@ -142,15 +142,15 @@ def test_runner_runs_eagerly_then_captures_then_replays_and_syncs_every_time():
     assert not runner.replay.captured(plan.uid)
 
 
-def test_device_launch_reports_the_runner_mode():
-    """Device.launch's future carries what the runner did (eager, captured, replayed): the
-    device check reads it."""
+def test_submitted_plan_work_reports_the_runner_mode():
+    """The future of `submit(plan_work(...))`, as a session launches a graph, carries what the
+    runner did (eager, captured, replayed): the device check reads it."""
     cupy = fake_cupy()
     (device,) = make_cuda_devices("cuda:0", None, None, cupy=cupy, ready=True)
     device.runner = PlanRunner(Backend(), RecordingCapturer(), fatal=lambda e: pytest.fail("fatal"))
     try:
         plan = _plan([lambda: None])
-        modes = [device.launch(plan, "session").result() for _ in range(3)]
+        modes = [device.submit(device.plan_work(plan, "session")).result() for _ in range(3)]
         assert modes == ["eager", "captured", "replayed"]
     finally:
         device.shutdown()
@@ -172,10 +172,10 @@ def test_a_short_gpu_plan_runs_inline_when_the_device_is_idle():
     step.capturable = False  # type: ignore[attr-defined]  # every run executes the step
     try:
         plan = _plan([step])
-        device.launch(plan, "session").result()  # never run: the worker runs it
+        device.submit(device.plan_work(plan, "session")).result()  # never run: the worker runs it
         assert plan.last_seconds is not None
-        device.launch(plan, "session").result()  # short now: inline
-        device.launch(plan, "session").result()
+        device.submit(device.plan_work(plan, "session")).result()  # short now: inline
+        device.submit(device.plan_work(plan, "session")).result()
         me = threading.get_ident()
         assert threads[0] != me and threads[1:] == [me, me]
     finally:

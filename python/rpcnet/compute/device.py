@@ -336,10 +336,6 @@ class Device:
             return OwnedPlan(plan, owner)
         return RunnerWork(runner, plan, owner)
 
-    def launch(self, plan: Any, owner: object) -> Future[Any]:
-        """Run `plan` for `owner` (a session) on the worker; the future ends when it is done."""
-        return self.submit(self.plan_work(plan, owner))
-
     def buffer_freed(self, handle: int) -> None:
         if self.runner is not None:
             self._later(lambda: self.runner.buffer_freed(handle))
