@@ -61,6 +61,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_rdma_resolver": ("rdma",),
     "test_transport_negotiation": ("rdma",),
     "test_attacks": ("unit",),
+    "test_peer_tls": ("unit",),
     "test_cachecli": ("unit",),
     "test_cuda_blockmath": ("unit",),
     "test_cuda_host": ("unit",),

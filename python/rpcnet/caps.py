@@ -1,6 +1,8 @@
 """The reports of `rpcnet caps HOST:PORT` (what each side advertised in HELLO, which transport the
-connection ended on) and `rpcnet caps --local` (local RDMA devices and GIDs, and which one a
-connection would use). The caps codec itself is `rpcnet.transport.caps`."""
+connection ended on, and, at an `rpcnet tunnel` listen address, the tunnel's TLS connection: its
+TLS version, the server's certificate fingerprint and the tenant) and `rpcnet caps --local`
+(local RDMA devices and GIDs, and which one a connection would use). The caps codec itself is
+`rpcnet.transport.caps`."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import struct
 import threading
 from typing import Any
 
+from rpcnet.transport.base import TransportError
 from rpcnet.transport.caps import decode_caps, describe_caps
+from rpcnet.transport.tls import colon_hex
+from rpcnet.tunnelwire import STATUS, parse_status
 
 # ------------------------------------------------------------------------------------------------
 # `rpcnet caps HOST:PORT`: connect, negotiate like a llama.cpp client, report what happened
@@ -47,6 +52,7 @@ def probe(
                     "max_size": msg.parse_u64(conn.call(Cmd.GET_MAX_SIZE, dev, 8)),
                 }
             )
+        tunnel = tunnel_status(conn) if conn.outcome.transport == "TCP" else None
     finally:
         watchdog.cancel()
         conn.close()
@@ -64,7 +70,27 @@ def probe(
         "transport": conn.outcome.transport,
         "transport_detail": conn.outcome.reason,
         "devices": devices,
+        "tunnel": tunnel,
     }
+
+
+def tunnel_status(conn: Any) -> dict | None:
+    """The last query of a probe: an `rpcnet tunnel` answers STATUS (`rpcnet.tunnelwire`) with
+    its connection's TLS facts; anything else closes the connection on this unknown command."""
+    try:
+        return parse_status(conn.call(STATUS, b""))
+    except (OSError, TransportError, ValueError):
+        return None
+
+
+def render_tunnel(tunnel: dict) -> str:
+    return (
+        f"tunnel          {tunnel['listen']} -> {tunnel['server']}: {tunnel['tls_version']} "
+        f"{tunnel['cipher']}\n"
+        f"  server certificate sha256 {colon_hex(tunnel['fingerprint'])} "
+        f"({tunnel['verified_by']})\n"
+        f"  tenant {tunnel['tenant'] or '(the server has no tokens)'}"
+    )
 
 
 def render(info: dict) -> str:
@@ -84,6 +110,8 @@ def render(info: dict) -> str:
             f"  [{d['index']}] memory {d['free'] >> 20} MiB free / {d['total'] >> 20} MiB total, "
             f"alignment {d['alignment']}, max size {d['max_size']:#x}"
         )
+    if info.get("tunnel"):
+        lines.append(render_tunnel(info["tunnel"]))
     return "\n".join(lines)
 
 
