@@ -32,6 +32,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_commands": ("unit",),
     "test_concurrency": ("unit",),
     "test_derived_cache": ("unit",),
+    "test_shared_weights": ("unit",),
     "test_device_inline": ("unit",),
     "test_device_shared_decode": ("unit",),
     "test_faults": ("unit",),
