@@ -200,12 +200,14 @@ def test_the_worker_waits_for_a_client_whose_step_is_due(
     """A client that decoded with the head's weights a moment ago has its next step on the way:
     the worker holds the head back (up to the wait) so both run as one."""
     monkeypatch.setattr(device_module, "JOIN_WAIT_SECONDS", 2.0)
+    monkeypatch.setattr(device_module, "JOIN_WAIT_SHARE", 100.0)
     first, second = q8_0_weights(1), q8_0_weights(2)
     a, b = Client(device, first, second, 70), Client(device, first, second, 71)
     expected = [a.alone(), b.alone()]
     run_queued(device, [OwnedPlan(a.plan, owner=a), OwnedPlan(b.plan, owner=b)])
     assert device.joint_runs == 1
-    a.plan.last_seconds = b.plan.last_seconds = 100.0  # the wait's share: not the limit
+    # a decode step (short), whose share of the wait is not the limit
+    a.plan.last_seconds = b.plan.last_seconds = 0.05
     fa = device.submit(OwnedPlan(a.plan, owner=a))
     time.sleep(0.05)
     assert not fa.done()  # held back for b
@@ -219,11 +221,12 @@ def test_a_client_with_other_weights_is_not_waited_for(
     device: Device, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(device_module, "JOIN_WAIT_SECONDS", 2.0)
+    monkeypatch.setattr(device_module, "JOIN_WAIT_SHARE", 100.0)
     a = Client(device, q8_0_weights(1), q8_0_weights(2), 80)
     b = Client(device, q8_0_weights(3), q8_0_weights(4), 81)  # another model
     run_queued(device, [OwnedPlan(a.plan, owner=a), OwnedPlan(b.plan, owner=b)])
     assert device.joint_runs == 0
-    a.plan.last_seconds = 100.0
+    a.plan.last_seconds = 0.05
     started = time.monotonic()
     device.submit(OwnedPlan(a.plan, owner=a)).result(5)
     assert time.monotonic() - started < 1.0  # b decoded just now, but could never join

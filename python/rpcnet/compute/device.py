@@ -6,7 +6,6 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from rpcnet.compute import shared_decode
 from rpcnet.compute.backend import CPU, Backend
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
+from rpcnet.compute.plan_run import PlanCursor
+from rpcnet.compute.turns import SLICE_SECONDS, Job, Turns, is_short
 
 # A plan whose last run took at most this long runs on the submitting thread when the worker is
 # idle; the event loop stalls that long at most (a decode step, never a prefill).
@@ -59,6 +60,11 @@ class OwnedPlan:
     def joinable(self) -> bool:
         return self.plan.joint is not None
 
+    def cursor(self) -> PlanCursor | None:
+        """The plan's run in slices (one node each), or None when it must run whole."""
+        steps = getattr(self.plan, "node_steps", None)
+        return None if steps is None else PlanCursor(self.plan, steps)
+
 
 class RunnerWork:
     """A plan for a device's runner (a GPU: stream, CUDA-graph replay), as one session launched
@@ -74,22 +80,6 @@ class RunnerWork:
 
     def short(self, limit: float) -> bool:
         return bool(self.plan.short(limit))
-
-
-@dataclass(eq=False)
-class _Job:
-    fn: Callable[[], Any]
-    future: Future[Any]
-
-    @property
-    def owner(self) -> object:
-        return getattr(self.fn, "owner", None)
-
-    @property
-    def plan(self) -> OwnedPlan | None:
-        """The plan when this job may run with others' (an all-native decode-capable plan)."""
-        fn = self.fn
-        return fn if isinstance(fn, OwnedPlan) and fn.joinable else None
 
 
 @dataclass
@@ -109,15 +99,17 @@ class Device:
     live_memory: Callable[[], tuple[int, int]] | None = None  # (free, total) the device reports
     derived_limit: int | None = None  # bytes for dequantized weight copies; default capacity / 4
     max_scratch: int | None = None  # compute scratch per plan; default min(1 GiB, capacity / 10)
+    # called on the worker with each graph's wait for the device, (owner, seconds): --metrics
+    wait_observer: Callable[[object, float], None] | None = None
 
     def __post_init__(self) -> None:
-        # One worker per device: plans of all clients run in FIFO order, never concurrently
-        # (decode steps of clients with the same weights as one joint run).
+        # One worker per device: plans never run concurrently; whose runs next is compute/turns.py
+        # (fair turns, decode steps first; decode steps of clients with the same weights as one).
         self._exclusive = threading.Lock()  # held by whichever thread runs this device's work
         self._queued = 0  # jobs handed to the worker and not finished
         self._queued_lock = threading.Lock()
         self._wakeup = threading.Condition(self._queued_lock)
-        self._jobs: deque[_Job] = deque()
+        self._turns = Turns()
         self._closing = False
         self._recent_owners: dict[int, float] = {}  # id(owner) -> when it last launched a plan
         # id(owner) -> (when it last launched a joinable plan, that plan): whose step is due
@@ -125,6 +117,7 @@ class Device:
         self.joint_index = shared_decode.JointIndex()
         self.joint_runs = 0  # joint runs so far, and the plans they ran (for tests and metrics)
         self.joint_plans = 0
+        self.slices = 0  # times a long plan gave the device back to another client's work
         self._thread = threading.Thread(target=self._work, name=f"rpcnet-{self.name}", daemon=True)
         self._thread.start()
         limit = self.derived_limit if self.derived_limit is not None else self.memory.capacity // 4
@@ -160,13 +153,14 @@ class Device:
         self.memory.release(nbytes)
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run `fn` after the device's other work; its future ends when it is done.
+        """Run `fn` in its turn (compute/turns.py); its future ends when it is done.
 
         A short plan (`short(INLINE_MAX_SECONDS)`, a decode step) that finds the worker idle runs
         right here on the calling thread: that saves the hand-off to the worker and the wake-up
         of the event loop after it, ~0.3 ms of a 10 ms decode step on a 2-core host."""
         short = getattr(fn, "short", None)
-        alone = self._alone(getattr(fn, "owner", None))
+        owner = getattr(fn, "owner", None)
+        alone = self._alone(owner)
         if short is not None and short(INLINE_MAX_SECONDS) and alone and self._queued == 0:
             if self._exclusive.acquire(blocking=False):
                 done: Future[Any] = Future()
@@ -178,16 +172,17 @@ class Device:
                     done.set_result(result)  # a GPU runner's run mode ("eager", "replayed", ...)
                 finally:
                     self._exclusive.release()
+                self._observe_wait(owner, 0.0)
                 return done
-        job = _Job(fn, Future())
+        job = Job(fn, Future(), is_short(fn))
         with self._wakeup:
             if self._closing:
                 raise RuntimeError(f"device {self.name} is shut down")
             self._queued += 1
-            self._jobs.append(job)
+            self._turns.add(job)
             plan = job.plan
-            if plan is not None and job.owner is not None:
-                self._joiners[id(job.owner)] = (time.monotonic(), weakref.ref(plan.plan))
+            if plan is not None and owner is not None:
+                self._joiners[id(owner)] = (time.monotonic(), weakref.ref(plan.plan))
             self._wakeup.notify()
         return job.future
 
@@ -208,26 +203,90 @@ class Device:
     def _work(self) -> None:
         while True:
             with self._wakeup:
-                while not self._jobs and not self._closing:
-                    self._wakeup.wait()
-                if not self._jobs:
+                head = self._next_job()
+                if head is None:
                     return
-                batch = self._take_batch()
+                batch = self._take_batch(head) if head.plan is not None else [head]
+            done = batch
             try:
                 with self._exclusive:
-                    self._run_batch(batch)
+                    done = self._run_turn(batch)
             finally:
-                with self._queued_lock:
-                    self._queued -= len(batch)
+                now = time.monotonic()
+                with self._wakeup:
+                    for job in batch:
+                        if job in done:
+                            self._turns.finished(job, now)
+                            self._queued -= 1
+                        else:
+                            self._turns.pause(job, now)
+            for job in done:
+                self._observe_wait(job.owner, now - job.submitted - job.ran)
             # drop the jobs now, not when the next one arrives: a plan of a closed connection
             # holds its scratch until it is gone
-            del batch
+            del batch, done
 
-    def _take_batch(self) -> list[_Job]:
-        """The next job, and queued joinable plans of other clients with the same weights.
-        Waits (the lock released) for clients whose steps usually join but are not queued yet.
-        Called with the lock held."""
-        head = self._jobs.popleft()
+    def _next_job(self) -> Job | None:
+        """The next job in turn; waits while there is none (or a due decode step is on its
+        way). None once the device shuts down. Called with the lock held."""
+        while True:
+            if self._closing and not self._turns:
+                return None
+            turn = self._turns.next_job(time.monotonic())
+            if isinstance(turn, Job):
+                return turn
+            self._wakeup.wait(turn)  # None: until a submit; a float: a due step's grace
+
+    def _run_turn(self, batch: list[Job]) -> list[Job]:
+        """Run one turn: a long plan's slice, or short jobs (several: a joint decode pass).
+        The jobs that finished."""
+        head = batch[0]
+        if not head.short and not head.started:
+            cursor_of = getattr(head.fn, "cursor", None)
+            cursor = cursor_of() if cursor_of is not None else None
+            if cursor is None:  # a plan that cannot pause (a GPU runner's, a profiled one)
+                return self._run_batch(batch)
+            if not head.future.set_running_or_notify_cancel():
+                return batch
+            head.cursor = cursor
+        if head.started:
+            return self._run_slice(head)
+        return self._run_batch(batch)
+
+    def _run_slice(self, job: Job) -> list[Job]:
+        """Run the long plan of `job` until it ends or another client's work is due."""
+        started = time.monotonic()
+        seen = -1
+
+        def pause() -> bool:
+            nonlocal seen
+            now = time.monotonic()
+            arrivals = self._turns.arrivals
+            if arrivals == seen and now - started < SLICE_SECONDS:
+                return False  # nothing arrived since the last look, and the slice is young
+            seen = arrivals
+            with self._queued_lock:
+                return self._turns.should_pause(job, now, started)
+
+        try:
+            finished = job.cursor.advance(pause)
+        except BaseException as exc:  # noqa: BLE001 - the job's outcome, for its waiter
+            finished = True
+            job.future.set_exception(exc)
+        else:
+            if finished:
+                job.future.set_result(None)
+        finally:
+            job.ran += time.monotonic() - started
+        if not finished:
+            self.slices += 1
+            return []
+        return [job]
+
+    def _take_batch(self, head: Job) -> list[Job]:
+        """`head` (a short joinable plan), and queued joinable plans of other clients with the
+        same weights. Waits (the lock released) for clients whose steps usually join but are
+        not queued yet. Called with the lock held."""
         plan = head.plan
         if plan is None or head.future.cancelled():
             return [head]
@@ -250,7 +309,7 @@ class Device:
         clients' models reads both (0.1-0.3 s), and `submit` on the event loop must not wait
         for it. Called with the lock held; returns with it held. Plans that arrive meanwhile
         are compared on a later pass (until then they do not join)."""
-        queued = [job.plan.plan for job in self._jobs if job.plan is not None]
+        queued = [job.plan.plan for job in self._turns.jobs if job.plan is not None]
         due = [ref() for _, ref in self._joiners.values()]
         index = self.joint_index
         todo = [p for p in (*queued, *due) if p is not None and index.pending(head, p)]
@@ -263,14 +322,14 @@ class Device:
         finally:
             self._wakeup.acquire()
 
-    def _join_queued(self, batch: list[_Job]) -> None:
+    def _join_queued(self, batch: list[Job]) -> None:
         """Move queued plans that can join `batch` into it: each its owner's next job (so no
         client's work is reordered), of an owner not in the batch, sharing weights with the
         head. Jobs of no known owner end the search (they may be anyone's)."""
         head = batch[0].plan
         assert head is not None
-        owners = {id(job.owner) for job in batch}
-        for job in list(self._jobs):
+        owners = {id(job.owner) for job in batch} | self._turns.blocked_owners()
+        for job in list(self._turns.jobs):
             if len(batch) >= MAX_JOINT_PLANS:
                 return
             owner = job.owner
@@ -282,14 +341,15 @@ class Device:
             if not first_of_owner or plan is None or job.future.cancelled():
                 continue
             if self.joint_index.shared(head.plan, plan.plan, compare=False):
-                self._jobs.remove(job)
+                self._turns.take_joined(job)
                 batch.append(job)
 
-    def _missing_joiners(self, batch: list[_Job], head: Any) -> bool:
+    def _missing_joiners(self, batch: list[Job], head: Any) -> bool:
         """Whether a client outside `batch` with nothing queued launched, within the shared
         window, a plan that could have joined `head` (its next step is likely on its way)."""
         now = time.monotonic()
-        inside = {id(job.owner) for job in (*batch, *self._jobs)}
+        turns = self._turns
+        inside = {id(job.owner) for job in (*batch, *turns.jobs, *turns.paused)}
         for key, (at, ref) in list(self._joiners.items()):
             last = ref()
             if now - at > SHARED_WINDOW_SECONDS or last is None:
@@ -298,8 +358,19 @@ class Device:
                 return True
         return False
 
-    def _run_batch(self, batch: list[_Job]) -> None:
-        jobs = [job for job in batch if job.future.set_running_or_notify_cancel()]
+    def _run_batch(self, batch: list[Job]) -> list[Job]:
+        """Run short jobs whole: one alone, or several plans as one joint pass. All finish."""
+        jobs = [job for job in batch if job.started or job.future.set_running_or_notify_cancel()]
+        started = time.monotonic()
+        try:
+            self._run_jobs(jobs)
+        finally:
+            elapsed = time.monotonic() - started
+            for job in jobs:
+                job.ran += elapsed
+        return batch
+
+    def _run_jobs(self, jobs: list[Job]) -> None:
         if not jobs:
             return
         if len(jobs) == 1:
@@ -327,6 +398,11 @@ class Device:
             else:
                 job.future.set_exception(ValueError("row index out of range"))
 
+    def _observe_wait(self, owner: object, seconds: float) -> None:
+        observer = self.wait_observer
+        if observer is not None and owner is not None:
+            observer(owner, max(seconds, 0.0))
+
     def plan_work(self, plan: Any, owner: object) -> Callable[[], Any]:
         """What the worker runs for `plan` launched by `owner` (a session): the plan with its
         owner (`OwnedPlan`, which `submit` may run inline), or on a GPU the device's runner
@@ -344,6 +420,7 @@ class Device:
         with self._queued_lock:  # the worker waits for no step of a client that left
             self._joiners.pop(id(owner), None)
             self._recent_owners.pop(id(owner), None)
+            self._turns.forget(owner)
         if self.runner is not None:
             self._later(lambda: self.runner.owner_closed(owner))
 
@@ -362,13 +439,18 @@ class Device:
         return free, total
 
     def shutdown(self) -> None:
-        """Cancel the queued jobs, let the running one finish, stop the worker."""
+        """Cancel the queued jobs and fail the paused ones, let the running one finish (or its
+        slice: then it fails too), stop the worker."""
         with self._wakeup:
             self._closing = True
-            while self._jobs:
-                job = self._jobs.popleft()
+            turns = self._turns
+            while turns.jobs:
+                turns.jobs.popleft().future.cancel()
                 self._queued -= 1
-                job.future.cancel()
+            for job in turns.paused:
+                job.future.set_exception(RuntimeError(f"device {self.name} is shut down"))
+                self._queued -= 1
+            turns.paused.clear()
             self._wakeup.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()

@@ -1,10 +1,10 @@
-"""What every run of compiled plans does around its kernels, one plan alone or several side by
-side (compute/shared_decode.py)."""
+"""What every run of compiled plans does around its kernels: one plan alone, several side by
+side (compute/shared_decode.py), or one in slices between other clients' steps (`PlanCursor`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,3 +27,38 @@ def plan_run(plans: Sequence[Any]) -> Iterator[None]:
     elapsed = time.perf_counter() - started
     for plan in plans:
         plan.last_seconds = elapsed
+
+
+class PlanCursor:
+    """One run of a plan taken in slices, so that other clients' steps can run between them:
+    `advance` runs steps until the plan ends or `pause()` asks for the device back, and the next
+    `advance` goes on from there. Around the whole run it does what `plan_run` does; the time
+    the plan records is that of its own steps, not of the pauses."""
+
+    def __init__(self, plan: Any, steps: Sequence[Callable[[], None]]) -> None:
+        self.plan, self.steps = plan, steps
+        self.next = 0  # the index of the step to run next
+        self.busy = 0.0  # seconds spent in the plan's steps so far
+
+    def advance(self, pause: Callable[[], bool]) -> bool:
+        """Run steps until the end (True) or until `pause()`, asked after each step, is true."""
+        steps, count = self.steps, len(self.steps)
+        if self.next == 0:
+            for buf in self.plan.written:
+                buf.touched()
+        started = time.perf_counter()
+        try:
+            while self.next < count:
+                steps[self.next]()
+                self.next += 1
+                if self.next < count and pause():
+                    break
+        finally:
+            # the kernel pool rests between slices too: the wait for a client's next step
+            # leaves its cores to that client
+            _native.pool_rest()
+            self.busy += time.perf_counter() - started
+        if self.next < count:
+            return False
+        self.plan.last_seconds = self.busy
+        return True
