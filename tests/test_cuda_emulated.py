@@ -450,7 +450,7 @@ def test_emulator_refuses_grid_y_past_65535(be):
     i32, i64 = np.int32, np.int64
     ints = (i32(1), i32(1), i32(1), i32(1))
     longs = (i64(4), i64(0), i64(0), i64(8), i64(0), i64(0), i64(2), i64(0), i64(0), i64(1))
-    args = (src, ids, i32(1), dst, *ints, *longs)  # one row of one element
+    args = (src, ids, i32(1), dst, *ints, *longs, i64(1))  # one row of one element
     fn = be.kernels.function("rows", "rpc_set_rows_f16")
     fn((1, 65535, 1), (256,), args)  # the largest grid.y runs
     with pytest.raises(RuntimeError, match="grid"):
@@ -564,3 +564,49 @@ def test_prefill_product_without_a_gemm_binding(be, type_name):
         yq = np.stack([_mmvq_activations(y[c], "Q8_0") for c in range(n)])
     want, scale = yq @ w.T, np.abs(yq) @ np.abs(w).T
     assert np.all(np.abs(be.asnumpy(out) - want) <= 2e-3 * scale + 1e-6)
+
+
+# Ids are a client's data: out of range they must neither write nor read outside the tensors
+# (the emulator checks every buffer's red zones after each launch).
+
+
+@pytest.mark.parametrize("dst_type", ["F16", "Q8_0"])
+def test_set_rows_ignores_ids_outside_the_destination(be, dst_type):
+    k, rows = 64, 4
+    src = np.random.default_rng(30).standard_normal((4, k)).astype(np.float32)
+    ids = np.array([1, -1, rows, 1 << 40], np.int64)
+    rb = launch.row_bytes(dst_type, k)
+    before = np.random.default_rng(31).integers(0, 256, rows * rb, dtype=np.uint8)
+    dst = be.asarray(before.copy())
+    launch.set_rows(be, be.asarray(src), be.asarray(ids), dst, dst_type)
+    got = be.asnumpy(dst).reshape(rows, rb)
+    untouched = [0, 2, 3]
+    np.testing.assert_array_equal(got[untouched], before.reshape(rows, rb)[untouched])
+    assert not np.array_equal(got[1], before.reshape(rows, rb)[1])  # the valid id was written
+
+
+def test_get_rows_reads_zeros_for_ids_outside_the_source(be):
+    k = 64
+    raw = random_rows("Q8_0", 3, k, seed=32)
+    ids = np.array([2, -5, 3, 1 << 30], np.int32)
+    dst = be.full((4, k), np.nan, np.float32)
+    launch.get_rows(be, "Q8_0", be.asarray(raw), be.asarray(ids), dst, k)
+    got = be.asnumpy(dst)
+    np.testing.assert_array_equal(got[[1, 2, 3]], np.zeros((3, k), np.float32))
+    np.testing.assert_array_equal(got[0], _gguf_dequant("Q8_0", raw, k)[2])
+
+
+def test_matvec_id_gives_zeros_for_experts_that_do_not_exist(be):
+    k, m = 256, 5
+    raw = random_rows("Q8_0", 2 * m, k, seed=33)
+    y = np.random.default_rng(33).standard_normal((1, 1, k)).astype(np.float32)
+    ids = np.array([[1, 2, -1]], np.int32)
+    dst = be.full((1, 3, m), np.nan, np.float32)
+    scratch = be.zeros(launch.q8_1_bytes(k, 1), np.uint8)
+    experts = be.asarray(raw.reshape(2, m, -1))
+    launch.matvec_id(be, "Q8_0", experts, be.asarray(y), be.asarray(ids), dst, k, m, scratch)
+    got = be.asnumpy(dst)
+    np.testing.assert_array_equal(got[0, 1:], np.zeros((2, m), np.float32))
+    w = _gguf_dequant("Q8_0", raw, k).reshape(2, m, k).astype(np.float64)
+    yq = _mmvq_activations(y[0, 0], "Q8_0")
+    assert np.all(np.abs(got[0, 0] - w[1] @ yq) <= 1e-5 * (np.abs(w[1]) @ np.abs(yq)))

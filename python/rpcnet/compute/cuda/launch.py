@@ -121,6 +121,10 @@ def _matvec_grid(split: bool, m: int, channels: int) -> tuple[int, int]:
 MV_CHUNKED_MAX = 32
 
 
+def _nbytes(a: Any) -> int:
+    return int(a.size) * int(a.dtype.itemsize)
+
+
 def _at(a: Any, byte_offset: int) -> Any:
     """A device pointer `byte_offset` bytes into array `a`, as a kernel argument."""
     return a if byte_offset == 0 else np.uint64(int(a.data.ptr) + byte_offset)
@@ -240,6 +244,7 @@ def matvec_id(
         i64(n_slots if ids_tok is None else ids_tok),
         i64(m),
         i64(m * n_slots),
+        i32(_nbytes(w) // (rb * m)),  # experts an id may name
     )
     _launch(be, fn, (_cdiv(m, MV_WARPS), n_slots, n_tokens), (32, MV_WARPS), args)
 
@@ -508,6 +513,7 @@ def get_rows(be: CudaBackend, type_name: str, src: Any, ids: Any, dst: Any, k: i
         i64(0),
         i64(0),
         i64(n),
+        i64(_nbytes(src) // rb),  # rows an id may name
     )
     _launch(be, fn, (_cdiv(k, 256), rows_grid(n), 1), (256,), args)
 
@@ -587,6 +593,7 @@ def set_rows(be: CudaBackend, src: Any, ids: Any, dst: Any, dst_type: str) -> No
         i64(0),
         i64(0),
         i64(n),
+        i64(_nbytes(dst) // rb),  # rows an id may name
     )
     if dst_type == "Q8_0":
         _launch(be, fn, (_cdiv(k // 32, 8), rows_grid(n), 1), (32, 8), args)

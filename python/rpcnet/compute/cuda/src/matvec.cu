@@ -135,11 +135,15 @@ __device__ __forceinline__ void rpc_mmv_id(const uint8_t* __restrict__ w, const 
                                            int k, int m, long long w_row_bytes,
                                            long long w_expert_bytes, int ne11, long long y_col,
                                            long long y_tok, long long ids_slot, long long ids_tok,
-                                           long long dst_slot, long long dst_tok) {
+                                           long long dst_slot, long long dst_tok, int n_expert) {
     const int row = blockIdx.x * RPC_MV_WARPS + threadIdx.y;
     if (row >= m) return;
     const int slot = blockIdx.y, tok = blockIdx.z;
     const int expert = ids[slot * ids_slot + tok * ids_tok];
+    if (expert < 0 || expert >= n_expert) {  // a client's bad id reads no weights: zeros
+        if (threadIdx.x == 0) dst[slot * dst_slot + tok * dst_tok + row] = 0.0f;
+        return;
+    }
     const uint8_t* wrow = w + expert * w_expert_bytes + row * w_row_bytes;
     const long long ycol = (slot % ne11) * y_col + tok * y_tok;
     float acc = RpcRowDot<T, QUANT>::lane(wrow, y + (QUANT ? ycol : ycol * 4), k);
@@ -150,10 +154,10 @@ __device__ __forceinline__ void rpc_mmv_id(const uint8_t* __restrict__ w, const 
 #define RPC_MMV_ID_ARGS                                                                          \
     const uint8_t *w, const uint8_t *y, const int *ids, float *dst, int k, int m,                 \
         long long w_row_bytes, long long w_expert_bytes, int ne11, long long y_col, long long y_tok, \
-        long long ids_slot, long long ids_tok, long long dst_slot, long long dst_tok
+        long long ids_slot, long long ids_tok, long long dst_slot, long long dst_tok, int n_expert
 #define RPC_MMV_ID_PASS                                                                          \
     w, y, ids, dst, k, m, w_row_bytes, w_expert_bytes, ne11, y_col, y_tok, ids_slot, ids_tok,     \
-        dst_slot, dst_tok
+        dst_slot, dst_tok, n_expert
 
 #define RPC_MMVQ_ID_KERNEL(T, name)                                                              \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
