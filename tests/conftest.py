@@ -57,6 +57,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_e2e_models": ("e2e", "slow"),
     "test_multihost": ("e2e",),
     "test_rss_return": ("e2e",),
+    "test_shared_weights_e2e": ("e2e",),
     "test_soak": ("e2e", "slow"),
     "test_rdma_fake_verbs": ("rdma",),
     "test_rdma_resolver": ("rdma",),

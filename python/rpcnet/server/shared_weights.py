@@ -10,6 +10,7 @@ cache lookups see) is answered from memory: no bytes are read at all.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,10 +37,12 @@ def shareable(buf: DeviceBuffer, nbytes: int) -> bool:
 
 
 def fresh(nbytes: int) -> Any | None:
-    """A new uint8 array to receive an upload into (None: no memory, use the buffer)."""
+    """A new uint8 array to receive an upload into (None: no memory, use the buffer). Its own
+    anonymous mapping, so that dropping it (its bytes were already held) gives the pages back
+    to the OS at once: malloc would keep them in its heap for the next allocation."""
     try:
-        return np.empty(nbytes, dtype=np.uint8)
-    except MemoryError:
+        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+    except (OSError, ValueError, MemoryError):
         return None
 
 

@@ -1,0 +1,138 @@
+"""Real llama.cpp v8 clients that load the same f16 model onto one `rpcnet serve` process.
+
+The weights are held once: with three clients loaded at once the server's VmRSS (read from
+/proc) is far below three copies, and /metrics counts the shared and saved bytes. Every client's
+teacher-forced logits equal, bit for bit, those of one client alone, and those of a server with
+sharing off (`RPCNET_SHARE_WEIGHTS=0`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import refenv, serve
+from support.tinymodel import write_tiny_llama
+from test_metrics import scrape
+from test_rss_return import settled_rss, vm_rss
+
+pytestmark = pytest.mark.usefixtures("refenv_required")
+
+MiB = 1 << 20
+TOKENS = "1,5,9,300,17,42,7,99"
+
+
+def model_file(tmp_path: Path) -> Path:
+    # every matrix >= 256 KiB (shared); ~75 MB of f16 weights
+    return write_tiny_llama(
+        tmp_path / "shared-f16.gguf",
+        n_vocab=8192,
+        n_embd=768,
+        n_layer=4,
+        n_head=12,
+        n_head_kv=4,
+        n_ff=2048,
+        dtype="f16",
+    )
+
+
+class Clients:
+    """`n` generate probes against one server, held at their barrier (after loading the model,
+    before evaluating) until the test has looked at the server."""
+
+    def __init__(self, model: Path, port: int, work: Path, n: int) -> None:
+        self.barrier = work / "barrier"
+        self.barrier.mkdir(parents=True)
+        self.results: dict[int, dict] = {}
+        self.errors: list[BaseException] = []
+        self.threads = [
+            threading.Thread(target=self._run, args=(model, port, work / f"c{i}", n, i))
+            for i in range(n)
+        ]
+        for t in self.threads:
+            t.start()
+        self.n = n
+
+    def _run(self, model: Path, port: int, out: Path, n: int, i: int) -> None:
+        try:
+            self.results[i] = refenv.run_probe(
+                "v8",
+                "generate",
+                "--model",
+                model,
+                "--endpoint",
+                f"127.0.0.1:{port}",
+                "--tokens",
+                TOKENS,
+                "--prefill",
+                "4",
+                "--barrier",
+                self.barrier,
+                "--barrier-n",
+                n + 1,  # the test is the last one
+                "--out",
+                out,
+                timeout=300,
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self.errors.append(exc)
+
+    def loaded(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(list(self.barrier.glob("ready-*"))) < self.n:
+            assert not self.errors, self.errors
+            assert time.monotonic() < deadline, "the clients did not load in time"
+            time.sleep(0.05)
+
+    def finish(self) -> list[np.ndarray]:
+        (self.barrier / "ready-test").touch()
+        for t in self.threads:
+            t.join()
+        assert not self.errors, self.errors
+        return [np.load(self.results[i]["logits_path"]) for i in range(self.n)]
+
+
+def test_clients_share_weights_keep_solo_logits_and_save_memory(tmp_path, monkeypatch):
+    model = model_file(tmp_path)
+    weights = model.stat().st_size
+    port, mport = refenv.free_port(), refenv.free_port()
+    proc = serve.start_rpcnet(port, "--mem", "4G", "--threads", "2", "--metrics", str(mport))
+    try:
+        time.sleep(1.0)  # start-up settles (imports, the accept loop)
+        baseline = vm_rss(proc.pid)
+        solo = Clients(model, port, tmp_path / "solo", 1)
+        solo.loaded()
+        one = vm_rss(proc.pid) - baseline
+        (alone,) = solo.finish()
+        settled_rss(proc.pid, baseline + 16 * MiB)  # its copy is gone before the next clients
+        trio = Clients(model, port, tmp_path / "trio", 3)
+        trio.loaded()
+        three = vm_rss(proc.pid) - baseline
+        m = scrape(mport)
+        together = trio.finish()
+    finally:
+        refenv.stop_process(proc)
+    assert one > 0.8 * weights, (one, weights)  # the one copy is resident
+    # two more clients add their compute buffers and KV cache, not two more copies
+    assert three - one < 0.5 * weights, (three / MiB, one / MiB, weights / MiB)
+    shared = m[("rpcnet_shared_bytes", (("device", "CPU"),))]
+    saved = m[("rpcnet_shared_saved_bytes", (("device", "CPU"),))]
+    # all but the token embeddings (llama.cpp keeps them on the client), each used 3 times
+    assert shared > 0.8 * weights and saved == 2 * shared, (shared, saved, weights)
+    for logits in together:
+        assert np.array_equal(logits, alone)
+
+    # the same client on a server that does not share: the same bits
+    monkeypatch.setenv("RPCNET_SHARE_WEIGHTS", "0")
+    port = refenv.free_port()
+    proc = serve.start_rpcnet(port, "--mem", "4G", "--threads", "2")
+    try:
+        unshared = Clients(model, port, tmp_path / "unshared", 1)
+        unshared.loaded()
+        (plain,) = unshared.finish()
+    finally:
+        refenv.stop_process(proc)
+    assert np.array_equal(plain, alone)
