@@ -18,10 +18,15 @@ FAKE_OP = 10_000  # no ggml op has this id
 def _registers_kernels(path: Path) -> bool:
     """The module declares an op family or registers kernels by decorator."""
     tree = ast.parse(path.read_text())
-    return any(
+    declares = any(
+        isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "FAMILY" for t in node.targets)
+        for node in tree.body
+    )
+    return declares or any(
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
-        and node.func.id in ("kernel", "native_kernel", "cpu_kernel", "native_row_kernel")
+        and node.func.id in ("kernel", "native_kernel")
         for node in ast.walk(tree)
     )
 

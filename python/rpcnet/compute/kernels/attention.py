@@ -32,8 +32,8 @@ from rpcnet import _native
 from rpcnet.compute import convert, quant
 from rpcnet.compute.kernels.copy import block_view
 from rpcnet.compute.kernels.floatmath import exp, tanh
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
-from rpcnet.compute.kernels.native_args import native_row_kernel, tensor_arg
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
+from rpcnet.compute.kernels.native_args import native_row, tensor_arg
 from rpcnet.compute.kernels.operands import Q8_0_PARTNERS, vec_dot_operand
 from rpcnet.compute.kernels.softmax import alibi_slopes, tile_heads, used_mask
 from rpcnet.compute.ops import Op
@@ -42,6 +42,8 @@ from rpcnet.compute.scratch import default_bound, logical_f32, used_mask_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType, traits_of
+
+FAMILY = OpFamily("attention", cuda=("rpcnet.compute.cuda.kernels.attention",))
 
 f32 = np.float32
 Q_TILE = 64  # ggml's GGML_FA_TILE_Q
@@ -97,6 +99,9 @@ def _expand_heads(x: Any, n3: int, n2: int) -> Any:
     return x
 
 
+@FAMILY.kernel(
+    Op.FLASH_ATTN_EXT, "f32 q x f32/f16/bf16/quantized k, v (+f16 mask, sinks)", _supported
+)
 def flash_attn_ext(node: Tensor, context: BuildContext) -> Step:
     src = tuple(node.src) + (None,) * (5 - len(node.src))
     q_t, k_t, v_t, mask_t, sinks_t = src[:5]
@@ -334,6 +339,12 @@ def _native_supported(node: Tensor) -> bool:
     return True
 
 
+@native_row(
+    FAMILY,
+    Op.FLASH_ATTN_EXT,
+    "f32 q x f16 k, v (f32 too from 64 rows; +f16 mask, sinks) (native)",
+    _native_supported,
+)
 def flash_attn_ext_native(node: Tensor, context: BuildContext) -> Step:
     src = tuple(node.src) + (None,) * (5 - len(node.src))
     q, k, v, mask, sinks = src[:5]
@@ -353,6 +364,7 @@ def flash_attn_ext_native(node: Tensor, context: BuildContext) -> Step:
     )
 
 
+@FAMILY.scratch_rule(Op.FLASH_ATTN_EXT)
 def _scratch(node: Tensor, limit: int | None) -> int:
     """The NumPy kernel's temporaries: q rounded, K and V converted (and repeated to n_head heads
     when they broadcast), the mask rows it reads, one score block three times (scores, their
@@ -373,24 +385,3 @@ def _scratch(node: Tensor, limit: int | None) -> int:
     masked = 2 * used_mask_f32(mask, n_kv, q.ne[1])
     sinks = logical_f32(node.src[4]) if len(node.src) > 4 else 0
     return sinks + 2 * logical_f32(q) + kv + masked + 3 * block + 2 * logical_f32(node)
-
-
-FAMILY = OpFamily(
-    "attention",
-    (
-        cpu_kernel(
-            Op.FLASH_ATTN_EXT,
-            "f32 q x f32/f16/bf16/quantized k, v (+f16 mask, sinks)",
-            _supported,
-            flash_attn_ext,
-        ),
-        *native_row_kernel(
-            Op.FLASH_ATTN_EXT,
-            "f32 q x f16 k, v (f32 too from 64 rows; +f16 mask, sinks) (native)",
-            _native_supported,
-            flash_attn_ext_native,
-        ),
-    ),
-    scratch={Op.FLASH_ATTN_EXT: _scratch},
-    cuda=("rpcnet.compute.cuda.kernels.attention",),
-)

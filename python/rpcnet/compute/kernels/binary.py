@@ -12,12 +12,14 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.common import repeats_into, same_shape, tile_to
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
-from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
+from rpcnet.compute.kernels.native_args import native_row, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("binary", cuda=("rpcnet.compute.cuda.kernels.elementwise",))
 
 _UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 _NATIVE_OPS = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}  # the native kernel's op codes
@@ -36,6 +38,7 @@ def _supported(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(tuple(_UFUNCS), "f32/f16/bf16 (src1 repeat-broadcast)", _supported)
 def binary(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
@@ -76,25 +79,10 @@ def _native_supported(node: Tensor) -> bool:
     return not (_overlaps_partially(node, a) or _overlaps_partially(node, b))
 
 
+@native_row(FAMILY, tuple(_UFUNCS), "f32 (src1 repeat-broadcast, native)", _native_supported)
 def binary_native(node: Tensor, context: BuildContext) -> Step:
     a, b = node.src[0], node.src[1]
     assert a is not None and b is not None
     return _native.binary_step(
         tensor_arg(a), tensor_arg(b), tensor_arg(node), _NATIVE_OPS[Op(node.op)], context.threads
     )
-
-
-FAMILY = OpFamily(
-    "binary",
-    tuple(
-        entry
-        for op in _UFUNCS
-        for entry in (
-            cpu_kernel(op, "f32/f16/bf16 (src1 repeat-broadcast)", _supported, binary),
-            *native_row_kernel(
-                op, "f32 (src1 repeat-broadcast, native)", _native_supported, binary_native
-            ),
-        )
-    ),
-    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
-)

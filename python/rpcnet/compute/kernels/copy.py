@@ -15,13 +15,13 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute import convert
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.kernels.native_args import (
     ELEM,
     TensorArg,
     disjoint,
     float_rows,
-    native_row_kernel,
+    native_row,
     tensor_arg,
 )
 from rpcnet.compute.ops import Op
@@ -29,6 +29,8 @@ from rpcnet.compute.scratch import logical_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, f32_to_bf16, plain_view, shape_of, storage
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("copy", cuda=("rpcnet.compute.cuda.kernels.rows",))
 
 
 def block_traits(type_id: int) -> tuple[int, int]:
@@ -82,6 +84,11 @@ def _supported(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(
+    (Op.CPY, Op.DUP, Op.CONT),
+    "f32/f16/bf16/i32/quantized -> f32/f16/bf16/i32/q8_0/q4_x/q5_x/iq4_nl",
+    _supported,
+)
 def copy(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
@@ -150,38 +157,16 @@ def _dest_arg(node: Tensor, a: Tensor) -> TensorArg:
     return (storage(node), node.offset, ne, _contiguous_nb(ne, ELEM[node.type]))
 
 
+@native_row(FAMILY, Op.CPY, "f32/f16 -> f32/f16, same shape (native)", _native_supported)
+@native_row(FAMILY, Op.DUP, "f32/f16 -> f32/f16, same shape (native)", _native_supported)
+@native_row(FAMILY, Op.CONT, "f32/f16 -> f32/f16, same shape or packed (native)", _native_supported)
 def copy_native(node: Tensor, context: BuildContext) -> Step:
     a = node.src[0]
     assert a is not None
     return _native.copy_step(tensor_arg(a), a.type, _dest_arg(node, a), node.type, context.threads)
 
 
+@FAMILY.scratch_rule(Op.CPY, Op.DUP, Op.CONT)
 def _scratch(node: Tensor, limit: int | None) -> int:
     """The source as float32 (and reshaped), the converted result."""
     return 2 * logical_f32(node.src[0]) + logical_f32(node)
-
-
-_NATIVE_TYPES = {
-    Op.CPY: "f32/f16 -> f32/f16, same shape (native)",
-    Op.CONT: "f32/f16 -> f32/f16, same shape or packed (native)",
-    Op.DUP: "f32/f16 -> f32/f16, same shape (native)",
-}
-
-FAMILY = OpFamily(
-    "copy",
-    tuple(
-        entry
-        for op, native_types in _NATIVE_TYPES.items()
-        for entry in (
-            cpu_kernel(
-                op,
-                "f32/f16/bf16/i32/quantized -> f32/f16/bf16/i32/q8_0/q4_x/q5_x/iq4_nl",
-                _supported,
-                copy,
-            ),
-            *native_row_kernel(op, native_types, _native_supported, copy_native),
-        )
-    ),
-    scratch=dict.fromkeys(_NATIVE_TYPES, _scratch),
-    cuda=("rpcnet.compute.cuda.kernels.rows",),
-)

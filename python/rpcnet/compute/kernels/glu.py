@@ -27,11 +27,13 @@ from rpcnet.compute.kernels.floatmath import (
     silu,
     silu_rows,
 )
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
-from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
+from rpcnet.compute.kernels.native_args import native_row, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Glu, Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("glu", cuda=("rpcnet.compute.cuda.kernels.elementwise",))
 
 GluFn = Callable[[Any, Any], Any]
 
@@ -118,6 +120,7 @@ def _supported(node: Tensor) -> bool:
     return float_io(node, b) and same_shape(a, b) and same_shape(a, node)
 
 
+@FAMILY.kernel(Op.GLU, "f32|f16|bf16 split or fused (all glu ops, GEGLU via f16 table)", _supported)
 def glu(node: Tensor, context: BuildContext) -> Step:
     a_t = node.src[0]
     b_t = node.src[1] if len(node.src) > 1 else None
@@ -170,6 +173,7 @@ def _native_supported(node: Tensor) -> bool:
     )
 
 
+@native_row(FAMILY, Op.GLU, "SWIGLU f32 split or fused (native)", _native_supported)
 def swiglu_native(node: Tensor, context: BuildContext) -> Step:
     a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
     assert a is not None
@@ -181,20 +185,3 @@ def swiglu_native(node: Tensor, context: BuildContext) -> Step:
         x = tensor_arg(a, offset=4 * nc if swapped else 0, ne0=nc)
         g = tensor_arg(a, offset=0 if swapped else 4 * nc, ne0=nc)
     return _native.swiglu_step(x, g, tensor_arg(node), context.threads)
-
-
-FAMILY = OpFamily(
-    "glu",
-    (
-        cpu_kernel(
-            Op.GLU,
-            "f32|f16|bf16 split or fused (all glu ops, GEGLU via f16 table)",
-            _supported,
-            glu,
-        ),
-        *native_row_kernel(
-            Op.GLU, "SWIGLU f32 split or fused (native)", _native_supported, swiglu_native
-        ),
-    ),
-    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
-)

@@ -15,8 +15,9 @@ paths (narrow cases, Rust) come before the generic xp kernels, whatever the impo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -112,29 +113,49 @@ class Kernel:
         return self.capturable if isinstance(self.capturable, bool) else self.capturable(node)
 
 
-def cpu_kernel(
-    op: int,
-    types: str,
-    supports: Predicate,
-    build: ContextBuilder,
-    priority: int = GENERIC,
-    scratch: ScratchRule | None = None,
-) -> Kernel:
-    """A CPU entry of an op family's declaration (named after its builder)."""
-    return Kernel(op, build.__name__, "cpu", supports, build, types, priority, True, scratch)
-
-
-@dataclass(frozen=True)
+@dataclass
 class OpFamily:
-    """One ggml op family, declared whole: its kernels on each backend (each with the shapes and
-    types it supports), the scratch its generic CPU kernels allocate per op (ops not listed: the
-    default bound of compute/scratch.py), and the modules of its CUDA builders (which register
-    themselves, without CuPy)."""
+    """One ggml op family, declared whole by its module: the kernels on the CPU (each with the
+    shapes and types it supports, declared on its builder with `kernel`), the scratch its
+    generic CPU kernels allocate per op (`scratch_rule`; ops without one: the default bound of
+    compute/scratch.py), and the modules of its CUDA builders (which register themselves,
+    without CuPy). `declare` enters it into the table."""
 
     name: str
-    kernels: tuple[Kernel, ...]
-    scratch: Mapping[int, ScratchRule] = field(default_factory=dict)
     cuda: tuple[str, ...] = ()
+    kernels: list[Kernel] = field(default_factory=list)
+    scratch: dict[int, ScratchRule] = field(default_factory=dict)
+
+    def kernel(
+        self,
+        ops: int | tuple[int, ...],
+        types: str,
+        supports: Predicate,
+        priority: int = GENERIC,
+        scratch: ScratchRule | None = None,
+        enabled: bool = True,
+    ) -> Callable[[ContextBuilder], ContextBuilder]:
+        """Declare the decorated builder as a CPU kernel of `ops` (named after the builder);
+        `scratch`: its own temporaries where they differ from the op's; not `enabled`: left out
+        (a fast path switched off)."""
+
+        def add(build: ContextBuilder) -> ContextBuilder:
+            for op in ops if isinstance(ops, tuple) else (ops,):
+                entry = Kernel(op, build.__name__, "cpu", supports, build, types, priority)
+                if enabled:
+                    self.kernels.append(dataclasses.replace(entry, scratch=scratch))
+            return build
+
+        return add
+
+    def scratch_rule(self, *ops: int) -> Callable[[ScratchRule], ScratchRule]:
+        """Declare the decorated function as the scratch bound of `ops`' generic kernels."""
+
+        def add(rule: ScratchRule) -> ScratchRule:
+            self.scratch.update(dict.fromkeys(ops, rule))
+            return rule
+
+        return add
 
     @property
     def ops(self) -> frozenset[int]:

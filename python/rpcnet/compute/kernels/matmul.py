@@ -16,13 +16,11 @@ from numpy.lib.stride_tricks import as_strided
 
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.kernel_table import (
-    GENERIC,
     HINT,
     NATIVE,
     BuildContext,
     OpFamily,
     Step,
-    cpu_kernel,
 )
 from rpcnet.compute.kernels.matmul_native import mul_mat_native, native_scratch, native_supported
 from rpcnet.compute.kernels.operands import vec_dot_operand
@@ -31,6 +29,8 @@ from rpcnet.compute.scratch import aliasable, logical_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("matmul", cuda=("rpcnet.compute.cuda.kernels.matmul",))
 
 WEIGHT_CHUNK = 256 << 20  # float32 bytes of weights converted at once (and the most cached)
 HINT_SRC0_IS_HADAMARD = 1  # op_params[1]: src0 is a normalized Hadamard matrix
@@ -113,6 +113,7 @@ def weight_chunks(a_t: Tensor, chunk: int, always: bool = False) -> list[tuple[i
     ]
 
 
+@FAMILY.kernel(Op.MUL_MAT, "f32|f16|bf16|quantized x f32|f16 -> f32", _supported)
 def mul_mat(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
@@ -168,6 +169,14 @@ def fwht_rows(x: np.ndarray, out: np.ndarray) -> None:
     out[...] = rows.reshape(x.shape)
 
 
+@FAMILY.kernel(
+    Op.MUL_MAT,
+    "Hadamard-hinted f32 rows (ggml's FWHT)",
+    _hadamard_supported,
+    HINT,
+    # the scaled copy, one stacked copy per pass, the result before it is stored
+    lambda node, limit: 3 * logical_f32(node),
+)
 def mul_mat_hadamard(node: Tensor, context: BuildContext) -> Step:
     b_t = node.src[1]
     assert b_t is not None
@@ -179,6 +188,7 @@ def mul_mat_hadamard(node: Tensor, context: BuildContext) -> Step:
     return run
 
 
+@FAMILY.scratch_rule(Op.MUL_MAT)
 def _scratch(node: Tensor, limit: int | None) -> int:
     """The NumPy kernel's temporaries: weights of another type than f32 dequantized, at most one
     chunk of rows at a time (`weight_chunks`); the activations converted or rounded
@@ -192,30 +202,10 @@ def _scratch(node: Tensor, limit: int | None) -> int:
     return weights + 2 * logical_f32(b) + logical_f32(node)
 
 
-FAMILY = OpFamily(
-    "matmul",
-    (
-        cpu_kernel(
-            Op.MUL_MAT,
-            "Hadamard-hinted f32 rows (ggml's FWHT)",
-            _hadamard_supported,
-            mul_mat_hadamard,
-            HINT,
-            # the scaled copy, one stacked copy per pass, the result before it is stored
-            lambda node, limit: 3 * logical_f32(node),
-        ),
-        cpu_kernel(
-            Op.MUL_MAT,
-            "any supported weight type x f32 -> f32 (native)",
-            native_supported,
-            mul_mat_native,
-            NATIVE,
-            native_scratch,
-        ),
-        cpu_kernel(
-            Op.MUL_MAT, "f32|f16|bf16|quantized x f32|f16 -> f32", _supported, mul_mat, GENERIC
-        ),
-    ),
-    scratch={Op.MUL_MAT: _scratch},
-    cuda=("rpcnet.compute.cuda.kernels.matmul",),
-)
+FAMILY.kernel(
+    Op.MUL_MAT,
+    "any supported weight type x f32 -> f32 (native)",
+    native_supported,
+    NATIVE,
+    native_scratch,
+)(mul_mat_native)

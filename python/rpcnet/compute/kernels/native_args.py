@@ -11,9 +11,8 @@ from rpcnet.compute.kernels.kernel_table import (
     NATIVE,
     Builder,
     ContextBuilder,
-    Kernel,
+    OpFamily,
     Predicate,
-    cpu_kernel,
     kernel,
 )
 from rpcnet.compute.tensor import Tensor
@@ -42,14 +41,13 @@ def native_kernel(op: int, types: str, supports: Predicate) -> Callable[[Builder
     return register
 
 
-def native_row_kernel(
-    op: int, types: str, supports: Predicate, build: ContextBuilder
-) -> tuple[Kernel, ...]:
-    """A native row kernel's entry in its family's declaration, unless the native ops are
-    switched off (then none)."""
-    if not ENABLED:
-        return ()
-    return (cpu_kernel(op, types, supports, build, NATIVE, lambda node, limit: ROW_SCRATCH),)
+def native_row(
+    family: OpFamily, ops: int | tuple[int, ...], types: str, supports: Predicate
+) -> Callable[[ContextBuilder], ContextBuilder]:
+    """Declare a native row kernel of `family`, unless the native ops are switched off."""
+    return family.kernel(
+        ops, types, supports, NATIVE, lambda node, limit: ROW_SCRATCH, enabled=ENABLED
+    )
 
 
 def tensor_arg(t: Tensor, offset: int = 0, ne0: int | None = None) -> TensorArg:

@@ -16,11 +16,13 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute.kernels.common import F32, float_io, quiet, reader, same_shape, writer
 from rpcnet.compute.kernels.floatmath import ONE
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
-from rpcnet.compute.kernels.native_args import native_row_kernel, rows_contiguous, tensor_arg
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
+from rpcnet.compute.kernels.native_args import native_row, rows_contiguous, tensor_arg
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("norm", cuda=("rpcnet.compute.cuda.kernels.elementwise",))
 
 F64 = np.float64
 
@@ -38,6 +40,7 @@ def _row_sum(x: Any) -> Any:
     return np.sum(x, axis=-1, dtype=F64, keepdims=True)
 
 
+@FAMILY.kernel(Op.RMS_NORM, "f32|f16|bf16", _supported)
 def rms_norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
@@ -53,6 +56,7 @@ def rms_norm(node: Tensor, context: BuildContext) -> Step:
     return run
 
 
+@FAMILY.kernel(Op.NORM, "f32|f16|bf16", _supported)
 def norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
@@ -80,6 +84,7 @@ def norm(node: Tensor, context: BuildContext) -> Step:
     return run
 
 
+@FAMILY.kernel(Op.L2_NORM, "f32|f16|bf16", _supported)
 def l2_norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
@@ -100,6 +105,7 @@ def _group_norm_ok(node: Tensor) -> bool:
     return a is not None and same_shape(a, node) and float_io(node, a) and node.i32(0) > 0
 
 
+@FAMILY.kernel(Op.GROUP_NORM, "f32|f16|bf16 (p0 groups over ne2, p1 eps)", _group_norm_ok)
 def group_norm(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
@@ -142,22 +148,8 @@ def _native_supported(node: Tensor) -> bool:
     )
 
 
+@native_row(FAMILY, Op.RMS_NORM, "f32 (native)", _native_supported)
 def rms_norm_native(node: Tensor, context: BuildContext) -> Step:
     x = node.src[0]
     assert x is not None
     return _native.rms_norm_step(tensor_arg(x), tensor_arg(node), node.f32(0), context.threads)
-
-
-FAMILY = OpFamily(
-    "norm",
-    (
-        cpu_kernel(Op.RMS_NORM, "f32|f16|bf16", _supported, rms_norm),
-        *native_row_kernel(Op.RMS_NORM, "f32 (native)", _native_supported, rms_norm_native),
-        cpu_kernel(Op.NORM, "f32|f16|bf16", _supported, norm),
-        cpu_kernel(Op.L2_NORM, "f32|f16|bf16", _supported, l2_norm),
-        cpu_kernel(
-            Op.GROUP_NORM, "f32|f16|bf16 (p0 groups over ne2, p1 eps)", _group_norm_ok, group_norm
-        ),
-    ),
-    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
-)

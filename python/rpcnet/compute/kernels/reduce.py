@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 
 from rpcnet.compute.kernels.common import F32, FLOAT_TYPES, float_io, reader, same_shape, writer
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, plain_view
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("reduce", cuda=("rpcnet.compute.cuda.kernels.array_code",))
 
 F64 = np.float64
 
@@ -37,6 +39,7 @@ def _sum_ok(node: Tensor) -> bool:
     return a is not None and float_io(node, a) and node.nelements == 1
 
 
+@FAMILY.kernel(Op.SUM, "f32|f16|bf16 -> scalar", _sum_ok)
 def sum_all(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
@@ -67,6 +70,7 @@ def _rows_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(Op.SUM_ROWS, "f32|f16|bf16", _rows_ok)
 def sum_rows(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
@@ -78,6 +82,7 @@ def sum_rows(node: Tensor, context: BuildContext) -> Step:
     return run
 
 
+@FAMILY.kernel(Op.MEAN, "f32|f16|bf16", _rows_ok)
 def mean(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
@@ -95,6 +100,7 @@ def _same_float_ok(node: Tensor) -> bool:
     return a is not None and float_io(node, a) and same_shape(a, node)
 
 
+@FAMILY.kernel(Op.CUMSUM, "f32|f16|bf16 along ne0", _same_float_ok)
 def cumsum(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
@@ -116,6 +122,7 @@ def _argmax_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(Op.ARGMAX, "f32|f16|bf16 -> i32", _argmax_ok)
 def argmax(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
@@ -147,6 +154,7 @@ def _descending(x: Any) -> Any:
     return np.argsort(-x, axis=-1, kind="stable")
 
 
+@FAMILY.kernel(Op.ARGSORT, "f32|f16|bf16 -> i32 (p0: 0 asc, 1 desc)", _argsort_ok)
 def argsort(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
@@ -172,6 +180,7 @@ def _top_k_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(Op.TOP_K, "f32|f16|bf16 -> i32 (k = ne0, descending)", _top_k_ok)
 def top_k(node: Tensor, context: BuildContext) -> Step:
     a_t = _src(node)
     assert a_t is not None
@@ -205,6 +214,7 @@ def _count_equal_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(Op.COUNT_EQUAL, "i32 (any plain type) x same -> i64", _count_equal_ok)
 def count_equal(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
@@ -215,21 +225,3 @@ def count_equal(node: Tensor, context: BuildContext) -> Step:
         store(np.int64(np.count_nonzero(a == b)))
 
     return run
-
-
-FAMILY = OpFamily(
-    "reduce",
-    (
-        cpu_kernel(Op.SUM, "f32|f16|bf16 -> scalar", _sum_ok, sum_all),
-        cpu_kernel(Op.SUM_ROWS, "f32|f16|bf16", _rows_ok, sum_rows),
-        cpu_kernel(Op.MEAN, "f32|f16|bf16", _rows_ok, mean),
-        cpu_kernel(Op.CUMSUM, "f32|f16|bf16 along ne0", _same_float_ok, cumsum),
-        cpu_kernel(Op.ARGMAX, "f32|f16|bf16 -> i32", _argmax_ok, argmax),
-        cpu_kernel(Op.ARGSORT, "f32|f16|bf16 -> i32 (p0: 0 asc, 1 desc)", _argsort_ok, argsort),
-        cpu_kernel(Op.TOP_K, "f32|f16|bf16 -> i32 (k = ne0, descending)", _top_k_ok, top_k),
-        cpu_kernel(
-            Op.COUNT_EQUAL, "i32 (any plain type) x same -> i64", _count_equal_ok, count_equal
-        ),
-    ),
-    cuda=("rpcnet.compute.cuda.kernels.array_code",),
-)

@@ -19,10 +19,10 @@ from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import cos as libm_cos
 from rpcnet.compute.kernels.floatmath import sin as libm_sin
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.kernels.native_args import (
     disjoint,
-    native_row_kernel,
+    native_row,
     rows_contiguous,
     tensor_arg,
 )
@@ -30,6 +30,8 @@ from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("rope", cuda=("rpcnet.compute.cuda.kernels.elementwise",))
 
 NORMAL, NEOX, MROPE, VISION, IMROPE = 0, 2, 8, 24, 40
 MODES = (NORMAL, NEOX, MROPE, VISION, IMROPE)
@@ -187,6 +189,7 @@ def rope_angles(p: RopeParams, positions: Any, consts, freq_factors: Any | None)
     return libm_cos(interp) * mscale, libm_sin(interp) * mscale  # cosf, sinf
 
 
+@FAMILY.kernel(Op.ROPE, "f32/f16 x i32 positions (+f32 freq factors), all rope modes", _supported)
 def rope(node: Tensor, context: BuildContext) -> Step:
     x_t, pos_t = node.src[0], node.src[1]
     ff_t = node.src[2] if len(node.src) > 2 else None
@@ -252,6 +255,12 @@ def _native_supported(node: Tensor) -> bool:
     return node.offset == x.offset and tuple(node.nb) == tuple(x.nb)
 
 
+@native_row(
+    FAMILY,
+    Op.ROPE,
+    "f32 x i32 positions (+f32 freq factors), normal/neox (native)",
+    _native_supported,
+)
 def rope_native(node: Tensor, context: BuildContext) -> Step:
     x, pos = node.src[0], node.src[1]
     ff = node.src[2] if len(node.src) > 2 else None
@@ -277,23 +286,3 @@ def rope_native(node: Tensor, context: BuildContext) -> Step:
         params,
         context.threads,
     )
-
-
-FAMILY = OpFamily(
-    "rope",
-    (
-        cpu_kernel(
-            Op.ROPE,
-            "f32/f16 x i32 positions (+f32 freq factors), all rope modes",
-            _supported,
-            rope,
-        ),
-        *native_row_kernel(
-            Op.ROPE,
-            "f32 x i32 positions (+f32 freq factors), normal/neox (native)",
-            _native_supported,
-            rope_native,
-        ),
-    ),
-    cuda=("rpcnet.compute.cuda.kernels.elementwise",),
-)

@@ -16,10 +16,10 @@ from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.kernels.copy import blocks_ok, encode
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.kernels.native_args import (
     float_rows,
-    native_row_kernel,
+    native_row,
     rows_contiguous,
     tensor_arg,
 )
@@ -28,6 +28,8 @@ from rpcnet.compute.scratch import logical_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, bf16_to_f32, plain_view, row_bytes_view
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("rows", cuda=("rpcnet.compute.cuda.kernels.rows",))
 
 
 def _check_ids(ids: Any, limit: int, what: str) -> None:
@@ -51,6 +53,9 @@ def _get_rows_supported(node: Tensor) -> bool:
     return convert.can_load(a.type) and convert.can_store(node.type) and blocks_ok(a)
 
 
+@FAMILY.kernel(
+    Op.GET_ROWS, "any loadable[rows] x i32 ids -> f32 (i32 for i32 data)", _get_rows_supported
+)
 def get_rows(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
@@ -111,6 +116,11 @@ def _set_rows_supported(node: Tensor) -> bool:
     return convert.can_load(rows.type) and convert.can_store(node.type) and blocks_ok(node)
 
 
+@FAMILY.kernel(
+    Op.SET_ROWS,
+    "f32/f16 rows x i32/i64 ids -> f32/f16/bf16/q8_0/q4_x/q5_x/iq4_nl",
+    _set_rows_supported,
+)
 def set_rows(node: Tensor, context: BuildContext) -> Step:
     rows_t, idx_t = node.src[0], node.src[1]
     assert rows_t is not None and idx_t is not None
@@ -169,6 +179,9 @@ def _get_rows_native_supported(node: Tensor) -> bool:
     return a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1
 
 
+@native_row(
+    FAMILY, Op.GET_ROWS, "f32/f16 rows x i32 ids -> f32 (native)", _get_rows_native_supported
+)
 def get_rows_native(node: Tensor, context: BuildContext) -> Step:
     a, b = node.src[0], node.src[1]
     assert a is not None and b is not None
@@ -192,6 +205,9 @@ def _set_rows_native_supported(node: Tensor) -> bool:
     return rows.ne[2] % idx.ne[1] == 0 and rows.ne[3] % idx.ne[2] == 0
 
 
+@native_row(
+    FAMILY, Op.SET_ROWS, "f32 rows x i32/i64 ids -> f32/f16 (native)", _set_rows_native_supported
+)
 def set_rows_native(node: Tensor, context: BuildContext) -> Step:
     rows, idx = node.src[0], node.src[1]
     assert rows is not None and idx is not None
@@ -205,6 +221,7 @@ def set_rows_native(node: Tensor, context: BuildContext) -> Step:
     )
 
 
+@FAMILY.scratch_rule(Op.GET_ROWS)
 def _get_rows_scratch(node: Tensor, limit: int | None) -> int:
     """The gathered rows (raw, then as float32) and NumPy's intp copy of the index arrays."""
     ids = node.src[1]
@@ -212,41 +229,9 @@ def _get_rows_scratch(node: Tensor, limit: int | None) -> int:
     return 3 * logical_f32(node) + 8 * 3 * n_ids
 
 
+@FAMILY.scratch_rule(Op.SET_ROWS)
 def _set_rows_scratch(node: Tensor, limit: int | None) -> int:
     """The rows converted and encoded, the index arrays (intp) and the ids read."""
     rows, ids = node.src[0], node.src[1]
     n_rows = 0 if rows is None else rows.ne[1] * rows.ne[2] * rows.ne[3]
     return 3 * logical_f32(rows) + 8 * 3 * n_rows + logical_f32(ids)
-
-
-FAMILY = OpFamily(
-    "rows",
-    (
-        cpu_kernel(
-            Op.GET_ROWS,
-            "any loadable[rows] x i32 ids -> f32 (i32 for i32 data)",
-            _get_rows_supported,
-            get_rows,
-        ),
-        *native_row_kernel(
-            Op.GET_ROWS,
-            "f32/f16 rows x i32 ids -> f32 (native)",
-            _get_rows_native_supported,
-            get_rows_native,
-        ),
-        cpu_kernel(
-            Op.SET_ROWS,
-            "f32/f16 rows x i32/i64 ids -> f32/f16/bf16/q8_0/q4_x/q5_x/iq4_nl",
-            _set_rows_supported,
-            set_rows,
-        ),
-        *native_row_kernel(
-            Op.SET_ROWS,
-            "f32 rows x i32/i64 ids -> f32/f16 (native)",
-            _set_rows_native_supported,
-            set_rows_native,
-        ),
-    ),
-    scratch={Op.GET_ROWS: _get_rows_scratch, Op.SET_ROWS: _set_rows_scratch},
-    cuda=("rpcnet.compute.cuda.kernels.rows",),
-)

@@ -25,11 +25,13 @@ from rpcnet.compute.kernels.common import (
     writer,
 )
 from rpcnet.compute.kernels.floatmath import cos, exp, fma, sin
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, plain_view, row_bytes_view
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("shape", cuda=("rpcnet.compute.cuda.kernels.array_code",))
 
 
 def _srcs(node: Tensor, n: int) -> list[Tensor | None]:
@@ -66,6 +68,7 @@ def _concat_ok(node: Tensor) -> bool:
     return all(t.ne[0] % block == 0 and t.nb[0] == size for t in (a, b, node))
 
 
+@FAMILY.kernel(Op.CONCAT, "any plain type; quantized in whole blocks", _concat_ok)
 def concat(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
@@ -86,6 +89,7 @@ def _repeat_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(Op.REPEAT, "any plain type (tile)", _repeat_ok)
 def repeat(node: Tensor, context: BuildContext) -> Step:
     a_t = node.src[0]
     assert a_t is not None
@@ -108,6 +112,7 @@ def _pad_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(Op.PAD, "any plain type (p0..p7 lp/rp per dim, p8 circular)", _pad_ok)
 def pad(node: Tensor, context: BuildContext) -> Step:
     a_t = node.src[0]
     assert a_t is not None
@@ -140,6 +145,7 @@ def _arange_ok(node: Tensor) -> bool:
     return node.type in FLOAT_TYPES
 
 
+@FAMILY.kernel(Op.ARANGE, "-> f32|f16|bf16 (p0 start, p1 stop, p2 step)", _arange_ok)
 def arange(node: Tensor, context: BuildContext) -> Step:
     start, step = F32(node.f32(0)), F32(node.f32(2))
     values = fma(step, np.arange(node.nelements).astype(F32), start).reshape(_shape(node))
@@ -165,6 +171,9 @@ def _timestep_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(
+    Op.TIMESTEP_EMBEDDING, "f32 timesteps -> f32 [dim, n] (p0 dim, p1 max_period)", _timestep_ok
+)
 def timestep_embedding(node: Tensor, context: BuildContext) -> Step:
     a_t = node.src[0]
     assert a_t is not None
@@ -221,6 +230,7 @@ def _grid(node: Tensor) -> tuple[Any, Any]:
     return i0, i1
 
 
+@FAMILY.kernel(Op.TRI, "f32|f16|bf16 (p0 tri type)", _tri_ok)
 def tri(node: Tensor, context: BuildContext) -> Step:
     i0, i1 = _grid(node)
     return _masked(node, _TRI[node.i32(0)](i0, i1), F32(0.0))
@@ -236,10 +246,12 @@ def _diag_mask(node: Tensor, value: Any) -> Step:
     return _masked(node, ~(i0 > node.i32(0) + i1), value)
 
 
+@FAMILY.kernel(Op.DIAG_MASK_INF, "f32|f16|bf16 (p0 n_past)", _diag_mask_ok)
 def diag_mask_inf(node: Tensor, context: BuildContext) -> Step:
     return _diag_mask(node, F32(-np.inf))
 
 
+@FAMILY.kernel(Op.DIAG_MASK_ZERO, "f32|f16|bf16 (p0 n_past)", _diag_mask_ok)
 def diag_mask_zero(node: Tensor, context: BuildContext) -> Step:
     return _diag_mask(node, F32(0.0))
 
@@ -260,6 +272,7 @@ def _acc_ok(node: Tensor) -> bool:
     return last < a.nelements * es
 
 
+@FAMILY.kernel(Op.ACC, "f32|f16|bf16 (p0..p3 nb1, nb2, nb3, offset in bytes of src0)", _acc_ok)
 def acc(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
@@ -287,6 +300,7 @@ def _add1_ok(node: Tensor) -> bool:
     return node.ne[0] % _block(node.type)[0] == 0
 
 
+@FAMILY.kernel(Op.ADD1, "f32|f16|bf16|quantized + scalar", _add1_ok)
 def add1(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t = node.src[0], node.src[1]
     assert a_t is not None and b_t is not None
@@ -313,6 +327,7 @@ def _add_id_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(Op.ADD_ID, "f32|f16|bf16 + src1 rows chosen by i32 ids", _add_id_ok)
 def add_id(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t, ids_t = node.src[0], node.src[1], node.src[2]
     assert a_t is not None and b_t is not None and ids_t is not None
@@ -345,6 +360,9 @@ def _ssm_conv_ok(node: Tensor) -> bool:
     )
 
 
+@FAMILY.kernel(
+    Op.SSM_CONV, "f32 sx [d_conv-1+n_t, d_inner, n_s] * c [d_conv, d_inner]", _ssm_conv_ok
+)
 def ssm_conv(node: Tensor, context: BuildContext) -> Step:
     sx_t, c_t = node.src[0], node.src[1]
     assert sx_t is not None and c_t is not None
@@ -360,35 +378,3 @@ def ssm_conv(node: Tensor, context: BuildContext) -> Step:
         store(total.transpose(0, 2, 1)[None])
 
     return run
-
-
-FAMILY = OpFamily(
-    "shape",
-    (
-        cpu_kernel(Op.CONCAT, "any plain type; quantized in whole blocks", _concat_ok, concat),
-        cpu_kernel(Op.REPEAT, "any plain type (tile)", _repeat_ok, repeat),
-        cpu_kernel(Op.PAD, "any plain type (p0..p7 lp/rp per dim, p8 circular)", _pad_ok, pad),
-        cpu_kernel(Op.ARANGE, "-> f32|f16|bf16 (p0 start, p1 stop, p2 step)", _arange_ok, arange),
-        cpu_kernel(
-            Op.TIMESTEP_EMBEDDING,
-            "f32 timesteps -> f32 [dim, n] (p0 dim, p1 max_period)",
-            _timestep_ok,
-            timestep_embedding,
-        ),
-        cpu_kernel(Op.TRI, "f32|f16|bf16 (p0 tri type)", _tri_ok, tri),
-        cpu_kernel(Op.DIAG_MASK_INF, "f32|f16|bf16 (p0 n_past)", _diag_mask_ok, diag_mask_inf),
-        cpu_kernel(Op.DIAG_MASK_ZERO, "f32|f16|bf16 (p0 n_past)", _diag_mask_ok, diag_mask_zero),
-        cpu_kernel(
-            Op.ACC, "f32|f16|bf16 (p0..p3 nb1, nb2, nb3, offset in bytes of src0)", _acc_ok, acc
-        ),
-        cpu_kernel(Op.ADD1, "f32|f16|bf16|quantized + scalar", _add1_ok, add1),
-        cpu_kernel(Op.ADD_ID, "f32|f16|bf16 + src1 rows chosen by i32 ids", _add_id_ok, add_id),
-        cpu_kernel(
-            Op.SSM_CONV,
-            "f32 sx [d_conv-1+n_t, d_inner, n_s] * c [d_conv, d_inner]",
-            _ssm_conv_ok,
-            ssm_conv,
-        ),
-    ),
-    cuda=("rpcnet.compute.cuda.kernels.array_code",),
-)

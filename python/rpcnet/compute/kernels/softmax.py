@@ -16,10 +16,10 @@ import numpy as np
 from rpcnet import _native
 from rpcnet.compute import convert
 from rpcnet.compute.kernels.floatmath import AVX2_LANES, exp, simd_then_scalar, v_expf
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.kernels.native_args import (
     ELEM,
-    native_row_kernel,
+    native_row,
     rows_contiguous,
     tensor_arg,
 )
@@ -28,6 +28,8 @@ from rpcnet.compute.scratch import logical_f32, used_mask_f32
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import plain_view
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily("softmax", cuda=("rpcnet.compute.cuda.kernels.attention",))
 
 f32 = np.float32
 
@@ -109,6 +111,7 @@ def _vec_sum(e: Any) -> Any:
     return np.cumsum(parts, axis=-1)[..., -1:]  # sequential, not pairwise
 
 
+@FAMILY.kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", operands_supported)
 def soft_max(node: Tensor, context: BuildContext) -> Step:
     a_t = node.src[0]
     mask_t = node.src[1] if len(node.src) > 1 else None
@@ -160,6 +163,7 @@ def _native_supported(node: Tensor) -> bool:
     return node.buffer is not a.buffer or tuple(node.nb) == tuple(a.nb)
 
 
+@native_row(FAMILY, Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks) (native)", _native_supported)
 def soft_max_native(node: Tensor, context: BuildContext) -> Step:
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
@@ -177,25 +181,10 @@ def soft_max_native(node: Tensor, context: BuildContext) -> Step:
     )
 
 
+@FAMILY.scratch_rule(Op.SOFT_MAX)
 def _scratch(node: Tensor, limit: int | None) -> int:
     """The scaled and masked scores, their exps and sums, the converted mask rows and sinks."""
     mask = node.src[1] if len(node.src) > 1 else None
     masked = 2 * used_mask_f32(mask, node.ne[0], node.ne[1])
     sinks = logical_f32(node.src[2]) if len(node.src) > 2 else 0
     return sinks + 4 * logical_f32(node) + masked + logical_f32(node.src[0])
-
-
-FAMILY = OpFamily(
-    "softmax",
-    (
-        cpu_kernel(Op.SOFT_MAX, "f32 (+f16/f32 mask, f32 sinks)", operands_supported, soft_max),
-        *native_row_kernel(
-            Op.SOFT_MAX,
-            "f32 (+f16/f32 mask, f32 sinks) (native)",
-            _native_supported,
-            soft_max_native,
-        ),
-    ),
-    scratch={Op.SOFT_MAX: _scratch},
-    cuda=("rpcnet.compute.cuda.kernels.attention",),
-)

@@ -50,10 +50,15 @@ from rpcnet.compute.kernels.floatmath import (
     sin,
     tanh,
 )
-from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step, cpu_kernel
+from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.ops import Op, Unary
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
+
+FAMILY = OpFamily(
+    "unary",
+    cuda=("rpcnet.compute.cuda.kernels.elementwise", "rpcnet.compute.cuda.kernels.array_code"),
+)
 
 # --------------------------------------------------------------------------------------------
 # UNARY
@@ -138,6 +143,9 @@ def _map(node: Tensor, fn: Callable[[Any], Any]) -> Step:
     return run
 
 
+@FAMILY.kernel(
+    Op.UNARY, "f32|f16|bf16 -> f32|f16|bf16 (all unary ops, GELU via f16 table)", _unary_ok
+)
 def unary(node: Tensor, context: BuildContext) -> Step:
     src = node.src[0]
     assert src is not None
@@ -153,10 +161,12 @@ _MATH: dict[int, Callable[[Any], Any]] = {
 }
 
 
+@FAMILY.kernel(tuple(_MATH), "f32|f16|bf16 -> f32|f16|bf16", _elementwise_ok)
 def _math(node: Tensor, context: BuildContext) -> Step:
     return _map(node, _MATH[Op(node.op)])
 
 
+@FAMILY.kernel(Op.SCALE, "f32|f16|bf16 (x*s + b)", _elementwise_ok)
 def scale(node: Tensor, context: BuildContext) -> Step:
     s, b = F32(node.f32(0)), F32(node.f32(1))
     if b == 0.0:
@@ -164,6 +174,7 @@ def scale(node: Tensor, context: BuildContext) -> Step:
     return _map(node, lambda x: fma(x, s, b))  # ggml_vec_mad1_f32 is an FMA
 
 
+@FAMILY.kernel(Op.CLAMP, "f32|f16|bf16", _elementwise_ok)
 def clamp(node: Tensor, context: BuildContext) -> Step:
     lo, hi = F32(node.f32(0)), F32(node.f32(1))
 
@@ -175,6 +186,7 @@ def clamp(node: Tensor, context: BuildContext) -> Step:
     return _map(node, fn)
 
 
+@FAMILY.kernel(Op.LEAKY_RELU, "f32|f16|bf16", _elementwise_ok)
 def leaky_relu(node: Tensor, context: BuildContext) -> Step:
     slope = F32(node.f32(0))
     return _map(node, lambda x: np.where(x > 0, x, ZERO) + slope * np.where(x < 0, x, ZERO))
@@ -184,6 +196,7 @@ def _fill_ok(node: Tensor) -> bool:
     return node.type in FLOAT_TYPES
 
 
+@FAMILY.kernel(Op.FILL, "-> f32|f16|bf16", _fill_ok)
 def fill(node: Tensor, context: BuildContext) -> Step:
     value = np.asarray(F32(node.f32(0)))
     store = writer(node)
@@ -192,22 +205,3 @@ def fill(node: Tensor, context: BuildContext) -> Step:
         store(value)
 
     return run
-
-
-FAMILY = OpFamily(
-    "unary",
-    (
-        cpu_kernel(
-            Op.UNARY,
-            "f32|f16|bf16 -> f32|f16|bf16 (all unary ops, GELU via f16 table)",
-            _unary_ok,
-            unary,
-        ),
-        cpu_kernel(Op.SCALE, "f32|f16|bf16 (x*s + b)", _elementwise_ok, scale),
-        cpu_kernel(Op.CLAMP, "f32|f16|bf16", _elementwise_ok, clamp),
-        cpu_kernel(Op.LEAKY_RELU, "f32|f16|bf16", _elementwise_ok, leaky_relu),
-        cpu_kernel(Op.FILL, "-> f32|f16|bf16", _fill_ok, fill),
-        *(cpu_kernel(op, "f32|f16|bf16 -> f32|f16|bf16", _elementwise_ok, _math) for op in _MATH),
-    ),
-    cuda=("rpcnet.compute.cuda.kernels.elementwise", "rpcnet.compute.cuda.kernels.array_code"),
-)
