@@ -9,6 +9,7 @@ compute/cuda/kernels/elementwise.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -40,20 +41,24 @@ def _row_sum(x: Any) -> Any:
     return np.sum(x, axis=-1, dtype=F64, keepdims=True)
 
 
-@FAMILY.kernel(Op.RMS_NORM, "f32|f16|bf16", _supported)
-def rms_norm(node: Tensor, context: BuildContext) -> Step:
+def _scaled_rows(node: Tensor, row_scale: Callable[[Any], Any]) -> Step:
+    """Each row x of the source stored as x * row_scale(x) (float warnings off)."""
     src = node.src[0]
     assert src is not None
     load, store = reader(src), writer(node)
-    eps, n = F32(node.f32(0)), node.ne[0]
 
     def run() -> None:
         x = load()
-        mean = (_row_sum(x * x) / n).astype(F32)
         with quiet():
-            store(x * (ONE / np.sqrt(mean + eps)))
+            store(x * row_scale(x))
 
     return run
+
+
+@FAMILY.kernel(Op.RMS_NORM, "f32|f16|bf16", _supported)
+def rms_norm(node: Tensor, context: BuildContext) -> Step:
+    eps, n = F32(node.f32(0)), node.ne[0]
+    return _scaled_rows(node, lambda x: ONE / np.sqrt((_row_sum(x * x) / n).astype(F32) + eps))
 
 
 @FAMILY.kernel(Op.NORM, "f32|f16|bf16", _supported)
@@ -63,10 +68,10 @@ def norm(node: Tensor, context: BuildContext) -> Step:
     load, store = reader(src), writer(node)
     eps, n = F32(node.f32(0)), node.ne[0]
     # ggml sums contiguous rows in double, strided ones (nb0 != 4) in float, left to right
-    rows_contiguous = src.nb[0] == _elsize(src) and node.nb[0] == _elsize(node)
+    contiguous = src.nb[0] == _elsize(src) and node.nb[0] == _elsize(node)
 
     def row_sum(x: Any) -> Any:
-        if rows_contiguous:
+        if contiguous:
             return _row_sum(x).astype(F32)
         return np.cumsum(x, axis=-1, dtype=F32)[..., -1:]
 
@@ -74,7 +79,7 @@ def norm(node: Tensor, context: BuildContext) -> Step:
         x = load()
         mean = row_sum(x) / F32(n)
         d = x - mean
-        if rows_contiguous:
+        if contiguous:
             var = (_row_sum(d * d) / n).astype(F32)
         else:
             var = row_sum(d * d) / F32(n)
@@ -86,18 +91,8 @@ def norm(node: Tensor, context: BuildContext) -> Step:
 
 @FAMILY.kernel(Op.L2_NORM, "f32|f16|bf16", _supported)
 def l2_norm(node: Tensor, context: BuildContext) -> Step:
-    src = node.src[0]
-    assert src is not None
-    load, store = reader(src), writer(node)
     eps = F32(node.f32(0))
-
-    def run() -> None:
-        x = load()
-        length = np.sqrt(_row_sum(x * x).astype(F32))
-        with quiet():
-            store(x * (ONE / np.fmax(length, eps)))
-
-    return run
+    return _scaled_rows(node, lambda x: ONE / np.fmax(np.sqrt(_row_sum(x * x).astype(F32)), eps))
 
 
 def _group_norm_ok(node: Tensor) -> bool:
