@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +136,8 @@ class SharedStore:
         self._by_strong: dict[bytes, SharedContent] = {}
         self._by_fnv: dict[int, SharedContent] = {}
         self.collisions = 0
+        self.seconds = 0.0  # spent identifying uploads (keys, SHA-256, lookups)
+        self.hashed = 0  # bytes hashed with SHA-256 to compare candidates
 
     # ------------------------------------------------------------------ queries
 
@@ -170,11 +173,21 @@ class SharedStore:
         (charged to the pool) when there is none. With `fnv` (verified by the caller) the
         content is named by it for clients trusting `origin`; raises `Collision` when `fnv`
         already names other content."""
+        started = time.perf_counter()
+        try:
+            return self._adopt(array, strong, fnv, origin)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _adopt(
+        self, array: Any, strong: bytes | None, fnv: int | None, origin: str | None
+    ) -> SharedContent:
         sample = sample_key(array)
         with self._lock:
             named = self._by_fnv.get(fnv) if fnv is not None else None
             if named is not None and strong is None and named.nbytes == array.nbytes:
                 strong = strong_hash(array)  # is it the content the FNV-1a names?
+                self.hashed += array.nbytes
             found = self._find(array, sample, strong)
             if named is not None and named is not found:
                 self.collisions += 1
@@ -204,8 +217,12 @@ class SharedStore:
         candidates = self._by_sample.get(sample)
         if not candidates:
             return None
-        strong = strong if strong is not None else strong_hash(array)
+        if strong is None:
+            strong = strong_hash(array)
+            self.hashed += array.nbytes
         for content in candidates:
+            if content.strong is None:
+                self.hashed += content.nbytes
             theirs = content.strong_hash()
             self._by_strong.setdefault(theirs, content)
             if theirs == strong:
@@ -261,13 +278,21 @@ _STORES_LOCK = threading.Lock()
 
 
 def device_sharing(device: Any) -> dict[str, int]:
-    """For metrics: bytes held once for several users, bytes that saves, contents held and
-    FNV-1a collisions refused, on `device` (zeros before its first shared upload)."""
+    """For metrics: bytes held once for several users, bytes that saves, contents held, FNV-1a
+    collisions refused, seconds spent identifying uploads and bytes hashed with SHA-256 for it,
+    on `device` (zeros before its first shared upload)."""
     store = getattr(device, "shared_store", None)
     if store is None:
-        return {"shared": 0, "saved": 0, "contents": 0, "collisions": 0}
+        return {"shared": 0, "saved": 0, "contents": 0, "collisions": 0, "seconds": 0, "hashed": 0}
     shared, saved, contents = store.stats()
-    return {"shared": shared, "saved": saved, "contents": contents, "collisions": store.collisions}
+    return {
+        "shared": shared,
+        "saved": saved,
+        "contents": contents,
+        "collisions": store.collisions,
+        "seconds": store.seconds,
+        "hashed": store.hashed,
+    }
 
 
 def store_of(device: Any) -> SharedStore:

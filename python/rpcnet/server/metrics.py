@@ -28,7 +28,7 @@ from rpcnet.compute import profile
 from rpcnet.compute.shared_content import device_sharing
 from rpcnet.server.access import allowed
 from rpcnet.server.modeldir import hash_cache_of
-from rpcnet.server.stats import LATENCY_BUCKETS
+from rpcnet.server.stats import LATENCY_BUCKETS, WAIT_BUCKETS
 
 if TYPE_CHECKING:
     from rpcnet.compute.device import Device
@@ -89,7 +89,7 @@ class ServerCollector:
         refused = CounterMetricFamily(
             "rpcnet_connections_refused", "Connections refused, by reason", labels=["reason"]
         )
-        for reason in ("allowlist", "max_clients", "draining"):
+        for reason in ("allowlist", "max_clients", "max_clients_per_addr", "draining"):
             refused.add_metric([reason], stats.refused.get(reason, 0))
         yield refused
 
@@ -189,9 +189,15 @@ class ServerCollector:
             "Uploads not shared: their FNV-1a names other content the server holds",
             labels=["device"],
         )
+        identify = CounterMetricFamily(
+            "rpcnet_shared_identify_seconds",
+            "Time spent identifying uploads for sharing (sampled keys, SHA-256 of candidates)",
+            labels=["device"],
+        )
         for dev in self.server.devices:
             mem = dev.memory
             sharing = device_sharing(dev)
+            identify.add_metric([dev.name], sharing["seconds"])
             shared.add_metric([dev.name], sharing["shared"])
             saved.add_metric([dev.name], sharing["saved"])
             collisions.add_metric([dev.name], sharing["collisions"])
@@ -207,15 +213,27 @@ class ServerCollector:
         yield scratch
         yield joint_runs
         yield joint_plans
-        yield from (shared, saved, collisions)
+        yield from (shared, saved, collisions, identify)
 
     def _clients(self) -> Iterator[Any]:
         held = GaugeMetricFamily(
             "rpcnet_client_buffer_bytes", "Buffer bytes held per client", labels=["peer"]
         )
+        wait = HistogramMetricFamily(
+            "rpcnet_client_device_wait_seconds",
+            "Time each graph of a client waited for its device (its turn), per client",
+            labels=["peer"],
+        )
         for conn in self.server.stats.open.values():
             held.add_metric([conn.peer], conn.held())
+            wait.add_metric([conn.peer], *_wait_buckets(conn.device_wait))
         yield held
+        yield wait
+        total = HistogramMetricFamily(
+            "rpcnet_device_wait_seconds", "Time each graph waited for its device (its turn)"
+        )
+        total.add_metric([], *_wait_buckets(self.server.stats.device_wait))
+        yield total
 
     def _cache(self) -> Iterator[Any]:
         cache = hash_cache_of(self.server.cache)
@@ -262,6 +280,15 @@ class ServerCollector:
         yield GaugeMetricFamily(
             "rpcnet_model_dir_tensors", "Tensors indexed in --model-dir", value=models.tensors
         )
+
+
+def _wait_buckets(hist: Any) -> tuple[list[tuple[str, float]], float]:
+    """A DeviceWait's cumulative buckets and sum, as HistogramMetricFamily takes them."""
+    cumulative, buckets = 0, []
+    for bound, count in zip((*WAIT_BUCKETS, float("inf")), hist.buckets, strict=True):
+        cumulative += count
+        buckets.append((_bound(bound), cumulative))
+    return buckets, hist.total
 
 
 def _bound(value: float) -> str:

@@ -41,7 +41,7 @@ def fresh(nbytes: int) -> Any | None:
     anonymous mapping, so that dropping it (its bytes were already held) gives the pages back
     to the OS at once: malloc would keep them in its heap for the next allocation."""
     try:
-        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+        return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype=np.uint8)
     except (OSError, ValueError, MemoryError):
         return None
 
