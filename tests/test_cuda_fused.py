@@ -190,3 +190,41 @@ def test_qkv_refuses_partial_heads(be):
             be, "Q8_0", [w, w, w], be.zeros((1, 64), np.float32), [w, w, w], 64,
             [96, 64, 64], 1, rope,
         )  # fmt: skip
+
+
+def test_qkv_products_store_k_and_v_into_cache_rows(be):
+    """K rotated into f16 cache rows (one row a token, i64 ids, one out of range: dropped) and
+    V into a transposed f32 cache (rows of one element, i32 ids), as the SET_ROWS after them."""
+    head_dim, k, ncols = 64, 256, 2
+    rows = (2 * head_dim, head_dim, head_dim)
+    rng = np.random.default_rng(40)
+    y = rng.standard_normal((ncols, k)).astype(np.float32)
+    pos = np.array([5, 9], np.int32)
+    raws = [random_rows("Q8_0", m, k, seed=40 + i) for i, m in enumerate(rows)]
+    dsts = [be.full((ncols, m), np.nan, np.float32) for m in rows]
+    k_cache = be.zeros((8, head_dim), np.float16)
+    k_ids = np.array([3, 8], np.int64)  # 8: past the cache's rows
+    v_cache = be.full(8 * head_dim, -1.0, np.float32)
+    v_ids = rng.permutation(8 * head_dim)[: ncols * head_dim].astype(np.int32)
+    stores = (
+        launch_fused.RowStore(k_cache.view(np.uint8), be.asarray(k_ids), "F16", head_dim, 128, 8),
+        launch_fused.RowStore(v_cache.view(np.uint8), be.asarray(v_ids), "F32", 1, 4, 8 * head_dim),
+    )
+    rope = launch_fused.RopeArgs(be.asarray(pos), head_dim, 0, 10000.0)
+    scratch = be.zeros(launch.q8_1_bytes(k, ncols), np.uint8)
+    weights = [be.asarray(r) for r in raws]
+    launch_fused.matvec_qkv_rope(
+        be, "Q8_0", weights, be.asarray(y), dsts, k, rows, ncols, rope, scratch, stores=stores
+    )
+    yq = _activations(y, "Q8_0")
+    w = [_gguf_dequant("Q8_0", r, k).astype(np.float64) for r in raws]
+    k_want = _rope_oracle((yq @ w[1].T).reshape(ncols, 1, head_dim), pos, 0, 10000.0, None)
+    k_got = be.asnumpy(k_cache).astype(np.float64)
+    k_scale = 4e-5 * (np.abs(yq) @ np.abs(w[1]).T).max() + 1e-3 * np.abs(k_want).max()
+    assert np.all(np.abs(k_got[3] - k_want[0, 0]) <= k_scale)  # f16 rounding bounds
+    np.testing.assert_array_equal(np.delete(k_got, 3, axis=0), 0.0)  # nothing else written
+    v_want = (yq @ w[2].T).reshape(-1)
+    v_got = be.asnumpy(v_cache).astype(np.float64)
+    assert np.all(np.abs(v_got[v_ids] - v_want) <= 1e-5 * (np.abs(yq) @ np.abs(w[2]).T).reshape(-1))
+    np.testing.assert_array_equal(np.delete(v_got, v_ids), -1.0)
+    assert np.isnan(be.asnumpy(dsts[1])).all() and np.isnan(be.asnumpy(dsts[2])).all()

@@ -49,6 +49,36 @@ class RopeArgs:
     freq_factors: Any | None = None
 
 
+@dataclass(frozen=True)
+class RowStore:
+    """A SET_ROWS done by the product that makes its source: value L (column * m + row) of the
+    product is element L % s0 of source row L // s0, written to row ids[L // s0] of `dst`
+    (raw bytes of `rows` rows, `row_bytes` apart) as `dtype` (F32, F16 or BF16)."""
+
+    dst: Any
+    ids: Any
+    dtype: str
+    s0: int
+    row_bytes: int
+    rows: int
+
+    def args(self) -> tuple:
+        dtype = {"F32": 0, "F16": 1, "BF16": 2}[self.dtype]
+        ids_i64 = int(self.ids.dtype.itemsize == 8)
+        return (
+            self.dst,
+            self.ids,
+            i32(ids_i64),
+            i32(dtype),
+            i64(self.s0),
+            i64(self.row_bytes),
+            i64(self.rows),
+        )
+
+
+_NO_STORE = (NULL, NULL, i32(0), i32(0), i64(1), i64(0), i64(0))
+
+
 def rms_norm_mul_q8(
     be: CudaBackend, x: Any, dst: Any, eps: float, weight: Any, q: Any, block: int
 ) -> None:
@@ -163,9 +193,11 @@ def matvec_qkv_rope(
     rope: RopeArgs,
     yq: Any | None = None,
     quantized: bool = False,
+    stores: tuple[RowStore | None, RowStore | None] = (None, None),
 ) -> None:
     """Attention's Q, K and V products (weights and dsts in that order) in one launch, Q and K
-    written rotated by `rope` over whole heads (V as it is), c < ncols (<= MV_MAXCOLS)."""
+    written rotated by `rope` over whole heads (V as it is), c < ncols (<= MV_MAXCOLS); K and
+    V go to their `stores` (the KV cache's rows) instead of their dsts where one is given."""
     if len(weights) != 3 or len(dsts) != 3 or len(rows) != 3:
         raise ValueError("the Q/K/V launch takes three products")
     if not 1 <= ncols <= MV_MAXCOLS:
@@ -187,4 +219,5 @@ def matvec_qkv_rope(
     theta_scale = float(np.float32(rope.freq_base) ** np.float32(-2.0 / rope.head_dim))
     freq = (theta_scale, rope.freq_scale, rope.ext_factor, rope.mscale, *rope.corr)
     tail = (rope.pos, ff, i32(rope.head_dim), i32(rope.mode), *(f32(v) for v in freq))
-    _launch(be, fn, grid, (32, MV_WARPS), (*args, i64(y_col), *tail))
+    kv = [_NO_STORE if st is None else st.args() for st in stores]
+    _launch(be, fn, grid, (32, MV_WARPS), (*args, i64(y_col), *tail, *kv[0], *kv[1]))

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 
 from rpcnet.compute.cuda.kernels.common import (
     _GLU_IDS,
+    BF16,
     CUDA,
+    F16,
     F32,
     MATVEC_MAX_COLS,
     _backend,
@@ -235,6 +237,53 @@ def _roped_product(rope: Tensor, readers: dict[int, int]) -> Tensor | None:
     )
 
 
+def _consumers(nodes: list[Tensor]) -> dict[int, list[Tensor]]:
+    out: dict[int, list[Tensor]] = {}
+    for n in nodes:
+        for src in n.src:
+            if src is not None:
+                out.setdefault(src.id, []).append(n)
+    return out
+
+
+def _cache_store(t: Tensor, consumers: dict[int, list[Tensor]]) -> Tensor | None:
+    """The SET_ROWS that is the only reader of `t` (through views each read once), copying it
+    into a float cache in a form the product can write itself, else None."""
+    from rpcnet.compute.cuda.kernels.rows import _set_rows_ok
+
+    cur = t
+    while True:
+        readers = consumers.get(cur.id, [])
+        if len(readers) != 1 or cur.flags & FLAG_OUTPUT:
+            return None
+        nxt = readers[0]
+        if nxt.op in VIEW_OPS and nxt.src and nxt.src[0] is cur:
+            cur = nxt
+            continue
+        ok = (
+            nxt.op == Op.SET_ROWS
+            and nxt.src[0] is cur
+            and _set_rows_ok(nxt)
+            and nxt.type in (F32, F16, BF16)
+            and _contiguous(cur)
+            and cur.offset == t.offset
+            and cur.nelements == t.nelements
+        )
+        return nxt if ok else None
+
+
+def _row_store(s: Tensor):  # noqa: ANN202
+    """The launch's RowStore for SET_ROWS `s` (at build time)."""
+    from rpcnet.compute.cuda import launch_fused
+    from rpcnet.ggml_types import type_name
+
+    src, ids = s.src[0], s.src[1]
+    assert src is not None and ids is not None
+    return launch_fused.RowStore(
+        _raw(s), _view(ids, (ids.ne[0],)), type_name(s.type).upper(), src.ne[0], s.nb[1], s.ne[1]
+    )
+
+
 def _same_rope(a: Tensor, b: Tensor) -> bool:
     return (
         a.op_params == b.op_params
@@ -282,7 +331,11 @@ def _qkv_with_rope(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGrou
         )
         if v is None or wt is None:
             continue
-        members = sorted((mq, rq, mk, rk, v), key=lambda t: at[id(t)])
+        consumers = _consumers(nodes)
+        sk, sv = _cache_store(rk, consumers), _cache_store(v, consumers)
+        stores = [x for x in (sk, sv) if x is not None and id(x) in at]
+        sk, sv = (sk if sk in stores else None), (sv if sv in stores else None)
+        members = sorted((mq, rq, mk, rk, v, *stores), key=lambda t: at[id(t)])
         first = at[id(members[0])]
         movable = all(
             _may_move(
@@ -293,14 +346,23 @@ def _qkv_with_rope(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGrou
             for m in members[1:]
         )
         rope_reads = [t for t in rq.src[1:3] if t is not None]
-        reads = [*_launch_reads([mq, mk, v], wt), *rope_reads]
-        if movable and _outputs_clear([rq, rk, v], reads):
-            groups.append(NodeGroup(tuple(members), _qkv_rope_builder(mq, rq, mk, rk, v, wt)))
+        store_reads = [t for x in stores for t in x.src[1:2] if t is not None]
+        reads = [*_launch_reads([mq, mk, v], wt), *rope_reads, *store_reads]
+        written = [rq, rk if sk is None else sk, v if sv is None else sv]
+        if movable and _outputs_clear(written, reads):
+            build = _qkv_rope_builder(mq, rq, mk, rk, v, wt, (sk, sv))
+            groups.append(NodeGroup(tuple(members), build))
     return groups
 
 
 def _qkv_rope_builder(  # noqa: ANN202
-    mq: Tensor, rq: Tensor, mk: Tensor, rk: Tensor, v: Tensor, wt: str
+    mq: Tensor,
+    rq: Tensor,
+    mk: Tensor,
+    rk: Tensor,
+    v: Tensor,
+    wt: str,
+    cache_stores: tuple[Tensor | None, Tensor | None],
 ):
     def build() -> Step:
         from rpcnet.compute.kernels.rope import RopeParams, corr_dims, rope_mscale
@@ -333,8 +395,12 @@ def _qkv_rope_builder(  # noqa: ANN202
         if wt not in _float_types():
             yq, quantized = q8_1_input(be, y_t, wt, k, n)
 
+        stores = tuple(None if x is None else _row_store(x) for x in cache_stores)
+
         def run() -> None:
-            launch_fused.matvec_qkv_rope(be, wt, weights, y, dsts, k, rows, n, rope, yq, quantized)
+            launch_fused.matvec_qkv_rope(
+                be, wt, weights, y, dsts, k, rows, n, rope, yq, quantized, stores
+            )
 
         return run
 

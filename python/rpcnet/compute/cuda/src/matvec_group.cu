@@ -8,7 +8,9 @@
 // - rpc_mv_qkv_rope_*: attention's Q, K and V products with the RoPE of Q and K (NORMAL or NEOX
 //   over whole heads of head_dim rows, position pos[c] for column c): a block's warp (or the
 //   block, in the split form) takes one pair of rows, rotates it and writes Q and K rotated;
-//   V's rows go in pairs too, unrotated. The unrotated Q and K are never written.
+//   V's rows go in pairs too, unrotated. The unrotated Q and K are never written. K and V may
+//   go straight into the KV cache's rows instead of their outputs (the SET_ROWS after them:
+//   RpcRowStore).
 // Activations: q8_1 blocks for quantized weights (quantized by the input's producer or by
 // quantize.cu), f32 for float weights; y_col is a column's stride in bytes (q8_1) or floats.
 // Launch: block (32, RPC_MV_WARPS); grid (blocks of w0 + w1 + w2 rows) for a group, (blocks of
@@ -117,19 +119,45 @@ __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* u
 struct RpcQkvPair {
     const uint8_t* w;
     float* d;
-    int m, r0, r1, p;
+    int m, r0, r1, p, seg;  // seg: 0 Q, 1 K, 2 V
 };
+
+// Where a segment's values go instead of its output when a SET_ROWS copies it into a cache
+// (dst == nullptr: to the output). Value L (= column * m + row) of the segment is element
+// L % s0 of the SET_ROWS source's row L / s0, which lands in destination row ids[L / s0]
+// (skipped outside [0, dst_rows)) at element L % s0; dtype 0 f32, 1 f16, 2 bf16.
+struct RpcRowStore {
+    uint8_t* dst;
+    const uint8_t* ids;
+    int ids_i64, dtype;
+    long long s0, row_bytes, dst_rows;
+};
+
+__device__ __forceinline__ void rpc_store_value(const RpcRowStore& st, float* out, long long at,
+                                                float v) {
+    if (st.dst == nullptr) {
+        out[at] = v;
+        return;
+    }
+    const long long i = at / st.s0, e = at % st.s0;
+    const long long row = st.ids_i64 ? ((const long long*)st.ids)[i] : ((const int*)st.ids)[i];
+    if (row < 0 || row >= st.dst_rows) return;  // a client's bad id writes nothing
+    uint8_t* p = st.dst + row * st.row_bytes;
+    if (st.dtype == 1) ((uint16_t*)p)[e] = rpc_float_to_half(v);
+    else if (st.dtype == 2) ((uint16_t*)p)[e] = rpc_float_to_bf16(v);
+    else ((float*)p)[e] = v;
+}
 
 __device__ __forceinline__ RpcQkvPair rpc_qkv_pair(int pair, const uint8_t* wq, const uint8_t* wk,
                                                    const uint8_t* wv, float* dq, float* dk,
                                                    float* dv, int mq, int mk, int mv, int head_dim,
                                                    int mode) {
-    RpcQkvPair out = {wv, dv, mv, 0, 0, -1};
+    RpcQkvPair out = {wv, dv, mv, 0, 0, -1, 2};
     int local = pair;
     if (local < mq / 2) {
-        out = {wq, dq, mq, 0, 0, 0};
+        out = {wq, dq, mq, 0, 0, 0, 0};
     } else if ((local -= mq / 2) < mk / 2) {
-        out = {wk, dk, mk, 0, 0, 0};
+        out = {wk, dk, mk, 0, 0, 0, 1};
     } else {
         local -= mk / 2;
         out.r0 = 2 * local;
@@ -147,7 +175,8 @@ template <int T, bool QUANT, bool SPLIT>
 __device__ __forceinline__ void rpc_mv_qkv_rope(
     const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, float* dq, float* dk, float* dv,
     int mq, int mk, int mv, const void* y, int k, int ncols, long long w_row_bytes,
-    long long y_col, const int* pos, const float* ff, int head_dim, int mode, RpcRopeFreq f) {
+    long long y_col, const int* pos, const float* ff, int head_dim, int mode, RpcRopeFreq f,
+    RpcRowStore k_store, RpcRowStore v_store) {
     const int pair = SPLIT ? (int)blockIdx.x : (int)(blockIdx.x * RPC_MV_WARPS + threadIdx.y);
     if (!SPLIT && pair >= (mq + mk + mv) / 2) return;
     const RpcQkvPair q = rpc_qkv_pair(pair, wq, wk, wv, dq, dk, dv, mq, mk, mv, head_dim, mode);
@@ -162,15 +191,17 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
             const float x0 = rpc_mv_row_sum<SPLIT>(a0[c]);
             const float x1 = rpc_mv_row_sum<SPLIT>(a1[c]);
             if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
-                float* d = q.d + (long long)c * q.m;
+                const RpcRowStore none = {nullptr, nullptr, 0, 0, 1, 0, 0};
+                const RpcRowStore& st = q.seg == 1 ? k_store : q.seg == 2 ? v_store : none;
+                const long long at = (long long)c * q.m;
                 if (q.p < 0) {
-                    d[q.r0] = x0;
-                    d[q.r1] = x1;
+                    rpc_store_value(st, q.d, at + q.r0, x0);
+                    rpc_store_value(st, q.d, at + q.r1, x1);
                 } else {
                     float cs, sn;
                     rpc_rope_cs(f, (float)pos[c], q.p, q.p, ff ? ff[q.p] : 1.0f, &cs, &sn);
-                    d[q.r0] = x0 * cs - x1 * sn;
-                    d[q.r1] = x0 * sn + x1 * cs;
+                    rpc_store_value(st, q.d, at + q.r0, x0 * cs - x1 * sn);
+                    rpc_store_value(st, q.d, at + q.r1, x0 * sn + x1 * cs);
                 }
             }
         }
@@ -182,10 +213,15 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
         int mq, int mk, int mv, const void *y, int k, int ncols, long long w_row_bytes,          \
         long long y_col, const int *pos, const float *ff, int head_dim, int mode,                 \
         float theta_scale, float freq_scale, float ext_factor, float mscale, float corr_lo,       \
-        float corr_hi
+        float corr_hi, uint8_t *ks_dst, const uint8_t *ks_ids, int ks_ids_i64, int ks_dtype,      \
+        long long ks_s0, long long ks_row_bytes, long long ks_rows, uint8_t *vs_dst,              \
+        const uint8_t *vs_ids, int vs_ids_i64, int vs_dtype, long long vs_s0,                     \
+        long long vs_row_bytes, long long vs_rows
 #define RPC_MV_QKV_PASS                                                                          \
     wq, wk, wv, dq, dk, dv, mq, mk, mv, y, k, ncols, w_row_bytes, y_col, pos, ff, head_dim, mode, \
-        RpcRopeFreq{theta_scale, freq_scale, ext_factor, mscale, corr_lo, corr_hi}
+        RpcRopeFreq{theta_scale, freq_scale, ext_factor, mscale, corr_lo, corr_hi},               \
+        RpcRowStore{ks_dst, ks_ids, ks_ids_i64, ks_dtype, ks_s0, ks_row_bytes, ks_rows},          \
+        RpcRowStore{vs_dst, vs_ids, vs_ids_i64, vs_dtype, vs_s0, vs_row_bytes, vs_rows}
 
 #define RPC_MV_GROUP_ARGS                                                                        \
     const uint8_t *w0, const uint8_t *w1, const uint8_t *w2, float *d0, float *d1, float *d2,     \
