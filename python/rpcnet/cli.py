@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-clients", type=int, default=defaults.max_clients, help="concurrent connections"
     )
     limits.add_argument(
+        "--max-clients-per-addr",
+        type=int,
+        default=defaults.max_clients_per_addr,
+        metavar="N",
+        help="concurrent connections from one client address (default: no limit)",
+    )
+    limits.add_argument(
         "--hello-timeout",
         type=float,
         default=defaults.hello_timeout,
@@ -276,6 +283,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         client_mem=args.client_mem,
         max_scratch=args.max_scratch,
         max_clients=args.max_clients,
+        max_clients_per_addr=args.max_clients_per_addr,
         hello_timeout=args.hello_timeout,
         comm_timeout=args.comm_timeout,
         max_data=args.max_payload,

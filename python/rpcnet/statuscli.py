@@ -60,7 +60,7 @@ def render(doc: dict[str, Any]) -> str:
             f"{m['hits']} hits, {human_bytes(m['bytes_served'])} served"
         )
     lines.append("")
-    header = ("PEER", "SINCE", "BUFFERS", "HELD", "IN", "OUT", "GRAPHS", "COMMAND")
+    header = ("PEER", "SINCE", "BUFFERS", "HELD", "IN", "OUT", "GRAPHS", "WAIT", "COMMAND")
     rows = [header]
     for c in doc["clients"]:
         command = "-" if c["command"] is None else f"{c['command']} {c['command_s']:.3f}s"
@@ -73,6 +73,7 @@ def render(doc: dict[str, Any]) -> str:
                 human_bytes(c["bytes_in"]),
                 human_bytes(c["bytes_out"]),
                 f"{c['graphs']}+{c['recomputes']}",
+                _wait(c.get("device_wait")),
                 command,
             )
         )
@@ -80,7 +81,16 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if not doc["clients"]:
         lines.append("(no clients connected)")
+    else:
+        lines.append("WAIT: each graph's wait for its device (its turn), mean/longest")
     return "\n".join(lines)
+
+
+def _wait(wait: dict[str, Any] | None) -> str:
+    """A client's wait for the device: mean and longest per graph (who is starved)."""
+    if not wait or not wait["graphs"]:
+        return "-"
+    return f"{wait['mean_ms']:.1f}/{wait['max_ms']:.0f} ms"
 
 
 def _duration(seconds: float) -> str:

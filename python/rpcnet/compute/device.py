@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from rpcnet.compute import shared_decode
+from rpcnet.compute import shared_decode, turns
 from rpcnet.compute.backend import CPU, Backend
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
 from rpcnet.compute.plan_run import PlanCursor
-from rpcnet.compute.turns import SLICE_SECONDS, Job, Turns, is_short
+from rpcnet.compute.turns import Job, Turns, is_short
 
 # A plan whose last run took at most this long runs on the submitting thread when the worker is
 # idle; the event loop stalls that long at most (a decode step, never a prefill).
@@ -201,30 +201,34 @@ class Device:
     # ------------------------------------------------------------------ the worker
 
     def _work(self) -> None:
-        while True:
+        while self._turn():
+            pass
+
+    def _turn(self) -> bool:
+        """Take the next turn and run it; False once the device shuts down. Its own frame, so
+        that the jobs are dropped when it returns, not when the next one arrives: a plan of a
+        closed connection holds its scratch until it is gone."""
+        with self._wakeup:
+            head = self._next_job()
+            if head is None:
+                return False
+            batch = self._take_batch(head) if head.plan is not None else [head]
+        done = batch
+        try:
+            with self._exclusive:
+                done = self._run_turn(batch)
+        finally:
+            now = time.monotonic()
             with self._wakeup:
-                head = self._next_job()
-                if head is None:
-                    return
-                batch = self._take_batch(head) if head.plan is not None else [head]
-            done = batch
-            try:
-                with self._exclusive:
-                    done = self._run_turn(batch)
-            finally:
-                now = time.monotonic()
-                with self._wakeup:
-                    for job in batch:
-                        if job in done:
-                            self._turns.finished(job, now)
-                            self._queued -= 1
-                        else:
-                            self._turns.pause(job, now)
-            for job in done:
-                self._observe_wait(job.owner, now - job.submitted - job.ran)
-            # drop the jobs now, not when the next one arrives: a plan of a closed connection
-            # holds its scratch until it is gone
-            del batch, done
+                for job in batch:
+                    if job in done:
+                        self._turns.finished(job, now)
+                        self._queued -= 1
+                    else:
+                        self._turns.pause(job, now)
+        for job in done:
+            self._observe_wait(job.owner, now - job.submitted - job.ran)
+        return True
 
     def _next_job(self) -> Job | None:
         """The next job in turn; waits while there is none (or a due decode step is on its
@@ -262,7 +266,7 @@ class Device:
             nonlocal seen
             now = time.monotonic()
             arrivals = self._turns.arrivals
-            if arrivals == seen and now - started < SLICE_SECONDS:
+            if arrivals == seen and now - started < turns.SLICE_SECONDS:
                 return False  # nothing arrived since the last look, and the slice is young
             seen = arrivals
             with self._queued_lock:

@@ -58,3 +58,39 @@ def allowed(peer_ip: str, allow: tuple[Network, ...] | None) -> bool:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
     return any(addr in net for net in allow)
+
+
+def address_of(peer_ip: str) -> str:
+    """The client address a per-address limit counts (an IPv4-mapped IPv6 address as IPv4)."""
+    try:
+        addr = ipaddress.ip_address(peer_ip.split("%", 1)[0])
+    except ValueError:
+        return peer_ip
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+class AddressQuota:
+    """`--max-clients-per-addr`: open connections per client address (None: no limit)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.open: dict[str, int] = {}
+
+    def admit(self, peer_ip: str) -> bool:
+        """Count a new connection from `peer_ip`; False (nothing counted) when it is over."""
+        addr = address_of(peer_ip)
+        count = self.open.get(addr, 0)
+        if self.limit is not None and count >= self.limit:
+            return False
+        self.open[addr] = count + 1
+        return True
+
+    def release(self, peer_ip: str) -> None:
+        addr = address_of(peer_ip)
+        count = self.open.get(addr, 0) - 1
+        if count > 0:
+            self.open[addr] = count
+        else:
+            self.open.pop(addr, None)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from rpcnet.compute.device import Device, cpu_device
 from rpcnet.compute.trim import release_free_memory
-from rpcnet.server.access import EVERYONE, allowed, default_allow, is_loopback
+from rpcnet.server.access import EVERYONE, AddressQuota, allowed, default_allow, is_loopback
 from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
 from rpcnet.server.config import ServerConfig, size_bytes
@@ -47,6 +47,9 @@ class Server:
         self.config = config
         self.devices = devices if devices is not None else make_devices(config)
         self.stats = ServerStats(config.proto)  # rpcnet.server.metrics reads it
+        for device in self.devices:  # each graph's wait for its turn on the device
+            device.wait_observer = self.stats.graph_waited
+        self.per_addr = AddressQuota(config.max_clients_per_addr)
         self.models = ModelDirs.open(config.model_dirs)  # --model-dir: weights from local GGUFs
         self.tls, self.fingerprint = make_tls(config)  # --tls-*: TLS 1.3 before anything else
         self.tenants = Tenants(config.tokens, size_bytes) if config.tokens else None
@@ -69,10 +72,9 @@ class Server:
         self.negotiation = ServerNegotiation.from_env()  # HELLO caps: RDMA via pyverbs, or TCP
         # Peer links (spec §11): rank 0 listens on our own host, admits only allowed peers;
         # TLS with the tenant's token on a TLS server (server/peertls.py).
-        self.comm = CommHub(
-            config.host, config.comm_timeout, self.allow, make_peer_security(self)
-        )
+        self.comm = CommHub(config.host, config.comm_timeout, self.allow, make_peer_security(self))
         self.connections: dict[asyncio.Task[None], Connection] = {}
+        self._addresses: dict[asyncio.Task[None], str] = {}  # each connection's client address
         self.draining = False
         self._server: asyncio.Server | None = None
         self._poll: asyncio.Task[None] | None = None
@@ -142,16 +144,24 @@ class Server:
             self.stats.refuse("draining" if self.draining else "max_clients")
             transport.abort()
             return
+        if not self.per_addr.admit(peer[0]):
+            limit = self.config.max_clients_per_addr
+            log.warning("%s: refused: %s connections from %s already", name, limit, peer[0])
+            self.stats.refuse("max_clients_per_addr")
+            transport.abort()
+            return
         if self.tls is not None:  # TLS under the stream before any byte is read
             stream.begin_tls(self.tls, self.config.hello_timeout)
         log.debug("%s: connected", name)
         conn = Connection(self, stream, name)
         task = asyncio.get_running_loop().create_task(conn.run())
         self.connections[task] = conn
+        self._addresses[task] = peer[0]
         task.add_done_callback(self._connection_done)
 
     def _connection_done(self, task: asyncio.Task[None]) -> None:
         self.connections.pop(task, None)
+        self.per_addr.release(self._addresses.pop(task, ""))
         if not self.connections:  # the last client left: give its memory back to the OS
             asyncio.get_running_loop().run_in_executor(None, release_free_memory)
 

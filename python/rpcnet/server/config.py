@@ -29,6 +29,7 @@ class ServerConfig:
     client_mem: int | None = None  # per-connection buffer quota; default: the device capacity
     max_scratch: int | None = None  # compute scratch per device; default min(1 GiB, mem / 10)
     max_clients: int = 256
+    max_clients_per_addr: int | None = None  # open connections per client address; None: any
     hello_timeout: float = 10.0  # seconds a new connection may take to send HELLO
     allow: tuple[Network, ...] | None = None  # None: loopback on a loopback bind
     drain_timeout: float = 30.0

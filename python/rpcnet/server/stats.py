@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -22,6 +23,8 @@ log = logging.getLogger("rpcnet.server")
 
 # Upper bounds (seconds) of the command latency histogram.
 LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+# Upper bounds (seconds) of the histogram of each graph's wait for its device (its turn).
+WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 UPLOAD_REPORT_MIN = 256 << 20  # progress lines only for uploads larger than this
 UPLOAD_REPORT_EVERY = 5.0  # seconds between progress lines
 SET_TENSOR, SET_TENSOR_HASH = int(Cmd.SET_TENSOR), int(Cmd.SET_TENSOR_HASH)
@@ -54,6 +57,38 @@ class CommandLatency:
         self.total += seconds
 
 
+class DeviceWait:
+    """How long a client's (or every client's) graphs waited for the device before and between
+    their slices. Observed on the device's worker thread (and on the loop for inline runs)."""
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(WAIT_BUCKETS) + 1)  # the last one is +Inf
+        self.count = 0
+        self.total = 0.0
+        self.max = 0.0
+        self.last = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            self.buckets[bisect.bisect_left(WAIT_BUCKETS, seconds)] += 1
+            self.count += 1
+            self.total += seconds
+            self.max = max(self.max, seconds)
+            self.last = seconds
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            mean = self.total / self.count if self.count else 0.0
+            return {
+                "graphs": self.count,
+                "total_s": round(self.total, 6),
+                "mean_ms": round(mean * 1e3, 3),
+                "max_ms": round(self.max * 1e3, 3),
+                "last_ms": round(self.last * 1e3, 3),
+            }
+
+
 class ConnectionStats:
     """One client's totals; `begin`/`end` bracket every command the connection handles."""
 
@@ -71,6 +106,7 @@ class ConnectionStats:
         self.hash_hits = 0
         self.hash_misses = 0
         self.peak_held = 0
+        self.device_wait = DeviceWait()
         self.cmd: int | None = None  # the command in progress, None while waiting for one
         self.cmd_started = 0.0
         self.uploaded = 0  # SET_TENSOR* payload bytes since the upload began
@@ -192,6 +228,7 @@ class ConnectionStats:
             "hash_misses": self.hash_misses,
             "command": None if self.cmd is None else self.name(self.cmd),
             "command_s": None if self.cmd is None else round(now - self.cmd_started, 6),
+            "device_wait": self.device_wait.snapshot(),
         }
 
 
@@ -207,6 +244,8 @@ class ServerStats:
         self.bytes_in = 0
         self.bytes_out = 0
         self.latency: dict[int, CommandLatency] = {}
+        self.device_wait = DeviceWait()  # every graph's wait for its device
+        self._by_owner: dict[int, ConnectionStats] = {}  # id(session) -> its connection's stats
         # Totals of closed connections, so per-client sums never go backwards.
         self.closed_graphs = 0
         self.closed_recomputes = 0
@@ -214,13 +253,23 @@ class ServerStats:
     def open_connection(self, peer: str, session: Any) -> ConnectionStats:
         conn = ConnectionStats(self, peer, session)
         self.open[id(conn)] = conn
+        self._by_owner[id(session)] = conn
         self.accepted += 1
         return conn
 
     def connection_closed(self, conn: ConnectionStats) -> None:
+        self._by_owner.pop(id(conn.session), None)
         if self.open.pop(id(conn), None) is not None:
             self.closed_graphs += conn.graphs
             self.closed_recomputes += conn.recomputes
+
+    def graph_waited(self, owner: object, seconds: float) -> None:
+        """A graph of `owner` (a session) waited `seconds` for its device (`Device.wait_observer`:
+        called on the device's worker thread)."""
+        self.device_wait.observe(seconds)
+        conn = self._by_owner.get(id(owner))
+        if conn is not None:
+            conn.device_wait.observe(seconds)
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] += 1

@@ -1,0 +1,247 @@
+"""compute/turns.py, compute/plan_run.PlanCursor and the device worker: fair turns between
+clients. A long plan runs in slices of nodes and gives the device back to another client's short
+step; sliced and interleaved plans give the bits they give when run whole. Plans are chains of
+REAL native MUL_MAT steps over q8_0 weights quantized by rpcnet's quantizer (each node reads
+the previous node's output, so a step run out of order changes the result)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from rpcnet import _native
+from rpcnet.compute import turns
+from rpcnet.compute.device import Device, OwnedPlan, cpu_device
+from rpcnet.compute.graph import Plan, batch_native_steps
+from rpcnet.compute.plan_run import PlanCursor
+from rpcnet.compute.quant import quantize
+from rpcnet.compute.turns import Job, Turns
+from rpcnet.ggml_types import GgmlType
+
+K = 256  # square products: each node's output is the next node's input
+ROW = K // 32 * 34
+
+
+@pytest.fixture
+def device() -> Iterator[Device]:
+    dev = cpu_device(capacity=1 << 26, threads=2)
+    yield dev
+    dev.shutdown()
+
+
+class Chain:
+    """A plan of `n` products, x -> h1 -> ... -> hn, each over its own q8_0 matrix."""
+
+    def __init__(self, n: int, seed: int, first: object = None, last: object = None) -> None:
+        rng = np.random.default_rng(seed)
+        self.x = rng.standard_normal(K).astype(np.float32)
+        self.weights = [
+            np.ascontiguousarray(
+                quantize(GgmlType.Q8_0, rng.standard_normal((K, K)).astype(np.float32) / 16),
+                dtype=np.uint8,
+            ).reshape(-1)
+            for _ in range(n)
+        ]
+        self.h = [np.zeros(K, dtype=np.float32) for _ in range(n)]
+        src = self.x
+        steps: list = [] if first is None else [first]
+        for w, out in zip(self.weights, self.h, strict=True):
+            steps.append(
+                _native.mul_mat_step(
+                    GgmlType.Q8_0,
+                    (w, 0, (K // 32, K, 1, 1), (34, ROW, ROW * K, ROW * K)),
+                    (src.view(np.uint8), 0, (K, 1, 1, 1), (4, 4 * K, 4 * K, 4 * K)),
+                    (out.view(np.uint8), 0, (K, 1, 1, 1), (4, 4 * K, 4 * K, 4 * K)),
+                    threads=2,
+                )
+            )
+            src = out
+        if last is not None:
+            steps.append(last)
+        self.plan = Plan(batch_native_steps(list(steps)))
+        self.plan.node_steps = steps
+
+    def results(self) -> bytes:
+        return b"".join(h.tobytes() for h in self.h)
+
+    def clear(self) -> None:
+        for h in self.h:
+            h[:] = 0
+
+
+def test_a_sliced_plan_gives_the_bits_of_a_whole_run():
+    chain = Chain(6, seed=1)
+    chain.plan.run()  # the native steps folded into one run_steps call
+    whole = chain.results()
+    chain.clear()
+    cursor = PlanCursor(chain.plan, chain.plan.node_steps)
+    slices = 0
+    while not cursor.advance(lambda: True):  # one node per slice
+        slices += 1
+    assert slices == 5
+    assert chain.results() == whole
+    assert chain.plan.last_seconds is not None
+
+
+def test_two_plans_interleaved_node_by_node_keep_their_bits():
+    a, b = Chain(5, seed=2), Chain(5, seed=3)
+    alone = []
+    for chain in (a, b):
+        chain.plan.run()
+        alone.append(chain.results())
+        chain.clear()
+    ca, cb = PlanCursor(a.plan, a.plan.node_steps), PlanCursor(b.plan, b.plan.node_steps)
+    done = [False, False]
+    while not all(done):
+        for i, cursor in enumerate((ca, cb)):
+            if not done[i]:
+                done[i] = cursor.advance(lambda: True)
+    assert [a.results(), b.results()] == alone
+
+
+def test_a_short_step_of_another_client_runs_between_a_long_plans_nodes(device: Device):
+    """Client A's long plan is held inside its first node while client B's short step is
+    submitted: the worker runs B's step after that node, then the rest of A's plan."""
+    order: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def gate() -> None:  # A's first node: a Python step, so the worker is inside A's plan
+        order.append("A0")
+        inside.set()
+        release.wait(5)
+
+    a = Chain(4, seed=4, first=gate, last=lambda: order.append("A-end"))
+    b = Chain(2, seed=5)
+    expected = []
+    for chain in (a, b):
+        release.set()
+        chain.plan.run()
+        expected.append(chain.results())
+        chain.clear()
+    release.clear()
+    inside.clear()
+    order.clear()
+    a.plan.last_seconds = 10.0  # long: runs in slices
+    b.plan.last_seconds = 0.001  # short: a decode step
+    owner_a, owner_b = object(), object()
+    waits: list[tuple[object, float]] = []
+    device.wait_observer = lambda owner, seconds: waits.append((owner, seconds))
+
+    class Recorded(OwnedPlan):
+        def __call__(self) -> None:
+            order.append("B")
+            super().__call__()
+
+    fa = device.submit(OwnedPlan(a.plan, owner_a))
+    assert inside.wait(5)
+    fb = device.submit(Recorded(b.plan, owner_b))
+    release.set()
+    fb.result(5)
+    fa.result(5)
+    assert order == ["A0", "B", "A-end"]  # B ran once A's first node was done
+    assert device.slices == 1
+    assert [a.results(), b.results()] == expected
+    assert a.plan.last_seconds is not None and a.plan.last_seconds < 10.0  # its own time
+    assert sorted(owner is owner_a for owner, _ in waits) == [False, True]
+    assert all(seconds >= 0 for _, seconds in waits)
+
+
+def test_one_clients_jobs_keep_their_order_behind_its_paused_plan(device: Device):
+    """A client's second job waits for its first (paused between slices) even when short."""
+    inside, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def gate() -> None:
+        inside.set()
+        release.wait(5)
+
+    a = Chain(3, seed=6, first=gate)
+    a.plan.last_seconds = 10.0
+    owner_a, owner_b = object(), object()
+
+    def tagged(tag: str, owner: object):
+        def fn() -> None:
+            order.append(tag)
+
+        fn.owner = owner  # type: ignore[attr-defined]
+        return fn
+
+    class Last(OwnedPlan):
+        def cursor(self):  # noqa: D102 - records the end of A's plan
+            inner = super().cursor()
+            assert inner is not None
+            advance = inner.advance
+
+            def recorded(pause):
+                finished = advance(pause)
+                if finished:
+                    order.append("A")
+                return finished
+
+            inner.advance = recorded  # type: ignore[method-assign]
+            return inner
+
+    fa = device.submit(Last(a.plan, owner_a))
+    assert inside.wait(5)
+    later_a = device.submit(tagged("A-next", owner_a))
+    fb = device.submit(tagged("B", owner_b))
+    release.set()
+    for f in (fa, later_a, fb):
+        f.result(5)
+    assert order == ["B", "A", "A-next"]
+
+
+def job(owner: object, short: bool, at: float) -> Job:
+    return Job(SimpleNamespace(owner=owner), Future(), short, submitted=at)
+
+
+def test_long_jobs_take_turns_and_short_ones_go_first():
+    q = Turns()
+    a, b, c = object(), object(), object()
+    long_a, long_b = job(a, False, 0.0), job(b, False, 0.01)
+    q.add(long_a)
+    q.add(long_b)
+    assert q.next_job(0.02) is long_a  # the one that waited longest
+    long_a.cursor = object()  # started
+    assert not q.should_pause(long_a, 0.021, 0.02)  # b waits, but the slice is young
+    short_c = job(c, True, 0.03)
+    q.add(short_c)
+    assert q.should_pause(long_a, 0.04, 0.02)  # a short step of another client waits
+    q.pause(long_a, 0.04)
+    assert q.next_job(0.04) is short_c
+    short_c.ran = 0.04
+    q.finished(short_c, 0.05)
+    # c's next step may be on its way: a long job waits for it (a due decode step)
+    wait = q.next_job(0.05)
+    assert isinstance(wait, float) and 0 < wait <= turns.DUE_WAIT_SECONDS
+    # then b, which has waited longer than a since a's slice, has its turn
+    assert q.next_job(0.05 + 2 * turns.DUE_WAIT_SECONDS) is long_b
+
+
+def test_a_starving_long_job_gets_a_slice_ahead_of_short_ones():
+    q = Turns()
+    a, b = object(), object()
+    long_a = job(a, False, 0.0)
+    q.add(long_a)
+    q.add(job(b, True, 0.0))
+    assert q.next_job(turns.STARVE_SECONDS) is long_a
+    # its slice is guaranteed: the queued short step does not take the device back at once
+    assert not q.should_pause(long_a, turns.STARVE_SECONDS + 0.001, turns.STARVE_SECONDS)
+
+
+def test_a_job_of_no_known_client_waits_for_those_before_it():
+    q = Turns()
+    a = object()
+    first = job(a, False, 0.0)
+    q.add(first)
+    assert q.next_job(0.0) is first
+    first.cursor = object()
+    q.pause(first, 0.01)
+    barrier = Job(lambda: None, Future(), True)
+    q.add(barrier)
+    q.add(job(object(), True, 0.02))
+    assert q.eligible() == [first]  # the barrier, and what follows it, wait for a's plan
