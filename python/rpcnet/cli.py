@@ -29,6 +29,17 @@ def parse_allow_arg(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def parse_positive(text: str) -> int:
+    """'3' -> 3; a count below 1 would refuse every connection."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
 def parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -108,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument(
         "--max-clients-per-addr",
-        type=int,
+        type=parse_positive,
         default=defaults.max_clients_per_addr,
         metavar="N",
         help="concurrent connections from one client address (default: no limit)",
