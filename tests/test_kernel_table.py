@@ -98,3 +98,25 @@ def test_same_priority_twice_is_refused(fake_op):
     kernel_table.kernel(fake_op, "a", lambda n: True)(_builder("a"))
     with pytest.raises(ValueError, match="priority 0 is taken by a"):
         kernel_table.kernel(fake_op, "b", lambda n: True)(_builder("b"))
+
+
+def test_each_family_names_the_cuda_modules_of_its_ops():
+    """A family's `cuda` lists exactly the modules whose builders serve its ops on cuda."""
+    for family in kernel_table.FAMILIES.values():
+        serving = {
+            k.build.__module__
+            for op in family.ops
+            for k in kernel_table._KERNELS.get((op, "cuda"), ())
+        }
+        assert serving == set(family.cuda), family.name
+
+
+def test_each_cpu_op_is_declared_by_one_family():
+    owners: dict[int, list[str]] = {}
+    for family in kernel_table.FAMILIES.values():
+        for op in family.ops:
+            owners.setdefault(op, []).append(family.name)
+    declared = {op for op, names in owners.items() if len(names) == 1}
+    assert all(len(names) == 1 for names in owners.values()), owners
+    legacy = {k.op for k in kernel_table.table("cpu")} - declared
+    assert legacy <= {Op.MUL_MAT_ID}, sorted(legacy)

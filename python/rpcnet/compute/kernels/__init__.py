@@ -1,5 +1,5 @@
 """Kernels, one module per op family: each declares its op whole in a `FAMILY` (kernel_table.py's
-`OpFamily`): shape and type rules, scratch, the CPU kernels, the module of its CUDA builders.
+`OpFamily`): shape and type rules, scratch, the CPU kernels, the modules of its CUDA builders.
 
 Importing this package enters the families listed below into the kernel table, in one place;
 which kernel serves a node is decided by the device and the priorities of the declarations, not

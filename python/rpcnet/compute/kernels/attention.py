@@ -19,7 +19,7 @@ follows ggml's CPU path for path: below 64 query rows one row at a time (q round
 ggml's f16 dot product, online softmax with the f16 V accumulator, the split-KV decode path for
 >= 512 positions); from 64 rows ggml's tiled f32 path (K and V f16 or f32). Its output matches
 the reference server's bit for bit where the thread counts match, and it reads only the `n_kv`
-positions the graph passes. CUDA: compute/cuda/kernels/attention.py.
+positions the graph passes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The NumPy kernel takes f32/f16/bf16; f32 tensors run natively (src1 repeated over src0 by
 modulo, as ggml broadcasts), so a decode step's residual adds and norm-weight products need no
-NumPy. CUDA: compute/cuda/kernels/elementwise.py.
+NumPy.
 """
 
 from __future__ import annotations

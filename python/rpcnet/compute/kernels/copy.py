@@ -4,7 +4,7 @@ ggml copies element i of src0 (counting ne0 fastest, then ne1, ...) to element i
 destination, whatever either layout is; the shapes only need the same element count. Same-type
 copies move whole blocks (so quantized tensors copy bit-exactly); other pairs go through float32.
 Copies between f32 and f16 of the same shape (or into a packed destination of another shape, the
-CONT of a permuted view) run natively. CUDA: compute/cuda/kernels/rows.py.
+CONT of a permuted view) run natively.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ exchanges them) or fused (x = src0, g = src1, `swapped` ignored as in ggml).
 
 Per-op arithmetic follows the ggml CPU kernels, including the f16 GELU tables on f32/f16 inputs
 and the clamping of SWIGLU_OAI / SWIGLU_CLAMP. SWIGLU on f32 rows also runs natively (ggml's
-AVX2 SiLU with its vector expf). CUDA: compute/cuda/kernels/elementwise.py.
+AVX2 SiLU with its vector expf).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Three CPU kernels, tried in this order: the Hadamard hint (ggml's fast Walsh-Hadamard transform
 instead of a product), the native kernel (weights of every supported type read in block form,
 matmul_native.py) and the NumPy kernel here (weights converted to float32, large ones a block of
-rows at a time). CUDA: compute/cuda/kernels/matmul.py.
+rows at a time).
 """
 
 from __future__ import annotations

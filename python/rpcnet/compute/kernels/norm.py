@@ -3,8 +3,7 @@
 Sums are accumulated in float64 and the statistics rounded to float32 at the points where the
 ggml CPU kernels do (NORM over rows that are not contiguous sums left to right in float32, as
 ggml's strided path does), so results agree with the reference to float32 rounding. RMS_NORM of
-f32 rows also runs natively (ggml's double sum and float32 scale). CUDA:
-compute/cuda/kernels/elementwise.py.
+f32 rows also runs natively (ggml's double sum and float32 scale).
 """
 
 from __future__ import annotations
@@ -23,7 +22,10 @@ from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
 
-FAMILY = OpFamily("norm", cuda=("rpcnet.compute.cuda.kernels.elementwise",))
+FAMILY = OpFamily(
+    "norm",
+    cuda=("rpcnet.compute.cuda.kernels.elementwise", "rpcnet.compute.cuda.kernels.array_code"),
+)
 
 F64 = np.float64
 

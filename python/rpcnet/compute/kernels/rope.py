@@ -4,8 +4,7 @@ Matches ggml's CPU kernel closely: each rotation angle is built exactly as ggml 
 (theta = p, then theta *= theta_scale once per pair, in float32), because for large positions a
 single-ulp difference in the angle is visible in the output. Transcendentals are evaluated in
 float64 and rounded, like glibc's correctly rounded float functions. Normal and neox modes of
-f32 tensors also run natively (the same angle recurrence, YaRN ramp and fused rotation). CUDA:
-compute/cuda/kernels/elementwise.py.
+f32 tensors also run natively (the same angle recurrence, YaRN ramp and fused rotation).
 """
 
 from __future__ import annotations

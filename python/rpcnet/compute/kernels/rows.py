@@ -2,8 +2,7 @@
 
 The NumPy kernels take every loadable source and storable destination. SET_ROWS of f32 rows into
 an f16 (or f32) KV cache and GET_ROWS of f32/f16 embeddings, once per layer per token, run
-natively; f16 results are rounded to nearest even like ggml's conversion. CUDA:
-compute/cuda/kernels/rows.py.
+natively; f16 results are rounded to nearest even like ggml's conversion.
 """
 
 from __future__ import annotations
@@ -29,7 +28,10 @@ from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, bf16_to_f32, plain_view, row_bytes_view
 from rpcnet.ggml_types import GgmlType
 
-FAMILY = OpFamily("rows", cuda=("rpcnet.compute.cuda.kernels.rows",))
+FAMILY = OpFamily(
+    "rows",
+    cuda=("rpcnet.compute.cuda.kernels.rows", "rpcnet.compute.cuda.kernels.array_code"),
+)
 
 
 def _check_ids(ids: Any, limit: int, what: str) -> None:

@@ -2,7 +2,7 @@
 
 The NumPy kernel takes every layout; the native one (ggml's AVX2 vector expf and its float32
 chunk sums added in double, so attention without flash attention matches the reference bit for
-bit) takes rows the kernel walks by stride. CUDA: compute/cuda/kernels/attention.py.
+bit) takes rows the kernel walks by stride.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ results rounded to the destination type):
 * `a*b + c` that the reference computes with an FMA (SCALE with bias, XIELU) is rounded once.
 
 The tensor readers/writers live in common.py, the float32 math (erf, gelu, libm) in floatmath.py.
-CUDA: compute/cuda/kernels/elementwise.py and array_code.py.
 """
 
 from __future__ import annotations
