@@ -1,0 +1,296 @@
+"""One `rpcnet tunnel` connection: the client's plain TCP side and the server's TLS side.
+
+The TLS side is a non-blocking `ssl.SSLSocket` watched by the event loop (`add_reader` /
+`add_writer`), not a TLS transport over memory BIOs: OpenSSL encrypts straight from the
+client side's receive buffer and writes the records to the socket itself, and decrypts straight
+from the socket. An upload then costs the tunnel one kernel copy in, one encryption and one
+kernel copy out; no Python `bytes` is made per chunk.
+
+- client -> server: the plain side is a `BufferedProtocol` receiving into one buffer; what
+  arrives goes through the `RequestScanner` and into `SSLSocket.send` at once. Whatever the
+  socket does not take yet stays referenced (the buffer with it), and the plain side stops
+  reading until it is sent: the tunnel holds at most one buffer per connection this way.
+- server -> client: the TLS socket is read when readable, up to `READ_BURST` bytes per turn,
+  and handed to the plain transport; past its high-water mark, the TLS side stops reading.
+
+Set-up (connect, handshake, verification, token) runs on a thread with blocking sockets and a
+deadline (`open_tls`): a few per client, off the forwarding path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rpcnet.server.tokens import ACCEPTED, ANSWER_HEAD, encode_request, parse_answer_head
+from rpcnet.transport import tls as tlsmod
+from rpcnet.tunnelwire import RequestScanner, status_frame
+
+RECEIVE = 1 << 20  # the plain side's receive buffer
+SEND_PIECE = 256 << 10  # one SSL_write at most (a blocked write is retried with the same bytes)
+READ_SIZE = 256 << 10  # one TLS receive
+READ_BURST = 4 << 20  # TLS bytes read per event-loop turn before other connections run
+WRITE_HIGH = 4 << 20  # bytes queued for the client before the TLS side stops reading
+WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError)
+
+
+class TunnelError(Exception):
+    """The server could not be reached, verified, or refused the token."""
+
+
+def open_tls(
+    address: tuple[str, int],
+    context: ssl.SSLContext,
+    server_name: str | None,
+    pinned: str | None,
+    token: bytes,
+    timeout: float,
+) -> tuple[ssl.SSLSocket, dict[str, Any]]:
+    """Blocking (run it on a thread): TCP, TLS 1.3, the server verified (CA or `pinned`
+    fingerprint) before the token leaves, the token's answer. Returns the socket, non-blocking,
+    and what the tunnel reports of it."""
+    deadline = time.monotonic() + timeout
+    try:
+        raw = socket.create_connection(address, timeout=timeout)
+    except TimeoutError as exc:
+        raise TunnelError(f"no answer within {timeout:.0f} s") from exc
+    try:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock = context.wrap_socket(raw, server_hostname=server_name)
+        except ssl.SSLError as exc:
+            why = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+            raise TunnelError(f"TLS handshake failed: {why}") from exc
+        except TimeoutError as exc:
+            raise TunnelError(f"no TLS handshake within {timeout:.0f} s") from exc
+        except OSError as exc:
+            raise TunnelError(f"TLS handshake failed: {exc or type(exc).__name__}") from exc
+    except BaseException:
+        raw.close()
+        raise
+    try:
+        der = sock.getpeercert(binary_form=True)
+        if pinned is not None:
+            fp = tlsmod.check_fingerprint(der, pinned)  # before the token leaves
+        else:
+            fp = tlsmod.fingerprint(der or b"")
+        sock.sendall(encode_request(token))
+        status, length = parse_answer_head(_recv_exactly(sock, ANSWER_HEAD.size, deadline))
+        tenant = _recv_exactly(sock, length, deadline).decode(errors="replace")
+        if status != ACCEPTED:
+            raise TunnelError("the server refused the token")
+        cipher = sock.cipher()
+        info: dict[str, Any] = {
+            "server": f"{address[0]}:{address[1]}",
+            "tls_version": sock.version(),
+            "cipher": cipher[0] if cipher else "?",
+            "fingerprint": fp,
+            "verified_by": "pinned fingerprint" if pinned else "CA",
+            "tenant": tenant,
+        }
+        sock.setblocking(False)
+        return sock, info
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _recv_exactly(sock: ssl.SSLSocket, n: int, deadline: float) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            chunk = sock.recv(n - len(out))
+        except TimeoutError as exc:
+            raise TunnelError("the server did not answer the token") from exc
+        if not chunk:
+            raise TunnelError("the server closed the connection (wrong token?)")
+        out += chunk
+    return bytes(out)
+
+
+class PlainSide(asyncio.BufferedProtocol):
+    """The llama.cpp side. Until the TLS side is attached, what arrives stays in the buffer (a
+    HELLO, typically) and reading pauses."""
+
+    def __init__(
+        self,
+        opened: Callable[[PlainSide], None],
+        rewrite: Callable[[bytes], bytes],
+    ) -> None:
+        self._opened = opened
+        self._buffer = memoryview(bytearray(RECEIVE))
+        self._early = 0  # bytes received before the TLS side was attached
+        self.transport: Any = None
+        self.secure: TlsSide | None = None
+        self.closed = False
+        self.status: dict[str, Any] = {}  # this connection's TLS facts, for STATUS
+        self.who = "?"
+        self.scanner = RequestScanner(rewrite, self._answer_status)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.who = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._opened(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer[self._early :] if self.secure is None else self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.secure is None:
+            self._early += nbytes
+            self.transport.pause_reading()  # until the TLS side is attached
+            return
+        self.secure.send(self.scanner.feed(self._buffer[:nbytes]))
+
+    def attach(self, secure: TlsSide) -> None:
+        """The TLS side is open and accepted: send what came early, then forward as it comes."""
+        self.secure = secure
+        early, self._early = self._early, 0
+        secure.start()
+        if early:
+            secure.send(self.scanner.feed(self._buffer[:early]))
+        if not secure.pending:
+            self.transport.resume_reading()
+
+    def _answer_status(self) -> None:
+        self.transport.write(status_frame(self.status))
+
+    def eof_received(self) -> bool | None:
+        return False  # close; connection_lost closes the TLS side
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.secure is not None:
+            self.secure.close()
+
+    def pause_writing(self) -> None:
+        if self.secure is not None:
+            self.secure.reading(False)
+
+    def resume_writing(self) -> None:
+        if self.secure is not None:
+            self.secure.reading(True)
+
+
+class TlsSide:
+    """The server side: a non-blocking TLS socket driven by the event loop's fd callbacks."""
+
+    def __init__(self, sock: ssl.SSLSocket, plain: PlainSide) -> None:
+        self.sock = sock
+        self.plain = plain
+        self.loop = asyncio.get_running_loop()
+        self.fd = sock.fileno()
+        self.pending: list[memoryview] = []  # client bytes SSL_write has not taken yet
+        self._reading = False
+        self._writing = False
+        self.closed = False
+
+    def start(self) -> None:
+        self.reading(True)
+
+    # ------------------------------------------------------------ client -> server
+
+    def send(self, parts: list[Any]) -> None:
+        if self.closed:
+            return
+        self.pending.extend(memoryview(p).cast("B") for p in parts)
+        self._flush()
+        if self.pending and not self.closed:  # the plain buffer is still referenced
+            self.plain.transport.pause_reading()
+            self._want_write(True)
+
+    def _flush(self) -> None:
+        pending = self.pending
+        while pending:
+            head = pending[0]
+            try:
+                n = self.sock.send(head[:SEND_PIECE])
+            except WOULD_BLOCK:
+                return
+            except OSError:
+                self._lost()
+                return
+            if n >= head.nbytes:
+                pending.pop(0)
+            else:
+                pending[0] = head[n:]
+
+    def _on_writable(self) -> None:
+        self._flush()
+        if not self.pending and not self.closed:
+            self._want_write(False)
+            self.plain.transport.resume_reading()
+
+    # ------------------------------------------------------------ server -> client
+
+    def reading(self, on: bool) -> None:
+        if self.closed or on == self._reading:
+            return
+        self._reading = on
+        if on:
+            self.loop.add_reader(self.fd, self._on_readable)
+            self._on_readable()  # plaintext OpenSSL already holds would not wake the loop
+        else:
+            self.loop.remove_reader(self.fd)
+
+    def _on_readable(self) -> None:
+        if self.closed or not self._reading:
+            return
+        chunks: list[bytes] = []
+        got = 0
+        eof = False
+        try:
+            while got < READ_BURST:
+                data = self.sock.recv(READ_SIZE)
+                if not data:
+                    eof = True
+                    break
+                chunks.append(data)
+                got += len(data)
+        except WOULD_BLOCK:
+            pass
+        except OSError:
+            eof = True
+        if chunks:
+            self.plain.transport.writelines(chunks)
+        if eof:
+            self._lost()
+        elif got >= READ_BURST and self._reading:  # more may be waiting in OpenSSL
+            self.loop.call_soon(self._on_readable)
+
+    # ------------------------------------------------------------ closing
+
+    def _want_write(self, on: bool) -> None:
+        if on != self._writing and not self.closed:
+            self._writing = on
+            if on:
+                self.loop.add_writer(self.fd, self._on_writable)
+            else:
+                self.loop.remove_writer(self.fd)
+
+    def _lost(self) -> None:
+        self.close()
+        if not self.plain.closed:
+            self.plain.transport.close()  # after what was written to it
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.reading(False)
+        self._want_write(False)
+        self.closed = True
+        self.pending.clear()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
