@@ -74,8 +74,8 @@ class Plan:
     uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
     last_seconds: float | None = None  # how long the last run took (None: never run)
     joint: JointForm | None = None  # running with other clients' plans: compute/shared_decode.py
-    # one step per node (native runs not folded): a long plan runs in slices of these between
-    # other clients' steps (compute/plan_run.PlanCursor); None: it runs whole
+    # one step per node (native runs not folded; timed ones under a profile): a long plan runs
+    # in slices of these between other clients' steps (compute/plan_run.PlanCursor); None: whole
     node_steps: list[Callable[[], None]] | None = None
 
     def release(self) -> None:
@@ -169,10 +169,9 @@ def _compile(
         site = weight_site(node, step, len(steps) - 1)
         if site is not None:
             sites.append(site)
-    joint, node_steps = None, None
+    joint, node_steps = None, steps
     if not profile.enabled():  # a profile times every node on its own
         joint = joint_form(steps, sites)
-        node_steps = steps
         steps = batch_native_steps(steps)
     plan = Plan(steps, frozenset(handles), len(nodes), tuple(written.values()), joint=joint)
     plan.node_steps = node_steps
