@@ -20,6 +20,8 @@ from rpcnet import _native
 from rpcnet.compute.backend import HostSink
 from rpcnet.compute.device import Device
 from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.shared_content import SHARE_MIN
+from rpcnet.compute.shared_content import enabled as sharing_enabled
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HEADER_SIZE, WAITS_FOR_GRAPH, Cmd
 from rpcnet.server.cache import HashCache
@@ -384,6 +386,8 @@ class Connection:
             return False  # the cache write runs on a thread: the coroutine does it
         if not self._host_resident and size > SMALL_STAGED_SET:
             return False  # large GPU payloads go through bounded staging, piece by piece
+        if size - msg.SET_TENSOR_HEADER >= SHARE_MIN and sharing_enabled():
+            return False  # may be shared: identified on a thread by the coroutine
         self._admit(SET_TENSOR, size)
         prefix = bytes(data[HEADER_SIZE:prefix_end])
         stream = self.stream
@@ -507,6 +511,8 @@ class Connection:
         target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
         for piece in target.sink.pieces():  # CPU: one piece, the device memory itself
             await self.stream.readinto(piece)
+        if target.settle is not None:  # identify (may hash it all) and share, off the loop
+            await asyncio.to_thread(target.settle)
         cache = self.cache
         if target.cache and cache is not None and cache.writable:
             # Hash and store straight from device memory on a thread (GIL released while

@@ -191,7 +191,7 @@ class ServerCollector:
         )
         identify = CounterMetricFamily(
             "rpcnet_shared_identify_seconds",
-            "Time spent identifying uploads for sharing (sampled keys, SHA-256 of candidates)",
+            "Time spent identifying uploads for sharing (sampled keys, byte comparisons)",
             labels=["device"],
         )
         for dev in self.server.devices:

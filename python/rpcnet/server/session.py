@@ -63,6 +63,8 @@ class SetTensorTarget:
     cache: bool
     buffer: DeviceBuffer
     offset: int
+    # after the last piece, on a thread: identify and share the bytes (shared weights)
+    settle: Callable[[], None] | None = None
 
     def received(self) -> memoryview:
         """The payload as it now is in the buffer, for the hash cache (zero-copy on the CPU)."""
@@ -334,9 +336,9 @@ class Session:
         buf.touched()
         array = fresh(data_len) if shareable(buf, data_len) else None
         if array is not None:  # held once if another client holds the same bytes
-            sink: HostSink = UploadSink(array, lambda a: settle(buf, start, a))
-        else:
-            sink = buf.host_sink(start, data_len)
+            upload = UploadSink(array, lambda a: settle(buf, start, a))
+            return SetTensorTarget(upload, head.cache and self.caching, buf, start, upload.commit)
+        sink = buf.host_sink(start, data_len)
         return SetTensorTarget(sink, head.cache and self.caching, buf, start)
 
     def begin_set_tensor_hash(self, payload: bytes) -> CacheLookup | bytes:

@@ -105,8 +105,8 @@ def vouch(buf: DeviceBuffer, start: int, nbytes: int, stored: Any) -> None:
 
 
 class UploadSink:
-    """A HostSink over a fresh array; `done(array)` runs once all bytes are in (after the
-    last piece, or on `commit()`)."""
+    """A HostSink over a fresh array; `commit()`, once all bytes are in, runs `done(array)`
+    (the connection calls it on a thread: identifying may hash the whole array)."""
 
     def __init__(self, array: Any, done: Callable[[Any], None]) -> None:
         self.array = array
@@ -116,7 +116,6 @@ class UploadSink:
     def pieces(self) -> Iterator[memoryview]:
         if self.nbytes:
             yield memoryview(self.array)
-        self.commit()
 
     def whole(self) -> memoryview:
         return memoryview(self.array)
