@@ -81,6 +81,7 @@ __all__ = [
     "binary_step",
     "soft_max_step",
     "mul_mat_step",
+    "mul_mat_id_step",
     "rdma_scan",
     "rdma_env",
     "rdma_resolve",
@@ -438,6 +439,19 @@ def mul_mat_step(
 ) -> NativeStep:
     """MUL_MAT of block weights (`w` ne[0] counted in blocks) and f32 activations into f32 `out`,
     any row strides, src0 broadcast over batches like ggml; `llamafile` as for matmul_quant."""
+
+def mul_mat_id_step(
+    type_id: int,
+    w: _TensorArg,
+    x: _TensorArg,
+    ids: _TensorArg,
+    out: _TensorArg,
+    threads: int = 1,
+) -> NativeStep:
+    """MUL_MAT_ID in one call: experts of block type `type_id` (`w` [blocks, M, experts, 1]),
+    f32 `x` [K, rows per token, tokens, 1] routed by i32 `ids` [slots, tokens, 1, 1] into f32
+    `out` [M, slots, tokens, 1]; each token's row converted once, each selected expert read
+    once; running it raises ValueError for an expert id out of range."""
 
 # --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
 

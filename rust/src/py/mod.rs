@@ -7,6 +7,7 @@ mod functions;
 mod graph;
 mod hash;
 mod kernels;
+mod native_experts;
 mod native_ops;
 mod rdma;
 mod tensor;
@@ -82,6 +83,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(native_ops::binary_step, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::soft_max_step, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::mul_mat_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_experts::mul_mat_id_step, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;

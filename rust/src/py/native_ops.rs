@@ -9,25 +9,27 @@ use pyo3::prelude::*;
 use crate::kernels::cpu;
 use crate::kernels::flash_attn::params::FlashAttn;
 use crate::kernels::formats::type_info;
+use crate::kernels::matmul::experts::MulMatId;
 use crate::kernels::matmul::step::MulMat;
 use crate::kernels::operand::Operand;
 use crate::kernels::rowops::{BinOp, Elem, Rope, RowOp};
 
 /// A tensor as Python passes it: (uint8 buffer, byte offset of element 0, ne, nb).
-type TensorArg<'py> = (Bound<'py, PyAny>, usize, [usize; 4], [usize; 4]);
+pub(super) type TensorArg<'py> = (Bound<'py, PyAny>, usize, [usize; 4], [usize; 4]);
 
-enum Kernel {
+pub(super) enum Kernel {
     FlashAttn(Box<FlashAttn>),
     MulMat(Box<MulMat>),
+    MulMatId(Box<MulMatId>),
     Row(Box<RowOp>),
 }
 
 /// One compiled node. Holds the buffer exports, so its memory outlives the step.
 #[pyclass(frozen, module = "rpcnet._native")]
 pub struct NativeStep {
-    kernel: Kernel,
-    threads: usize,
-    _keep: Vec<PyBuffer<u8>>,
+    pub(super) kernel: Kernel,
+    pub(super) threads: usize,
+    pub(super) _keep: Vec<PyBuffer<u8>>,
 }
 
 // SAFETY: the raw pointers in `kernel` point into the held exports; a step is only run by one
@@ -50,6 +52,7 @@ impl NativeStep {
                     mm.run(self.threads);
                     true
                 }
+                Kernel::MulMatId(mm) => mm.run(self.threads),
                 Kernel::Row(op) => op.run(self.threads),
             }
         }
@@ -57,7 +60,7 @@ impl NativeStep {
 }
 
 fn bad_index() -> PyErr {
-    PyValueError::new_err("row index out of range")
+    PyValueError::new_err("row or expert index out of range")
 }
 
 #[pymethods]
@@ -392,18 +395,18 @@ pub fn native_ops_portable(on: bool) {
 }
 
 /// Holds exports and turns tensor arguments into checked operands.
-struct Operands {
-    keep: Vec<PyBuffer<u8>>,
+pub(super) struct Operands {
+    pub(super) keep: Vec<PyBuffer<u8>>,
 }
 
 impl Operands {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self { keep: Vec::new() }
     }
 
     /// Check that every element of a tensor of `elem`-byte elements (rows contiguous) lies
     /// inside its buffer; `writable` for outputs.
-    fn take(
+    pub(super) fn take(
         &mut self,
         arg: &TensorArg<'_>,
         elem: usize,

@@ -149,32 +149,28 @@ pub fn matmul_converted(
         return Ok(());
     }
     let plan = rows_for(type_id, m, act.rows, llamafile);
-    let prepared;
-    let act = match plan.layout {
-        Layout::Rows => act,
-        Layout::Widened => {
-            prepared = gemm_float::widen_activations(act, info.act, k);
-            &prepared
-        }
-        Layout::KquantLanes => {
-            prepared = kquant_gemm::pack(act, k);
-            &prepared
-        }
-        Layout::Q8Tiles(vnni) => {
-            prepared = gemm_q8::pack(act, type_id, vnni);
-            &prepared
-        }
-        Layout::Q4kPaired => {
-            prepared = q4k_paired::pack(act, k);
-            &prepared
-        }
-        Layout::F16Wide => {
-            prepared = f16_rows::widen(act, k);
-            &prepared
-        }
-    };
+    let prepared = prepare(plan.layout, act, type_id, info, k);
+    let act = prepared.as_ref().unwrap_or(act);
     run_rows(&plan, w, row_stride, m, k, row_bytes, act, threads, out);
     Ok(())
+}
+
+/// `act` laid out as `layout`'s rows function reads it; `None` where that is `act` itself.
+pub(crate) fn prepare(
+    layout: Layout,
+    act: &Converted,
+    type_id: u32,
+    info: TypeInfo,
+    k: usize,
+) -> Option<Converted> {
+    match layout {
+        Layout::Rows => None,
+        Layout::Widened => Some(gemm_float::widen_activations(act, info.act, k)),
+        Layout::KquantLanes => Some(kquant_gemm::pack(act, k)),
+        Layout::Q8Tiles(vnni) => Some(gemm_q8::pack(act, type_id, vnni)),
+        Layout::Q4kPaired => Some(q4k_paired::pack(act, k)),
+        Layout::F16Wide => Some(f16_rows::widen(act, k)),
+    }
 }
 
 /// The type's info and its row bytes, once the sizes are checked ([`check`]).

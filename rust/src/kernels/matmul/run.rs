@@ -10,11 +10,11 @@ use crate::kernels::pool;
 /// chunk and thread computes it).
 const CHUNKS_PER_THREAD: usize = 4;
 /// Below this many weight bytes per thread, extra threads cost more than they save.
-const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
+pub(crate) const MIN_BYTES_PER_THREAD: usize = 128 * 1024;
 /// Weight rows per chunk when a call streams the weights once (decode): many small chunks
 /// claimed in turn, so threads finish together instead of one waiting for the other's last
 /// big chunk (ggml's decode chunks are 64 rows too).
-const STREAM_CHUNK_ROWS: usize = 64;
+pub(crate) const STREAM_CHUNK_ROWS: usize = 64;
 
 /// `out` (`[n][m]`) shared by the chunk tasks of [`run_rows`], each writing only the columns of
 /// its own weight rows.
@@ -120,7 +120,7 @@ impl SharedOut {
 
 /// Scratch kept per thread between calls up to this many floats (a prompt chunk's results),
 /// so that a call does not fault fresh pages in; larger ones are freed after the call.
-const SCRATCH_KEEP: usize = 256 * 1024;
+pub(crate) const SCRATCH_KEEP: usize = 256 * 1024;
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
