@@ -5,16 +5,23 @@ path `rpcnet tunnel` in front of it, and the client (this script, or the REAL v8
 client). Measures:
 
 - ``set``: one 64 MiB SET_TENSOR (then a DEVICE_COUNT round trip), GB/s, best of ``--reps``,
-  plain and tunnel taking turns;
+  plain and tunnel taking turns; with it the CPU time (user + system, from /proc) the tunnel and
+  the TLS server spend per 64 MiB, the figure that other jobs on shared cores move least;
 - ``decode``: tok/s of single-token decodes (tg) of the 336 M q8_0 random llama with every layer
   on the server (`bench/probes/engine_speed.py`, llama-bench's method), server ``--threads 2``;
   runs alternate between the paths, medians kept.
+
+``--compare REV`` adds a third path: the tunnel and TLS server of git revision REV (its
+python/rpcnet, with this tree's built extension), measured in the same rounds: before and after
+in one run. The servers run with ``RPCNET_SHARE_WEIGHTS=0``: this bench measures the wire, not
+the hashing of uploads for shared weights (the same cost on both paths).
 
 Prints the ratios (tunnel / plain) and writes bench/results/tls.json with the CPU model and
 flags. Loopback only.
 
     python bench/bench_tls.py            # both sections
     python bench/bench_tls.py --quick    # set only, 3 reps
+    python bench/bench_tls.py --quick --compare HEAD~3
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -63,12 +72,41 @@ def cpu_info() -> dict:
     return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
 
 
-class Paths:
-    """A plain server, a TLS + tokens server and a tunnel in front of it."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, work: Path, threads: int | None) -> None:
+
+def export_revision(rev: str, into: Path) -> Path:
+    """REV's python/ tree in `into`, with this tree's built extension (a PYTHONPATH entry)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", rev, "python/rpcnet"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    tar = into / "rev.tar"
+    tar.write_bytes(archive)
+    with tarfile.open(tar) as t:
+        t.extractall(into, filter="data")
+    for native in (ROOT / "python" / "rpcnet").glob("_native*.so"):
+        shutil.copy2(native, into / "python" / "rpcnet" / native.name)
+    return into / "python"
+
+
+class Paths:
+    """A plain server, a TLS + tokens server and a tunnel in front of it (`pythonpath`: the
+    package tree the TLS server and the tunnel run from; without a plain server: `plain`
+    False)."""
+
+    def __init__(
+        self, work: Path, threads: int | None, pythonpath: Path | None = None, plain: bool = True
+    ) -> None:
         self.procs: list[subprocess.Popen] = []
-        env = dict(os.environ, XDG_STATE_HOME=str(work / "state"))
+        work.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, XDG_STATE_HOME=str(work / "state"), RPCNET_SHARE_WEIGHTS="0")
+        if pythonpath is not None:
+            env["PYTHONPATH"] = str(pythonpath)
         (work / "tokens").write_text(f"bench {TOKEN}\n")
         (work / "token").write_text(TOKEN + "\n")
         extra = ["--threads", str(threads)] if threads else []
@@ -77,13 +115,23 @@ class Paths:
         self.tunnel = refenv.free_port()
         base = [sys.executable, "-m", "rpcnet.cli"]
         mem = ["--mem", "4G", *extra]
-        self._start(base + ["serve", "--port", str(self.plain), *mem], self.plain, env)
+        if plain:
+            self._start(base + ["serve", "--port", str(self.plain), *mem], self.plain, env)
         tls_args = ["--tls-self-signed", "--tokens", str(work / "tokens")]
         self._start(base + ["serve", "--port", str(self.secure), *mem, *tls_args], self.secure, env)
         fp = tls.cert_fingerprint(work / "state" / "rpcnet" / "tls" / tls.CERT_NAME)
         tunnel = ["tunnel", "--listen", f"127.0.0.1:{self.tunnel}"]
         tunnel += ["--to", f"127.0.0.1:{self.secure}", "--token-file", str(work / "token")]
         self._start(base + tunnel + ["--fingerprint", fp], self.tunnel, env)
+        self.server_pid, self.tunnel_pid = self.procs[-2].pid, self.procs[-1].pid
+
+    def set_through_tunnel(self, size: int) -> tuple[float, float, float]:
+        """(GB/s, tunnel CPU ms, server CPU ms) of one timed SET_TENSOR through the tunnel (CPU
+        of the warm-up and the timed upload, halved)."""
+        before = cpu_seconds(self.tunnel_pid), cpu_seconds(self.server_pid)
+        rate = set_rate(self.tunnel, size)
+        after = cpu_seconds(self.tunnel_pid), cpu_seconds(self.server_pid)
+        return rate, (after[0] - before[0]) * 500, (after[1] - before[1]) * 500
 
     def _start(self, argv: list[str], port: int, env: dict) -> None:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -134,18 +182,51 @@ def decode_rate(model: Path, port: int, tg: int) -> float:
     return float(out["tg"])
 
 
+def set_summary(size: int, plain: list[float], tunnel: list[tuple[float, float, float]]) -> dict:
+    rates = [r for r, _, _ in tunnel]
+    return {
+        "bytes": size,
+        "plain_gbps": max(plain),
+        "tunnel_gbps": max(rates),
+        "ratio": max(rates) / max(plain),
+        "tunnel_cpu_ms": statistics.median(t for _, t, _ in tunnel),
+        "server_cpu_ms": statistics.median(s for _, _, s in tunnel),
+        "plain_all": plain,
+        "tunnel_all": rates,
+    }
+
+
 def as_report(result: dict) -> dict:
     """`result` in bench/report.py's table format (its raw figures kept alongside)."""
     cpu = result["cpu"]
     rows = []
     if "set" in result:
         st = result["set"]
+        mib = st["bytes"] >> 20
         rows.append(
             [
-                f"SET_TENSOR {st['bytes'] >> 20} MiB, GB/s (best of {len(st['plain_all'])})",
+                f"SET_TENSOR {mib} MiB, GB/s (best of {len(st['plain_all'])})",
                 f"{st['plain_gbps']:.2f}",
                 f"{st['tunnel_gbps']:.2f}",
                 f"{st['ratio']:.2f}",
+            ]
+        )
+        rows.append(
+            [
+                f"CPU per {mib} MiB upload, tunnel / TLS server, ms (median)",
+                "",
+                f"{st['tunnel_cpu_ms']:.0f} / {st['server_cpu_ms']:.0f}",
+                "",
+            ]
+        )
+    if "before" in result:
+        bt = result["before"]
+        rows.append(
+            [
+                f"same, tunnel and TLS server of {bt['revision']}: GB/s; CPU ms",
+                "",
+                f"{bt['tunnel_gbps']:.2f}; {bt['tunnel_cpu_ms']:.0f} / {bt['server_cpu_ms']:.0f}",
+                f"{bt['ratio']:.2f}",
             ]
         )
     if "decode" in result:
@@ -197,6 +278,7 @@ def main() -> int:
         "--model-cache", type=Path, default=Path(tempfile.gettempdir()) / "rpcnet-bench-models"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--compare", metavar="REV", help="also measure REV's tunnel and server")
     args = parser.parse_args()
     if args.quick:
         args.reps = 3
@@ -208,25 +290,37 @@ def main() -> int:
         "python": platform.python_version(),
     }
     with tempfile.TemporaryDirectory() as tmp:
-        paths = Paths(Path(tmp), threads=2)
+        paths = Paths(Path(tmp) / "now", threads=2)
+        before = None
+        if args.compare:
+            tree = export_revision(args.compare, Path(tmp))
+            before = Paths(Path(tmp) / "before", threads=2, pythonpath=tree, plain=False)
         try:
-            plain, tunnel = [], []
+            plain: list[float] = []
+            tunnel: list[tuple[float, float, float]] = []
+            earlier: list[tuple[float, float, float]] = []
             for i in range(args.reps):
-                order = [(plain, paths.plain), (tunnel, paths.tunnel)]
-                for out, port in order if i % 2 == 0 else order[::-1]:
-                    out.append(set_rate(port, args.size))
-            result["set"] = {
-                "bytes": args.size,
-                "plain_gbps": max(plain),
-                "tunnel_gbps": max(tunnel),
-                "ratio": max(tunnel) / max(plain),
-                "plain_all": plain,
-                "tunnel_all": tunnel,
-            }
+                rounds = [lambda: plain.append(set_rate(paths.plain, args.size))]
+                rounds.append(lambda: tunnel.append(paths.set_through_tunnel(args.size)))
+                if before is not None:
+                    rounds.append(lambda: earlier.append(before.set_through_tunnel(args.size)))
+                for measure in rounds if i % 2 == 0 else rounds[::-1]:
+                    measure()
+            result["set"] = set_summary(args.size, plain, tunnel)
+            st = result["set"]
             print(
-                f"SET_TENSOR {args.size >> 20} MiB: plain {max(plain):.2f} GB/s, "
-                f"tunnel {max(tunnel):.2f} GB/s, ratio {max(tunnel) / max(plain):.2f}"
+                f"SET_TENSOR {args.size >> 20} MiB: plain {st['plain_gbps']:.2f} GB/s, "
+                f"tunnel {st['tunnel_gbps']:.2f} GB/s, ratio {st['ratio']:.2f}; CPU per upload: "
+                f"tunnel {st['tunnel_cpu_ms']:.0f} ms, TLS server {st['server_cpu_ms']:.0f} ms"
             )
+            if before is not None:
+                result["before"] = set_summary(args.size, plain, earlier)
+                result["before"]["revision"] = args.compare
+                bt = result["before"]
+                print(
+                    f"  {args.compare}: tunnel {bt['tunnel_gbps']:.2f} GB/s; CPU per upload: "
+                    f"tunnel {bt['tunnel_cpu_ms']:.0f} ms, TLS server {bt['server_cpu_ms']:.0f} ms"
+                )
             if not args.quick:
                 sys.path.insert(0, str(ROOT / "bench"))
                 import bench_engine
@@ -252,6 +346,8 @@ def main() -> int:
                 print(f"decode tg{args.tg}: plain {p:.2f} tok/s, tunnel {t:.2f}, ratio {t / p:.3f}")
         finally:
             paths.close()
+            if before is not None:
+                before.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(as_report(result), indent=2) + "\n")
     print(f"wrote {args.out}")
