@@ -228,3 +228,29 @@ def test_qkv_products_store_k_and_v_into_cache_rows(be):
     assert np.all(np.abs(v_got[v_ids] - v_want) <= 1e-5 * (np.abs(yq) @ np.abs(w[2]).T).reshape(-1))
     np.testing.assert_array_equal(np.delete(v_got, v_ids), -1.0)
     assert np.isnan(be.asnumpy(dsts[1])).all() and np.isnan(be.asnumpy(dsts[2])).all()
+
+
+@pytest.mark.parametrize("kv_type", ["F16", "Q8_0"])  # one warp in order; warps merged
+def test_flash_attention_quantizes_its_output(be, kv_type):
+    """The q8_1 blocks the attention kernel writes for the projection after it are ggml's
+    quantization of the output it writes, byte for byte."""
+    from gguf.quants import quantize
+    from rpcnet.compute.cuda import launch_attention
+    from test_cuda_emulated import _gguf_type
+
+    rng = np.random.default_rng(50)
+    heads, kv_heads, n_q, d, n_kv = 4, 2, 2, 64, 40
+    q = rng.standard_normal((heads, n_q, d)).astype(np.float32)
+    k_raw, v_raw = (
+        quantize(rng.standard_normal((kv_heads, n_kv, d)).astype(np.float32), _gguf_type(kv_type))
+        for _ in range(2)
+    )
+    out = be.zeros((n_q, heads, d), np.float32)
+    q8 = be.zeros(launch.q8_1_bytes(heads * d, n_q), np.uint8)
+    launch_attention.flash_attn_decode(
+        be, be.asarray(q), be.asarray(np.ascontiguousarray(k_raw)),
+        be.asarray(np.ascontiguousarray(v_raw)), None, out, kv_type, 0.125, q8=q8,
+    )  # fmt: skip
+    got = be.asnumpy(out)
+    assert np.isfinite(got).all() and np.abs(got).max() > 0
+    np.testing.assert_array_equal(be.asnumpy(q8), q8_1_oracle(got.reshape(-1)))

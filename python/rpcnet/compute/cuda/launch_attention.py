@@ -72,11 +72,15 @@ def flash_attn_views(
     scale: float,
     max_bias: float,
     softcap: float,
+    q8: Any | None = None,
 ) -> None:
     """FLASH_ATTN_EXT on ggml views as they are (the KV cache's strided K/V): `ptrs` q, k, v,
     mask (f16) or None, sinks or None, dst; `dims` d, dv, n_q, n_kv, n_head, n_head_kv,
     batches; `strides`: q (floats) x3, k (bytes) x3, v (bytes) x3, mask (halves) x3;
-    `mask_bcast`: the mask's ne2, ne3 (broadcast over heads and batches)."""
+    `mask_bcast`: the mask's ne2, ne3 (broadcast over heads and batches); `q8` (dv a multiple
+    of 32): the output also as q8_1 blocks there."""
+    if q8 is not None and dims[1] % 32:
+        raise ValueError(f"q8_1 output needs dv a multiple of 32, not {dims[1]}")
     d, dv, n_q, n_kv, n_head, n_head_kv, batches = dims
     k_suffix, v_suffix = (_FA_SUFFIX[t] for t in kv_types)
     fn = be.kernels.function("flash_attn", f"rpc_flash_attn_{k_suffix}_{v_suffix}")
@@ -101,6 +105,7 @@ def flash_attn_views(
         f32(m1),
         i32(n_head_log2),
         f32(softcap),
+        NULL if q8 is None else q8,
     )
     _launch(be, fn, (n_q, n_head, batches), (32, _fa_warps(kv_types[1])), args)
 
@@ -116,9 +121,10 @@ def flash_attn_decode(
     scale: float,
     softcap: float = 0.0,
     sinks: Any | None = None,
+    q8: Any | None = None,
 ) -> None:
     """q [H, n_q, D] f32; k, v [H_kv, n_kv, D] rows of `kv_type` (F16, BF16 or Q8_0); mask f16
-    [n_q, n_kv]; dst [n_q, H, D] f32 (ggml's FA output order)."""
+    [n_q, n_kv]; dst [n_q, H, D] f32 (ggml's FA output order); `q8`: dst also as q8_1 blocks."""
     heads, n_q, d = q.shape
     kv_heads = int(k.shape[0])
     n_kv = int(k.shape[1])
@@ -158,5 +164,6 @@ def flash_attn_decode(
         f32(1),
         i32(1),
         f32(softcap),
+        NULL if q8 is None else q8,
     )
     _launch(be, fn, (n_q, heads, 1), (32, _fa_warps(kv_type)), args)

@@ -8,18 +8,25 @@ from typing import Any
 
 from rpcnet import _native
 from rpcnet.compute.cuda.kernels.common import (
+    _Q8_1_NOTE,
     BF16,
     CUDA,
     F16,
     F32,
     FA_KV_PAIRS,
+    MATVEC_MAX_COLS,
     XP,
+    Q8Note,
+    QuantizeRequest,
     _backend,
     _contiguous,
+    _device_scratch,
     _raw,
     _srcs,
     _view,
+    activation_key,
 )
+from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.kernels.kernel_table import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -199,9 +206,31 @@ def cuda_flash_attn_decode(node: Tensor) -> Step:
     )
     bcast = (1, 1) if mask_t is None else (mask_t.ne[2], mask_t.ne[3])
     scale, max_bias, softcap = node.f32(0), node.f32(1), node.f32(2)
-    return lambda: launch_attention.flash_attn_views(
-        be, kv_types, ptrs, dims, strides, bcast, scale, max_bias, softcap
-    )
+    request = _offer_q8_1(node, be)
+
+    def run() -> None:
+        q8 = request[1] if request is not None and request[0].block == 32 else None
+        launch_attention.flash_attn_views(
+            be, kv_types, ptrs, dims, strides, bcast, scale, max_bias, softcap, q8
+        )
+
+    return run
+
+
+def _offer_q8_1(node: Tensor, be: Any) -> tuple[QuantizeRequest, Any] | None:
+    """Offer the decode product that reads the output (the attention projection) its q8_1
+    blocks, written by the attention kernel itself (heads are whole 32-blocks)."""
+    dv, n_rows = node.ne[0], node.ne[1] * node.ne[2] * node.ne[3]
+    if dv % 32 or n_rows > MATVEC_MAX_COLS * node.ne[1] or not _contiguous(node):
+        return None
+    from rpcnet.compute.cuda import launch
+
+    state = registry.plan_state()
+    request = QuantizeRequest((32,))
+    yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(node.nelements, 1))
+    mark = len(state.written) + 1  # from after this step's own write
+    state.shared[_Q8_1_NOTE] = Q8Note(activation_key(node), None, mark, yq, request)
+    return request, yq
 
 
 @kernel(

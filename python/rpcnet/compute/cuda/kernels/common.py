@@ -30,9 +30,11 @@ _Q8_1_NOTE = "cuda.q8_1"  # PlanState.shared: the Q8Note of what the q8_1 scratc
 
 @dataclass
 class QuantizeRequest:
-    """A producer's offer to quantize what it writes: the first product that takes it sets
-    `block` (32: q8_1, 256: q8_K), and the producer's step reads it when it runs."""
+    """A producer's offer to quantize what it writes in blocks of any of `blocks`: the first
+    product that takes it sets `block` (32: q8_1, 256: q8_K), and the producer's step reads it
+    when it runs."""
 
+    blocks: tuple[int, ...] = (32, 256)
     block: int | None = None
 
 
@@ -49,8 +51,11 @@ class Q8Note:
 
 
 def activation_key(y_t: Tensor) -> tuple:
-    """What identifies a product's input in a Q8Note: its bytes' place and layout."""
+    """What identifies a product's input in a Q8Note: its bytes' place and layout (contiguous
+    f32 by place alone: a reshape of a producer's output holds the same values in order)."""
     assert y_t.buffer is not None
+    if y_t.type == F32 and _contiguous(y_t):
+        return (id(y_t.buffer), y_t.offset, y_t.nbytes)
     return (id(y_t.buffer), y_t.offset, y_t.ne, y_t.nb)
 
 

@@ -138,7 +138,7 @@ def cuda_rms_norm_mul(norm: Tensor, mul: Tensor) -> Step:
     from rpcnet.compute.cuda import launch_fused
 
     state = registry.plan_state()
-    request = QuantizeRequest()
+    request = QuantizeRequest((32, 256) if n % 256 == 0 else (32,))
     yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(n, rows))
     mark = len(state.written) + 1  # from after this step's own write
     state.shared[_Q8_1_NOTE] = Q8Note(activation_key(mul), None, mark, yq, request)

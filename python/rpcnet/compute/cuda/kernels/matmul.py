@@ -107,8 +107,9 @@ def q8_1_input(be: Any, y_t: Tensor, wt: str, k: int, n: int) -> tuple[Any, bool
     key, block = activation_key(y_t), launch.activation_block(wt)
     note = state.shared.get(_Q8_1_NOTE)
     if note is not None and note.key == key and not state.written_since(note.mark, y_t):
-        if note.request is not None and note.request.block in (None, block) and k % block == 0:
-            note.request.block = block
+        request = note.request
+        if request is not None and request.block in (None, block) and block in request.blocks:
+            request.block = block
             return note.yq, True
         if note.request is None and note.block == block:
             return note.yq, True

@@ -8,9 +8,9 @@
 // Otherwise RPC_FA_WARPS warps: warp w takes kv positions w, w + RPC_FA_WARPS, ... with an
 // online softmax (running max m, sum l, accumulator of Dv spread over the lanes), and the
 // warps' partial results are merged through shared memory.
-// D and Dv up to 32 * RPC_FA_PER_LANE (512).
-#include "blocks.cuh"
-#include "common.cuh"
+// D and Dv up to 32 * RPC_FA_PER_LANE (512). `q8` (optional, Dv a multiple of 32): the output
+// also as q8_1 blocks, in the order of dst, for the product that reads it (quantize.cuh).
+#include "quantize.cuh"
 
 #define RPC_FA_WARPS 4
 #define RPC_FA_PER_LANE 16
@@ -27,7 +27,7 @@ __device__ __forceinline__ void rpc_flash_attn(
     long long qs2, long long qs3, long long kb1, long long kb2, long long kb3, long long vb1,
     long long vb2, long long vb3, long long ms1, long long ms2, long long ms3, int mne2,
     int mne3, float scale,
-    float max_bias, float m0, float m1, int n_head_log2, float softcap) {
+    float max_bias, float m0, float m1, int n_head_log2, float softcap, uint8_t* q8) {
     __shared__ float s_m[RPC_FA_WARPS], s_l[RPC_FA_WARPS];
     __shared__ float s_acc[RPC_FA_WARPS][32 * RPC_FA_PER_LANE];
 
@@ -123,11 +123,14 @@ __device__ __forceinline__ void rpc_flash_attn(
             l = l * ms + vs;
         }
         const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-        float* out = dst + (((long long)b * n_q + iq) * n_head + h) * dv;
+        const long long at = (((long long)b * n_q + iq) * n_head + h) * dv;
 #pragma unroll
         for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
             const int i = lane + 32 * t;
-            if (i < dv) out[i] = acc[t] * inv;
+            if (i < dv) dst[at + i] = acc[t] * inv;
+            if (q8 != nullptr && 32 * t < dv) {  // warp-uniform: dv is a multiple of 32
+                rpc_q8_1_block_warp(acc[t] * inv, q8 + (at / 32 + t) * RPC_Q8_1_BYTES);
+            }
         }
         return;
     }
@@ -145,14 +148,17 @@ __device__ __forceinline__ void rpc_flash_attn(
     float total = sinks != nullptr ? expf(sinks[h] - mx) : 0.0f;
     for (int w = 0; w < nw; ++w) total += s_l[w] * expf(s_m[w] - mx);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    float* out = dst + (((long long)b * n_q + iq) * n_head + h) * dv;
+    const long long at = (((long long)b * n_q + iq) * n_head + h) * dv;
 #pragma unroll
     for (int t = 0; t < RPC_FA_PER_LANE; ++t) {
         const int i = lane + 32 * t;
-        if (i >= dv) continue;
+        if (32 * t >= dv) break;  // warp-uniform; lanes past dv (dv not a multiple of 32) idle
         float o = 0.0f;
-        for (int w = 0; w < nw; ++w) o += s_acc[w][i] * expf(s_m[w] - mx);
-        out[i] = o * inv;
+        if (i < dv) {
+            for (int w = 0; w < nw; ++w) o += s_acc[w][i] * expf(s_m[w] - mx);
+            dst[at + i] = o * inv;
+        }
+        if (q8 != nullptr) rpc_q8_1_block_warp(o * inv, q8 + (at / 32 + t) * RPC_Q8_1_BYTES);
     }
 }
 
@@ -162,11 +168,11 @@ __device__ __forceinline__ void rpc_flash_attn(
         const float* sinks, float* dst, int d, int dv, int n_q, int n_kv, int n_head,             \
         int n_head_kv, long long qs1, long long qs2, long long qs3, long long kb1, long long kb2, \
         long long kb3, long long vb1, long long vb2, long long vb3, long long ms1, long long ms2, \
-        long long ms3, int mne2, int mne3, float scale, float max_bias, float m0, float m1, int n_head_log2,               \
-        float softcap) {                                                                          \
+        long long ms3, int mne2, int mne3, float scale, float max_bias, float m0, float m1,      \
+        int n_head_log2, float softcap, uint8_t* q8) {                                            \
         rpc_flash_attn<KT, VT>(q, k, v, mask, sinks, dst, d, dv, n_q, n_kv, n_head, n_head_kv,    \
-                               qs1, qs2, qs3, kb1, kb2, kb3, vb1, vb2, vb3, ms1, ms2, ms3, mne2, mne3,       \
-                               scale, max_bias, m0, m1, n_head_log2, softcap);                    \
+                               qs1, qs2, qs3, kb1, kb2, kb3, vb1, vb2, vb3, ms1, ms2, ms3, mne2,  \
+                               mne3, scale, max_bias, m0, m1, n_head_log2, softcap, q8);          \
     }
 RPC_FA_KERNEL(RPC_F16, RPC_F16, f16_f16)
 RPC_FA_KERNEL(RPC_Q8_0, RPC_Q8_0, q8_0_q8_0)
