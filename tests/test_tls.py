@@ -11,6 +11,8 @@ import socket
 import ssl
 import stat
 import time
+from struct import pack as struct_pack
+from struct import unpack as struct_unpack
 
 import pytest
 from rpcnet.client import RpcClient
@@ -220,3 +222,69 @@ def test_refused_connections_do_not_disturb_others(server_factory, pki, tokens):
     finally:
         tunnel.stop()
     assert_nothing_held(srv)
+
+
+def test_unread_response_holds_little_ciphertext(server_factory, pki, tokens, monkeypatch):
+    """A client that asks for 64 MiB and reads nothing: the server encrypts a piece at a time
+    (server/stream.py), so it holds at most about two pieces of ciphertext plus what the socket
+    queue takes, and the rest stays a view of the buffer. Then it reads it all, intact."""
+    from rpcnet import _native
+    from rpcnet.server.stream import TLS_PIECE
+    from support.raw import frame
+
+    monkeypatch.setenv("RPCNET_SHARE_WEIGHTS", "0")  # the buffer's own bytes, read in place
+    srv = secure_server(server_factory, pki, tokens)
+    size = 64 << 20
+    with tls_socket(srv.port) as s:
+        s.settimeout(10)
+        assert present_token(s, TOKEN) == (0, "alice")
+
+        def call(cmd: int, payload: bytes, n: int) -> bytes:
+            s.sendall(frame(cmd, payload))
+            head = b""
+            while len(head) < 8:
+                head += s.recv(8 - len(head))
+            assert int.from_bytes(head, "little") == n
+            out = bytearray()
+            while len(out) < n:
+                out += s.recv(n - len(out))
+            return bytes(out)
+
+        call(HELLO[0], bytes(24), 28)
+        handle, _ = struct_unpack("<QQ", call(0, struct_pack("<IQ", 0, size), 16))
+        base = struct_unpack("<Q", call(3, struct_pack("<Q", handle), 8))[0]
+        t = _native.RpcTensor(id=1, type=24, buffer=handle, data=base, ne=(size, 1, 1, 1))
+        head = os.urandom(1 << 20)
+        s.sendall(frame(6, t.to_bytes() + b"\0" + struct_pack("<Q", 0) + head))
+        s.sendall(frame(8, t.to_bytes() + struct_pack("<QQ", 0, size)))  # GET_TENSOR, unread
+
+        def stream():
+            conns = list(srv.server.connections.values())
+            return conns[0].stream if conns else None
+
+        wait_until(lambda: srv.call(lambda: bool(stream() and stream()._tls_out)))
+        time.sleep(0.3)  # let it settle where the socket stops taking bytes
+        queued, pending = srv.call(
+            lambda: (
+                stream().transport.get_write_buffer_size(),
+                sum(v.nbytes for v in stream()._tls_out),
+            )
+        )
+        assert queued <= 2 * TLS_PIECE + (64 << 10), queued
+        assert pending > size // 2  # the rest is still the buffer's own bytes, not ciphertext
+        got = bytearray()
+        (n,) = struct_unpack("<Q", _recv_exactly(s, 8))
+        assert n == size
+        got = _recv_exactly(s, size)
+        assert got[: 1 << 20] == head and not any(got[-4096:])
+    assert_nothing_held(srv)
+
+
+def _recv_exactly(sock, n: int) -> bytes:
+    out = bytearray(n)
+    view, got = memoryview(out), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        assert k, "closed"
+        got += k
+    return bytes(out)

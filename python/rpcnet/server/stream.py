@@ -8,6 +8,7 @@ to a small staging area, and reading pauses once it is full.
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,10 @@ from rpcnet.transport.base import ConnectionClosed
 STAGING = 256 * 1024
 FIRST_READ = 16 * 1024
 TLS_WIRE_HIGH = 1 << 20
+# Over TLS, a response is handed to the TLS layer this much at a time, the next piece only once
+# the socket took the last: what a client that does not read makes the server hold in
+# ciphertext stays below TLS_WIRE_HIGH + 2 pieces per connection, whatever the response size.
+TLS_PIECE = 1 << 20
 
 
 class StreamProtocol(asyncio.BufferedProtocol):
@@ -42,6 +47,7 @@ class StreamProtocol(asyncio.BufferedProtocol):
         self._at_boundary = False
         self._fast_error: Exception | None = None
         self._tls: tuple[Any, asyncio.Future[None]] | None = None  # begin_tls .. finish_tls
+        self._tls_out: collections.deque[memoryview] | None = None  # not yet handed to TLS
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -110,6 +116,10 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._tls_out:
+            self._pump()
+            if self._tls_out:
+                return
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
 
@@ -153,10 +163,13 @@ class StreamProtocol(asyncio.BufferedProtocol):
         # Paused while any byte is not yet encrypted and handed to the socket (high=0 would
         # pause on every write: the TLS protocol compares size >= high, and 0 >= 0).
         app_transport.set_write_buffer_limits(high=1, low=0)
+        self._tls_out = collections.deque()
 
     def abort(self) -> None:
         """Close at once, dropping unsent bytes."""
         self._target = self._on_filled = None
+        if self._tls_out:
+            self._tls_out.clear()
         if self.transport is not None:
             self.transport.abort()
 
@@ -256,12 +269,16 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     @property
     def write_ready(self) -> bool:
-        return not self._write_paused
+        return not self._write_paused and not self._tls_out
 
     # ------------------------------------------------------------ writing
 
     def write(self, data: Any) -> None:
         view = memoryview(data).cast("B")
+        if self._tls_out is not None:
+            self._tls_out.append(view)
+            self._pump()
+            return
         if view.nbytes <= MAX_CHUNK:
             self.transport.write(view)  # type: ignore[union-attr]
             return
@@ -270,6 +287,10 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     def writelines(self, parts: list[Any]) -> None:
         views = [memoryview(part).cast("B") for part in parts]
+        if self._tls_out is not None:
+            self._tls_out.extend(views)
+            self._pump()
+            return
         if any(view.nbytes > MAX_CHUNK for view in views):
             for view in views:
                 self.write(view)
@@ -279,7 +300,7 @@ class StreamProtocol(asyncio.BufferedProtocol):
     async def drain(self) -> None:
         if self._eof and self._error is not None:
             raise ConnectionClosed(str(self._error))
-        if not self._write_paused:
+        if not self._write_paused and not self._tls_out:
             return
         self._drain_waiter = asyncio.get_running_loop().create_future()
         try:
@@ -287,8 +308,23 @@ class StreamProtocol(asyncio.BufferedProtocol):
         finally:
             self._drain_waiter = None
 
+    def _pump(self) -> None:
+        """Hand queued response bytes to the TLS layer, a piece at a time, while it takes them."""
+        out = self._tls_out
+        assert out is not None
+        while out and not self._write_paused:
+            head = out[0]
+            if head.nbytes <= TLS_PIECE:
+                out.popleft()
+                self.transport.write(head)  # type: ignore[union-attr]
+            else:
+                out[0] = head[TLS_PIECE:]
+                self.transport.write(head[:TLS_PIECE])  # type: ignore[union-attr]
+
     def close(self) -> None:
         self._target = self._on_filled = None  # drop the view of device memory
+        if self._tls_out:
+            self._tls_out.clear()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
