@@ -17,6 +17,8 @@ import pytest
 from rpcnet import _native
 from rpcnet.client import RpcClient, ServerClosed
 from rpcnet.compute.ops import Op
+from support.secure import TunnelThread, write_tokens
+from test_tokens import ALICE, MALLORY, pki, serve  # noqa: F401 - pki is a fixture
 
 MiB = 1 << 20
 SIZE = 4 * MiB
@@ -276,3 +278,50 @@ def test_a_hash_held_in_memory_is_answered_without_the_cache(server_factory, tmp
         await b.c.close()
 
     asyncio.run(main())
+
+
+def test_memory_answers_follow_each_tenants_cache_view(
+    server_factory,
+    tmp_path,
+    monkeypatch,
+    caplog,
+    pki,  # noqa: F811 - the fixture
+):
+    """Mallory holds forged bytes under the hash of Alice's weights. Alice's lookups never see
+    them (Mallory's namespace is not Alice's); Alice's own upload under that hash is a collision
+    (logged) but is still shared, by its bytes, with Alice's next connection; Mallory's lookups
+    get Mallory's bytes."""
+    monkeypatch.setattr(_native, "fnv1a64", weak_hash)
+    tokens = write_tokens(tmp_path / "tokens", {"alice": (ALICE, None), "mallory": (MALLORY, None)})
+    srv = serve(server_factory, pki, tokens, cache_dir=tmp_path / "cache")
+    alice = TunnelThread([("127.0.0.1", srv.port)], ALICE, ca=pki.ca_path).start()
+    mallory = TunnelThread([("127.0.0.1", srv.port)], MALLORY, ca=pki.ca_path).start()
+    weights = b"\x07" + os.urandom(SIZE - 1)
+    forged = b"\x07" + os.urandom(SIZE - 1)
+    digest = weak_hash(weights)
+
+    async def main() -> None:
+        m1 = await Holder.open(mallory.ports[0])
+        await m1.c.set_tensor(m1.t, 0, forged, cache=True)
+        await m1.c.device_count()
+        a1 = await Holder.open(alice.ports[0])
+        assert not await a1.c.set_tensor_hash(a1.t, 0, digest)  # a miss, not Mallory's bytes
+        await a1.c.set_tensor(a1.t, 0, weights, cache=True)
+        await a1.c.device_count()
+        a2 = await Holder.open(alice.ports[0])
+        assert await a2.c.set_tensor_hash(a2.t, 0, digest)
+        assert await a2.read() == weights
+        m2 = await Holder.open(mallory.ports[0])
+        assert await m2.c.set_tensor_hash(m2.t, 0, digest)
+        assert await m2.read() == forged
+        assert sharing(srv) == (2 * SIZE, 2 * SIZE, 2)  # each content with its own tenant
+        for h in (m1, a1, a2, m2):
+            await h.c.close()
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(main())
+    finally:
+        alice.stop()
+        mallory.stop()
+    assert "shared weights: FNV-1a collision on 0000000000001007" in caplog.text

@@ -122,10 +122,6 @@ class SharedContent:
         self.store.release(self)
 
 
-class Collision(Exception):
-    """Content whose FNV-1a names other content the server holds: never shared."""
-
-
 class SharedStore:
     """The shared contents of one device, indexed by cheap key, SHA-256 and FNV-1a. Charged to
     the device's pool once each; thread-safe (cache loads run on threads)."""
@@ -172,8 +168,9 @@ class SharedStore:
     ) -> SharedContent:
         """The content equal to `array` (a new user of it), `array` itself as a new content
         (charged to the pool) when there is none. With `fnv` (verified by the caller) the
-        content is named by it for clients trusting `origin`; raises `Collision` when `fnv`
-        already names other content."""
+        content is named by it for clients trusting `origin`, unless `fnv` already names other
+        bytes: a collision, logged; the content is then shared by its bytes only, and that
+        hash never answers with it."""
         started = time.perf_counter()
         try:
             return self._adopt(array, strong, fnv, origin)
@@ -191,10 +188,10 @@ class SharedStore:
                 self.collisions += 1
                 log.warning(
                     "shared weights: FNV-1a collision on %016x: content with this hash but other "
-                    "bytes (SHA-256) than the content held; not shared",
+                    "bytes than the content held under it; never shared under this hash",
                     fnv,
                 )
-                raise Collision(f"{fnv:016x}")
+                fnv = None
             if found is None:
                 array.flags.writeable = False
                 found = SharedContent(array, sample, self, strong=strong)

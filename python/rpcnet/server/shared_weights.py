@@ -19,7 +19,6 @@ import numpy as np
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.shared_content import (
     SHARE_MIN,
-    Collision,
     SharedContent,
     enabled,
     store_of,
@@ -54,14 +53,9 @@ def settle(
     fnv: int | None = None,
     origin: str | None = None,
 ) -> None:
-    """`array` (complete, verified) is the new content of buf[start:start+len]: share it, or
-    on an FNV-1a collision keep it as the buffer's own bytes."""
-    store = store_of(buf.device)
-    try:
-        content = store.adopt(array, strong, fnv, origin)
-    except Collision:
-        buf.write(start, array)
-        return
+    """`array` (complete, verified) is the new content of buf[start:start+len]: held once
+    with equal bytes, or kept as a new content."""
+    content = store_of(buf.device).adopt(array, strong, fnv, origin)
     try:
         buf.attach(start, content)
     except BaseException:
