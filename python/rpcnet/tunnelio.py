@@ -10,8 +10,9 @@ kernel copy out; no Python `bytes` is made per chunk.
   arrives goes through the `RequestScanner` and into `SSLSocket.send` at once. Whatever the
   socket does not take yet stays referenced (the buffer with it), and the plain side stops
   reading until it is sent: the tunnel holds at most one buffer per connection this way.
-- server -> client: the TLS socket is read when readable, up to `READ_BURST` bytes per turn,
-  and handed to the plain transport; past its high-water mark, the TLS side stops reading.
+- server -> client: the TLS socket is decrypted into one reused buffer when readable (up to
+  `READ_BURST` bytes per turn), copied once per `READ_SIZE` to the plain transport; past its
+  high-water mark, the TLS side stops reading.
 
 Set-up (connect, handshake, verification, token) runs on a thread with blocking sockets and a
 deadline (`open_tls`): a few per client, off the forwarding path.
@@ -191,6 +192,7 @@ class TlsSide:
         self.loop = asyncio.get_running_loop()
         self.fd = sock.fileno()
         self.pending: list[memoryview] = []  # client bytes SSL_write has not taken yet
+        self._read_view = memoryview(bytearray(READ_SIZE))  # server bytes, decrypted
         self._reading = False
         self._writing = False
         self.closed = False
@@ -246,23 +248,27 @@ class TlsSide:
     def _on_readable(self) -> None:
         if self.closed or not self._reading:
             return
-        chunks: list[bytes] = []
-        got = 0
-        eof = False
+        view, got, eof = self._read_view, 0, False
         try:
             while got < READ_BURST:
-                data = self.sock.recv(READ_SIZE)
-                if not data:
-                    eof = True
+                filled = 0
+                try:
+                    while filled < READ_SIZE:  # a record (16 KiB at most) per call
+                        n = self.sock.recv_into(view[filled:])
+                        if not n:
+                            eof = True
+                            break
+                        filled += n
+                finally:
+                    if filled:  # one copy per READ_SIZE: the buffer is reused
+                        self.plain.transport.write(bytes(view[:filled]))
+                        got += filled
+                if eof or filled < READ_SIZE:
                     break
-                chunks.append(data)
-                got += len(data)
         except WOULD_BLOCK:
             pass
         except OSError:
             eof = True
-        if chunks:
-            self.plain.transport.writelines(chunks)
         if eof:
             self._lost()
         elif got >= READ_BURST and self._reading:  # more may be waiting in OpenSSL
