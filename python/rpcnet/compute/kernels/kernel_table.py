@@ -79,7 +79,9 @@ class BuildContext:
     ) -> BuildContext:
         """The context of a plan over `nodes` on `device`: threads, backend and scratch limit of
         the device holding its outputs; `budget` (a ScratchBudget) names the limit if given."""
-        holder = next((n.buffer.device for n in nodes if n.buffer is not None), None)
+        written = [n.buffer for n in nodes if n.buffer is not None and n.is_computed]
+        placed = written or [n.buffer for n in nodes if n.buffer is not None]
+        holder = placed[0].device if placed else None
         if budget is None:
             budget = getattr(holder, "scratch", None)
         return cls(
