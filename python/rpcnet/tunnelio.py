@@ -205,7 +205,11 @@ class TlsSide:
     def send(self, parts: list[Any]) -> None:
         if self.closed:
             return
-        self.pending.extend(memoryview(p).cast("B") for p in parts)
+        views = [memoryview(p).cast("B") for p in parts]
+        if len(views) > 1 and sum(v.nbytes for v in views) <= SEND_PIECE:
+            # one TLS record and one segment, not one per frame header and payload piece
+            views = [memoryview(b"".join(views))]
+        self.pending.extend(views)
         self._flush()
         if self.pending and not self.closed:  # the plain buffer is still referenced
             self.plain.transport.pause_reading()
