@@ -127,6 +127,9 @@ def test_slow_token_times_out(server_factory, pki, tmp_path, caplog):
         sock.settimeout(5)
         assert sock.recv(1) == b""
     wait_until(lambda: "refused: no token preamble within 1 s" in caplog.text)
+    wait_until(lambda: srv.connection_count() == 0)
+    assert srv.memory_held() == 0
+    assert srv.call(lambda: srv.server.stats.refused.get("token", 0)) >= 1
 
 
 # ------------------------------------------------------------------------------ reloads
