@@ -42,14 +42,23 @@ def _check_ids(ids: Any, limit: int, what: str) -> None:
 # --- GET_ROWS --------------------------------------------------------------------------------
 
 
-def _get_rows_supported(node: Tensor) -> bool:
+def _get_rows_shapes(node: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(data, i32 ids) when GET_ROWS's shapes fit, whatever computes it."""
     a, b = node.src[0], node.src[1]
     if a is None or b is None or b.type != GgmlType.I32:
-        return False
+        return None
     if tuple(node.ne) != (a.ne[0], b.ne[0], b.ne[1], b.ne[2]):
-        return False
+        return None
     if a.ne[2] != b.ne[1] or a.ne[3] != b.ne[2] or b.ne[3] != 1:
+        return None
+    return a, b
+
+
+def _get_rows_supported(node: Tensor) -> bool:
+    operands = _get_rows_shapes(node)
+    if operands is None:
         return False
+    a = operands[0]
     if a.type == node.type and a.type in PLAIN_DTYPES:
         return True
     return convert.can_load(a.type) and convert.can_store(node.type) and blocks_ok(a)
@@ -105,16 +114,25 @@ def get_rows(node: Tensor, context: BuildContext) -> Step:
 # --- SET_ROWS --------------------------------------------------------------------------------
 
 
-def _set_rows_supported(node: Tensor) -> bool:
+def _set_rows_shapes(node: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(rows, i32/i64 ids) when SET_ROWS's shapes fit, whatever computes it."""
     rows, idx = node.src[0], node.src[1]
     if rows is None or idx is None or idx.type not in (GgmlType.I32, GgmlType.I64):
-        return False
+        return None
     if node.ne[0] != rows.ne[0] or node.ne[2] != rows.ne[2] or node.ne[3] != rows.ne[3]:
-        return False
+        return None
     if rows.ne[1] != idx.ne[0] or idx.ne[3] != 1 or idx.ne[1] <= 0 or idx.ne[2] <= 0:
-        return False
+        return None
     if rows.ne[2] % idx.ne[1] or rows.ne[3] % idx.ne[2]:
+        return None
+    return rows, idx
+
+
+def _set_rows_supported(node: Tensor) -> bool:
+    operands = _set_rows_shapes(node)
+    if operands is None:
         return False
+    rows = operands[0]
     return convert.can_load(rows.type) and convert.can_store(node.type) and blocks_ok(node)
 
 
@@ -169,16 +187,11 @@ def set_rows(node: Tensor, context: BuildContext) -> Step:
 
 
 def _get_rows_native_supported(node: Tensor) -> bool:
-    a, b = node.src[0], node.src[1]
-    if a is None or b is None or b.type != GgmlType.I32 or node.type != GgmlType.F32:
+    operands = _get_rows_shapes(node)
+    if operands is None or node.type != GgmlType.F32:
         return False
-    if not rows_contiguous(b, 4):
-        return False
-    if not (float_rows(a) and float_rows(node)):
-        return False
-    if tuple(node.ne) != (a.ne[0], b.ne[0], b.ne[1], b.ne[2]):
-        return False
-    return a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1
+    a, b = operands
+    return rows_contiguous(b, 4) and float_rows(a) and float_rows(node)
 
 
 @native_row(
@@ -193,18 +206,13 @@ def get_rows_native(node: Tensor, context: BuildContext) -> Step:
 
 
 def _set_rows_native_supported(node: Tensor) -> bool:
-    rows, idx = node.src[0], node.src[1]
-    if rows is None or idx is None or idx.type not in (GgmlType.I32, GgmlType.I64):
+    operands = _set_rows_shapes(node)
+    if operands is None:
         return False
+    rows, idx = operands
     if rows.type != GgmlType.F32 or not float_rows(rows) or not float_rows(node):
         return False
-    if not rows_contiguous(idx, 8 if idx.type == GgmlType.I64 else 4):
-        return False
-    if node.ne[0] != rows.ne[0] or node.ne[2] != rows.ne[2] or node.ne[3] != rows.ne[3]:
-        return False
-    if rows.ne[1] != idx.ne[0] or idx.ne[3] != 1 or idx.ne[1] <= 0 or idx.ne[2] <= 0:
-        return False
-    return rows.ne[2] % idx.ne[1] == 0 and rows.ne[3] % idx.ne[2] == 0
+    return rows_contiguous(idx, 8 if idx.type == GgmlType.I64 else 4)
 
 
 @native_row(
