@@ -59,35 +59,47 @@ def _rows_ok(t: Tensor) -> bool:
     return block > 0 and t.ne[0] % block == 0 and t.nb[0] == size
 
 
-def _supported(node: Tensor) -> bool:
+Operands = tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]
+
+
+def _operands(node: Tensor) -> Operands | None:
+    """(q, k, v, mask, sinks) when FLASH_ATTN_EXT's shapes, broadcasts and types fit, whatever
+    computes it."""
     src = tuple(node.src) + (None,) * (5 - len(node.src))
     q, k, v, mask, sinks = src[:5]
     if q is None or k is None or v is None or node.type != GgmlType.F32 or q.type != GgmlType.F32:
-        return False
-    if not (convert.can_load(k.type) and convert.can_load(v.type)):
-        return False
-    if not (_rows_ok(q) and _rows_ok(k) and _rows_ok(v)):
-        return False
+        return None
     dk, n_q, n_head, n3 = q.ne
     if k.ne[0] != dk or v.ne[1] != k.ne[1] or tuple(node.ne) != (v.ne[0], n_head, n_q, n3):
-        return False
+        return None
     for kv in (k, v):
         if kv.ne[2] <= 0 or kv.ne[3] <= 0 or n_head % kv.ne[2] or n3 % kv.ne[3]:
-            return False
-    if k.type in Q8_0_PARTNERS and dk % 32:
-        return False
+            return None
     if mask is not None:
         if (
             mask.type not in (GgmlType.F16, GgmlType.F32)
             or mask.ne[0] < k.ne[1]
             or mask.ne[1] < n_q
         ):
-            return False
+            return None
         if mask.ne[2] <= 0 or mask.ne[3] <= 0 or n_head % mask.ne[2] or n3 % mask.ne[3]:
-            return False
+            return None
     if sinks is not None and (sinks.type != GgmlType.F32 or sinks.nelements < n_head):
+        return None
+    return q, k, v, mask, sinks
+
+
+def _supported(node: Tensor) -> bool:
+    operands = _operands(node)
+    if operands is None:
         return False
-    return True  # any precision hint (op_params[3]): accumulation here is always f32
+    q, k, v = operands[:3]
+    if not (convert.can_load(k.type) and convert.can_load(v.type)):
+        return False
+    if not (_rows_ok(q) and _rows_ok(k) and _rows_ok(v)):
+        return False
+    # any precision hint (op_params[3]) is fine: accumulation here is always f32
+    return k.type not in Q8_0_PARTNERS or q.ne[0] % 32 == 0
 
 
 def _expand_heads(x: Any, n3: int, n2: int) -> Any:
@@ -305,36 +317,24 @@ def _online_softmax_v(s: Any, v: Any, v_f16: bool, sinks: Any, per_group: int, n
 
 
 def _native_supported(node: Tensor) -> bool:
-    src = tuple(node.src) + (None,) * (5 - len(node.src))
-    q, k, v, mask, sinks = src[:5]
-    if q is None or k is None or v is None or node.type != GgmlType.F32 or q.type != GgmlType.F32:
+    operands = _operands(node)
+    if operands is None:
         return False
-    dk, n_q, n_head, n3 = q.ne
+    q, k, v, mask, sinks = operands
+    n_q, n_head = q.ne[1], q.ne[2]
     kv_types = (GgmlType.F16, GgmlType.F32) if n_q >= Q_TILE else (GgmlType.F16,)
     if k.type != v.type or k.type not in kv_types or q.nb[0] != 4:
         return False
     if k.nb[0] != traits_of(k.type).type_size or v.nb[0] != traits_of(v.type).type_size:
         return False
-    if k.ne[0] != dk or v.ne[1] != k.ne[1]:
-        return False
-    if tuple(node.ne) != (v.ne[0], n_head, n_q, n3) or node.nb[0] != 4:
-        return False
-    if node.nb[1] != 4 * node.ne[0] or node.nb[2] != node.nb[1] * n_head:
+    if node.nb[0] != 4 or node.nb[1] != 4 * node.ne[0] or node.nb[2] != node.nb[1] * n_head:
         return False
     if node.nb[3] != node.nb[2] * n_q:
         return False
-    for t in (k, v):
-        if t.ne[2] <= 0 or t.ne[3] <= 0 or n_head % t.ne[2] or n3 % t.ne[3]:
-            return False
-    if mask is not None:
-        if mask.type != GgmlType.F16 or mask.nb[0] != 2 or mask.ne[0] < k.ne[1] or mask.ne[1] < n_q:
-            return False
-        if mask.ne[2] <= 0 or mask.ne[3] <= 0 or n_head % mask.ne[2] or n3 % mask.ne[3]:
-            return False
+    if mask is not None and (mask.type != GgmlType.F16 or mask.nb[0] != 2):
+        return False
     if sinks is not None:
-        if sinks.type != GgmlType.F32 or sinks.nb[0] != 4 or sinks.ne[0] < n_head:
-            return False
-        if sinks.ne[1] * sinks.ne[2] * sinks.ne[3] != 1:
+        if sinks.nb[0] != 4 or sinks.ne[0] < n_head or sinks.ne[1] * sinks.ne[2] * sinks.ne[3] != 1:
             return False
     return True
 
