@@ -151,26 +151,16 @@ def glu(node: Tensor, context: BuildContext) -> Step:
 
 
 def _native_supported(node: Tensor) -> bool:
-    a = node.src[0] if node.src else None
+    """`_supported`'s rules, for SWIGLU on f32 rows (a split takes an even row)."""
+    if not _supported(node) or node.i32(0) != Glu.SWIGLU:
+        return False
+    a = node.src[0]
     b = node.src[1] if len(node.src) > 1 else None
-    if (
-        a is None
-        or node.i32(0) != Glu.SWIGLU
-        or a.type != GgmlType.F32
-        or node.type != GgmlType.F32
-    ):
+    assert a is not None
+    operands = (a, node) if b is None else (a, b, node)
+    if any(t.type != GgmlType.F32 or not rows_contiguous(t, 4) for t in operands):
         return False
-    if not (rows_contiguous(a, 4) and rows_contiguous(node, 4)):
-        return False
-    if tuple(node.ne[1:]) != tuple(a.ne[1:]):
-        return False
-    if b is None:
-        return node.ne[0] * 2 == a.ne[0]
-    return (
-        b.type == GgmlType.F32
-        and rows_contiguous(b, 4)
-        and tuple(b.ne) == tuple(a.ne) == tuple(node.ne)
-    )
+    return b is not None or node.ne[0] * 2 == a.ne[0]
 
 
 @native_row(FAMILY, Op.GLU, "SWIGLU f32 split or fused (native)", _native_supported)
