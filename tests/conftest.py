@@ -48,6 +48,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_matmul_native": ("reference",),
     "test_matmul_quant": ("reference",),
     "test_matmul_tiled": ("reference",),
+    "test_moe_native": ("reference",),
     "test_ops_native": ("reference",),
     "test_ops_attention": ("reference",),
     "test_ops_elementwise": ("reference",),

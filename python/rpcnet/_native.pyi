@@ -82,6 +82,9 @@ __all__ = [
     "soft_max_step",
     "mul_mat_step",
     "mul_mat_id_step",
+    "argsort_step",
+    "sum_rows_step",
+    "clamp_step",
     "rdma_scan",
     "rdma_env",
     "rdma_resolve",
@@ -452,6 +455,17 @@ def mul_mat_id_step(
     f32 `x` [K, rows per token, tokens, 1] routed by i32 `ids` [slots, tokens, 1, 1] into f32
     `out` [M, slots, tokens, 1]; each token's row converted once, each selected expert read
     once; running it raises ValueError for an expert id out of range."""
+
+def argsort_step(x: _TensorArg, out: _TensorArg, descending: bool, threads: int = 1) -> NativeStep:
+    """ARGSORT of f32 rows into i32 indices of the same shape (stable; NaNs last)."""
+
+def sum_rows_step(x: _TensorArg, out: _TensorArg, threads: int = 1) -> NativeStep:
+    """SUM_ROWS of f32 rows into f32 [1, rows...], summed in f64 like ggml."""
+
+def clamp_step(
+    x: _TensorArg, out: _TensorArg, min: float, max: float, threads: int = 1
+) -> NativeStep:
+    """CLAMP of f32 values with ggml's MAX(MIN(x, max), min) (in place allowed)."""
 
 # --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
 

@@ -12,7 +12,7 @@
 //!    [`expf8`], [`expf_libm`].
 //! 5. GEMM tiles for many activation rows: [`gemm`].
 //! 6. Matmul dispatch: [`matmul`] (plan, thread split, whole MUL_MAT nodes).
-//! 7. The other ops of a decode step: [`flash_attn`], [`rowops`].
+//! 7. The other ops of a decode step: [`flash_attn`], [`rowops`], [`routing`] (a MoE router's).
 
 pub mod act;
 pub mod blocks;
@@ -28,6 +28,7 @@ pub mod gemm;
 pub mod matmul;
 pub mod operand;
 pub mod pool;
+pub mod routing;
 pub mod rowops;
 #[cfg(test)]
 mod test_util;

@@ -84,6 +84,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(native_ops::soft_max_step, m)?)?;
     m.add_function(wrap_pyfunction!(native_ops::mul_mat_step, m)?)?;
     m.add_function(wrap_pyfunction!(native_experts::mul_mat_id_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_experts::argsort_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_experts::sum_rows_step, m)?)?;
+    m.add_function(wrap_pyfunction!(native_experts::clamp_step, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
     m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;

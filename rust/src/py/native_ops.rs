@@ -12,6 +12,7 @@ use crate::kernels::formats::type_info;
 use crate::kernels::matmul::experts::MulMatId;
 use crate::kernels::matmul::step::MulMat;
 use crate::kernels::operand::Operand;
+use crate::kernels::routing::Routing;
 use crate::kernels::rowops::{BinOp, Elem, Rope, RowOp};
 
 /// A tensor as Python passes it: (uint8 buffer, byte offset of element 0, ne, nb).
@@ -21,6 +22,7 @@ pub(super) enum Kernel {
     FlashAttn(Box<FlashAttn>),
     MulMat(Box<MulMat>),
     MulMatId(Box<MulMatId>),
+    Routing(Box<Routing>),
     Row(Box<RowOp>),
 }
 
@@ -53,6 +55,10 @@ impl NativeStep {
                     true
                 }
                 Kernel::MulMatId(mm) => mm.run(self.threads),
+                Kernel::Routing(op) => {
+                    op.run(self.threads);
+                    true
+                }
                 Kernel::Row(op) => op.run(self.threads),
             }
         }

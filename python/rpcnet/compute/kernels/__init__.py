@@ -22,6 +22,7 @@ KERNEL_MODULES = (
     "reduce",
     "rope",
     "rows",
+    "routing_native",
     "shape",
     "softmax",
     "unary",
