@@ -196,6 +196,11 @@ def set_summary(size: int, plain: list[float], tunnel: list[tuple[float, float, 
     }
 
 
+def load_note(result: dict) -> str:
+    load = result.get("load")
+    return "" if load is None else f" (load average {load:.1f} at the start)"
+
+
 def as_report(result: dict) -> dict:
     """`result` in bench/report.py's table format (its raw figures kept alongside)."""
     cpu = result["cpu"]
@@ -223,7 +228,7 @@ def as_report(result: dict) -> dict:
         bt = result["before"]
         rows.append(
             [
-                f"same, tunnel and TLS server of {bt['revision']}: GB/s; CPU ms",
+                f"SET_TENSOR, tunnel and TLS server of {bt['revision']}: GB/s; CPU ms",
                 "",
                 f"{bt['tunnel_gbps']:.2f}; {bt['tunnel_cpu_ms']:.0f} / {bt['server_cpu_ms']:.0f}",
                 f"{bt['ratio']:.2f}",
@@ -240,6 +245,16 @@ def as_report(result: dict) -> dict:
                 f"{dc['ratio']:.3f}",
             ]
         )
+        bt = result.get("before", {})
+        if "decode_tok_s" in bt:
+            rows.append(
+                [
+                    f"decode, tunnel and TLS server of {bt['revision']}, tok/s",
+                    "",
+                    f"{bt['decode_tok_s']:.2f}",
+                    f"{bt['decode_ratio']:.3f}",
+                ]
+            )
     return {
         "title": "TLS and tokens through `rpcnet tunnel`",
         "script": "bench/bench_tls.py",
@@ -258,10 +273,14 @@ def as_report(result: dict) -> dict:
         ],
         "tables": [{"columns": ["measure", "plain TCP", "tunnel + TLS", "ratio"], "rows": rows}],
         "notes": [
-            "The 2 cores were shared with other jobs during the run: a 64 MiB upload goes "
-            "through four processes' copies and an encryption and a decryption, so it is the "
-            "figure contention moves most (1.0-1.1 GB/s through the tunnel on a quieter run of "
-            "the same script)."
+            f"{cpu['cores']} cores shared with other jobs{load_note(result)}: an upload "
+            "through the tunnel keeps three processes busy (client, tunnel, server: two "
+            "copies and an encryption in the tunnel, a copy and a decryption in the server), "
+            "so its GB/s is the figure contention moves most. The CPU times depend less on the "
+            "other jobs: 64 MiB over the larger of the two is what the path carries with a "
+            "core each for tunnel and server.",
+            "Servers run with RPCNET_SHARE_WEIGHTS=0: this measures the wire; with shared "
+            "weights on, every upload of 256 KiB or more is also hashed (SHA-256) on both paths.",
         ],
         "raw": result,
     }
@@ -288,6 +307,7 @@ def main() -> int:
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_info(),
         "python": platform.python_version(),
+        "load": os.getloadavg()[0],
     }
     with tempfile.TemporaryDirectory() as tmp:
         paths = Paths(Path(tmp) / "now", threads=2)
@@ -327,9 +347,11 @@ def main() -> int:
 
                 spec = bench_engine.spec_for(bench_engine.MODELS["336m"], "q8_0")
                 model = bench_engine.ensure_bench_model(spec, args.model_cache)
-                dp, dt = [], []
+                dp, dt, db = [], [], []
                 for i in range(args.decode_runs):
                     order = [(dp, paths.plain), (dt, paths.tunnel)]
+                    if before is not None:
+                        order.append((db, before.tunnel))
                     for out, port in order if i % 2 == 0 else order[::-1]:
                         out.append(decode_rate(model, port, args.tg))
                 p, t = statistics.median(dp), statistics.median(dt)
@@ -344,6 +366,10 @@ def main() -> int:
                     "tunnel_all": dt,
                 }
                 print(f"decode tg{args.tg}: plain {p:.2f} tok/s, tunnel {t:.2f}, ratio {t / p:.3f}")
+                if before is not None:
+                    b = statistics.median(db)
+                    result["before"].update(decode_tok_s=b, decode_ratio=b / p, decode_all=db)
+                    print(f"  {args.compare}: tunnel {b:.2f} tok/s, ratio {b / p:.3f}")
         finally:
             paths.close()
             if before is not None:
