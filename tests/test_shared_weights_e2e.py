@@ -1,9 +1,10 @@
 """Real llama.cpp v8 clients that load the same f16 model onto one `rpcnet serve` process.
 
 The weights are held once: with three clients loaded at once the server's VmRSS (read from
-/proc) is far below three copies, and /metrics counts the shared and saved bytes. Every client's
-teacher-forced logits equal, bit for bit, those of one client alone, and those of a server with
-sharing off (`RPCNET_SHARE_WEIGHTS=0`).
+/proc) is far below three copies, and /metrics counts the shared and saved bytes. With `--cache`,
+the weights the client names by hash (those above 10 MiB) are answered from memory or from the
+cache file. Every client's teacher-forced logits equal, bit for bit, those of one client alone,
+and those of a server with sharing off (`RPCNET_SHARE_WEIGHTS=0`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ TOKENS = "1,5,9,300,17,42,7,99"
 
 
 def model_file(tmp_path: Path) -> Path:
-    # every matrix >= 256 KiB (shared); ~75 MB of f16 weights
+    # every matrix >= 256 KiB (shared), the output matrix > 10 MiB (sent by hash first);
+    # ~75 MB of f16 weights
     return write_tiny_llama(
         tmp_path / "shared-f16.gguf",
         n_vocab=8192,
@@ -99,7 +101,10 @@ def test_clients_share_weights_keep_solo_logits_and_save_memory(tmp_path, monkey
     model = model_file(tmp_path)
     weights = model.stat().st_size
     port, mport = refenv.free_port(), refenv.free_port()
-    proc = serve.start_rpcnet(port, "--mem", "4G", "--threads", "2", "--metrics", str(mport))
+    cache = str(tmp_path / "cache")
+    proc = serve.start_rpcnet(
+        port, "--mem", "4G", "--threads", "2", "--metrics", str(mport), "--cache", cache
+    )
     try:
         time.sleep(1.0)  # start-up settles (imports, the accept loop)
         baseline = vm_rss(proc.pid)
@@ -124,6 +129,11 @@ def test_clients_share_weights_keep_solo_logits_and_save_memory(tmp_path, monkey
     assert shared > 0.8 * weights and saved == 2 * shared, (shared, saved, weights)
     for logits in together:
         assert np.array_equal(logits, alone)
+    # the output matrix, by hash: a miss for the solo client (then uploaded and stored), then
+    # each of the three answered once, from memory or (before it was held) from the cache file
+    answers = m[("rpcnet_shared_hash_answers_total", (("device", "CPU"),))]
+    assert m[("rpcnet_hash_cache_misses_total", ())] == 1
+    assert answers + m[("rpcnet_hash_cache_hits_total", ())] == 3, answers
 
     # the same client on a server that does not share: the same bits
     monkeypatch.setenv("RPCNET_SHARE_WEIGHTS", "0")

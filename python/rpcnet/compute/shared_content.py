@@ -135,6 +135,7 @@ class SharedStore:
         self.collisions = 0
         self.seconds = 0.0  # spent identifying uploads (keys, comparisons, lookups)
         self.compared = 0  # bytes compared with held candidates
+        self.answered = 0  # SET_TENSOR_HASH lookups answered from memory
 
     # ------------------------------------------------------------------ queries
 
@@ -146,6 +147,7 @@ class SharedStore:
             if content is None or not content.origins & trusted:
                 return None
             content.users += 1
+            self.answered += 1
             return content
 
     def stats(self) -> tuple[int, int, int]:
@@ -267,20 +269,14 @@ class SharedStore:
 _STORES_LOCK = threading.Lock()
 
 
-def device_sharing(device: Any) -> dict[str, int]:
+def device_sharing(device: Any) -> dict[str, float]:
     """For metrics: bytes held once for several users, bytes that saves, contents held, FNV-1a
-    collisions refused, seconds spent identifying uploads and bytes compared for it,
-    on `device` (zeros before its first shared upload)."""
+    collisions, seconds spent identifying uploads, bytes compared for it and hash lookups
+    answered from memory, on `device` (zeros before its first shared upload)."""
     store = getattr(device, "shared_store", None)
     if store is None:
-        return {
-            "shared": 0,
-            "saved": 0,
-            "contents": 0,
-            "collisions": 0,
-            "seconds": 0,
-            "compared": 0,
-        }
+        keys = ("shared", "saved", "contents", "collisions", "seconds", "compared", "answered")
+        return dict.fromkeys(keys, 0)
     shared, saved, contents = store.stats()
     return {
         "shared": shared,
@@ -289,6 +285,7 @@ def device_sharing(device: Any) -> dict[str, int]:
         "collisions": store.collisions,
         "seconds": store.seconds,
         "compared": store.compared,
+        "answered": store.answered,
     }
 
 

@@ -194,10 +194,16 @@ class ServerCollector:
             "Time spent identifying uploads for sharing (sampled keys, byte comparisons)",
             labels=["device"],
         )
+        answered = CounterMetricFamily(
+            "rpcnet_shared_hash_answers",
+            "SET_TENSOR_HASH lookups answered from weights held in memory (no cache read)",
+            labels=["device"],
+        )
         for dev in self.server.devices:
             mem = dev.memory
             sharing = device_sharing(dev)
             identify.add_metric([dev.name], sharing["seconds"])
+            answered.add_metric([dev.name], sharing["answered"])
             shared.add_metric([dev.name], sharing["shared"])
             saved.add_metric([dev.name], sharing["saved"])
             collisions.add_metric([dev.name], sharing["collisions"])
@@ -213,7 +219,7 @@ class ServerCollector:
         yield scratch
         yield joint_runs
         yield joint_plans
-        yield from (shared, saved, collisions, identify)
+        yield from (shared, saved, collisions, identify, answered)
 
     def _clients(self) -> Iterator[Any]:
         held = GaugeMetricFamily(
