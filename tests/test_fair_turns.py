@@ -125,8 +125,8 @@ def test_a_short_step_of_another_client_runs_between_a_long_plans_nodes(device: 
     release.clear()
     inside.clear()
     order.clear()
-    a.plan.last_seconds = 10.0  # long: runs in slices
-    b.plan.last_seconds = 0.001  # short: a decode step
+    a.plan.last_seconds = a.plan.fastest_seconds = 10.0  # long: runs in slices
+    b.plan.last_seconds = b.plan.fastest_seconds = 0.001  # short: a decode step
     owner_a, owner_b = object(), object()
     waits: list[tuple[object, float]] = []
     device.wait_observer = lambda owner, seconds: waits.append((owner, seconds))
@@ -160,7 +160,7 @@ def test_one_clients_jobs_keep_their_order_behind_its_paused_plan(device: Device
         release.wait(5)
 
     a = Chain(3, seed=6, first=gate)
-    a.plan.last_seconds = 10.0
+    a.plan.last_seconds = a.plan.fastest_seconds = 10.0
     owner_a, owner_b = object(), object()
 
     def tagged(tag: str, owner: object):
@@ -193,6 +193,20 @@ def test_one_clients_jobs_keep_their_order_behind_its_paused_plan(device: Device
     for f in (fa, later_a, fb):
         f.result(5)
     assert order == ["B", "A", "A-next"]
+
+
+def test_a_decode_step_slowed_down_once_still_goes_first():
+    """What makes a plan short is its fastest run: a busy host that slows one decode step down
+    does not turn the next into a long plan that takes turns with prefills."""
+    chain = Chain(2, seed=7)
+    work = OwnedPlan(chain.plan, object())
+    assert not turns.is_short(work)  # never run, and not of a form that joins decode steps
+    chain.plan.run()
+    assert turns.is_short(work)
+    chain.plan.last_seconds = 10 * turns.SHORT_SECONDS  # one slow run, as a busy host gives
+    assert turns.is_short(work)
+    chain.plan.fastest_seconds = 2 * turns.SHORT_SECONDS
+    assert not turns.is_short(work)
 
 
 def job(owner: object, short: bool, at: float) -> Job:

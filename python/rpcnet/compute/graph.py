@@ -73,6 +73,7 @@ class Plan:
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
     uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
     last_seconds: float | None = None  # how long the last run took (None: never run)
+    fastest_seconds: float | None = None  # its fastest run: a decode step even on a busy host
     joint: JointForm | None = None  # running with other clients' plans: compute/shared_decode.py
     # one step per node (native runs not folded; timed ones under a profile): a long plan runs
     # in slices of these between other clients' steps (compute/plan_run.PlanCursor); None: whole

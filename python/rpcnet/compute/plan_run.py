@@ -26,7 +26,14 @@ def plan_run(plans: Sequence[Any]) -> Iterator[None]:
         _native.pool_rest()  # no kernel follows soon: the cores go to the response and client
     elapsed = time.perf_counter() - started
     for plan in plans:
-        plan.last_seconds = elapsed
+        ran(plan, elapsed)
+
+
+def ran(plan: Any, seconds: float) -> None:
+    """Record a finished run of `plan`: its last and its fastest run's time."""
+    plan.last_seconds = seconds
+    fastest = getattr(plan, "fastest_seconds", None)
+    plan.fastest_seconds = seconds if fastest is None else min(fastest, seconds)
 
 
 class PlanCursor:
@@ -60,5 +67,5 @@ class PlanCursor:
             self.busy += time.perf_counter() - started
         if self.next < count:
             return False
-        self.plan.last_seconds = self.busy
+        ran(self.plan, self.busy)
         return True

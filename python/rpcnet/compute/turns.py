@@ -2,7 +2,7 @@
 
 Every client's jobs run in the order it launched them. Among the clients' next jobs:
 
-- a short one (a plan whose last run took at most SHORT_SECONDS: a decode step) goes first, in
+- a short one (a plan whose fastest run took at most SHORT_SECONDS: a decode step) goes first, in
   arrival order; it runs whole (decode steps of clients with equal weights run together,
   compute/shared_decode.py);
 - a long one (a prefill) runs in slices of nodes (`PlanCursor`): after each node it gives the
@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-# A plan whose last run took at most this long is a decode-like step: it goes before long ones.
+# A plan whose fastest run took at most this long is a decode-like step: it goes before long ones.
 SHORT_SECONDS = 0.1
 # A long plan runs at most this long while another client's long plan waits for the device.
 SLICE_SECONDS = 0.02
@@ -70,15 +70,21 @@ class Job:
 
 
 def is_short(fn: Callable[[], Any]) -> bool:
-    """Whether `fn` goes first and runs whole: a plan known to be short, a plan never run that
-    could join other clients' decode steps, or a plain callable (a device callback)."""
+    """Whether `fn` goes first and runs whole: a plan whose fastest run was short (a decode step
+    stays one when a busy host slows a run down), a plan never run that could join other
+    clients' decode steps, or a plain callable (a device callback)."""
     short = getattr(fn, "short", None)
     if short is None:
         return True
     plan = getattr(fn, "plan", None)
-    if plan is not None and getattr(plan, "last_seconds", 0.0) is None:
+    if plan is None:
+        return bool(short(SHORT_SECONDS))
+    seconds = getattr(plan, "fastest_seconds", None)
+    if seconds is None:
+        seconds = getattr(plan, "last_seconds", None)
+    if seconds is None:
         return bool(getattr(fn, "joinable", False))
-    return bool(short(SHORT_SECONDS))
+    return bool(seconds <= SHORT_SECONDS)
 
 
 class Turns:
