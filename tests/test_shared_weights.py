@@ -72,6 +72,10 @@ def test_identical_uploads_are_held_once_and_freed_with_the_last_user(server_fac
         assert sharing(srv) == (SIZE, SIZE, 1)
         assert await a.read() == data and await b.read() == data
         assert await b.c.get_tensor(b.t, 1000, 64) == data[1000:1064]
+        # a read across the range's edges: the buffer's own bytes around the shared ones
+        around = tensor(b.handle, b.base + AT - 4096, SIZE + 8192)
+        got = await b.c.get_tensor(around, 0, SIZE + 8192)
+        assert got[4096 : 4096 + SIZE] == data
         await a.c.close()
         while srv.memory_held() != BUF:
             await asyncio.sleep(0.01)
@@ -176,6 +180,36 @@ def test_a_plan_built_before_its_weights_were_shared_reads_them_after(server_fac
         assert await h.c.get_tensor(out, 0, 64) == want.tobytes()
         await other.c.close()
         await h.c.close()
+
+    asyncio.run(main())
+
+
+def test_a_graph_reading_across_a_ranges_edge_gets_its_own_copy(server_factory):
+    """A tensor that lies partly in a shared range is read from the client's own copy (made
+    when the graph is built); the other client keeps the shared content alone."""
+    srv = server_factory(mem=1 << 30)
+    data = np.arange(SIZE // 4, dtype=np.float32).tobytes()
+    n, before = 64 << 10, 1024
+
+    async def main() -> None:
+        a = await Holder.open(srv.port, data)
+        b = await Holder.open(srv.port, data)
+        await b.c.set_tensor(tensor(b.handle, b.base + AT - before, before, id=5), 0, bytes(before))
+        await b.c.device_count()
+        assert sharing(srv)[0] == SIZE
+        src = tensor(b.handle, b.base + AT - before, n, id=31)  # 1 KiB before the range
+        outs, _ = await b.c.alloc_buffer(n)
+        base = await b.c.buffer_base(outs)
+        out = tensor(outs, base, n, id=32, op=int(Op.ADD), src=(31, 31), flags=16)
+        await b.c.graph_compute([32], [src, out], uid=4)
+        got = np.frombuffer(await b.c.get_tensor(out, 0, n), np.float32)
+        head = np.zeros(before // 4, np.float32)
+        want = 2 * np.concatenate([head, np.arange((n - before) // 4, dtype=np.float32)])
+        assert np.array_equal(got, want)
+        assert sharing(srv) == (0, 0, 1)  # b's range is its own now; a holds the content
+        assert await a.read() == data and await b.read() == data
+        await a.c.close()
+        await b.c.close()
 
     asyncio.run(main())
 

@@ -141,9 +141,8 @@ class DeviceBuffer:
             out = bytearray(self.device.backend.to_host(self.array, offset, nbytes))
             for share in self.shares.overlapping(offset, offset + nbytes):  # type: ignore[union-attr]
                 lo, hi = max(offset, share.start), min(offset + nbytes, share.end)
-                out[lo - offset : hi - offset] = share.content.array[
-                    lo - share.start : hi - share.start
-                ]
+                part = share.content.array[lo - share.start : hi - share.start]
+                out[lo - offset : hi - offset] = memoryview(part)
             return memoryview(out)
         return self.device.backend.to_host(self.array, offset, nbytes)
 

@@ -177,7 +177,8 @@ class SharedStore:
         try:
             return self._adopt(array, strong, fnv, origin)
         finally:
-            self.seconds += time.perf_counter() - started
+            with self._lock:
+                self.seconds += time.perf_counter() - started
 
     def _adopt(
         self, array: Any, strong: bytes | None, fnv: int | None, origin: str | None
