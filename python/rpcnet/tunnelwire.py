@@ -32,9 +32,7 @@ STATUS_MAGIC = b"RPCNTUN1"
 class RequestScanner:
     """Feed the client's bytes in order; get back what to send to the server."""
 
-    def __init__(
-        self, rewrite: Callable[[bytes], bytes], on_status: Callable[[], None]
-    ) -> None:
+    def __init__(self, rewrite: Callable[[bytes], bytes], on_status: Callable[[], None]) -> None:
         self._rewrite = rewrite
         self._on_status = on_status
         self._head = bytearray()  # a header split across chunks
