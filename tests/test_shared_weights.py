@@ -40,8 +40,8 @@ class Holder:
         self.t = tensor(handle, base + AT, SIZE)
 
     @classmethod
-    async def open(cls, port: int, data: bytes | None = None) -> Holder:
-        c = await RpcClient.connect("127.0.0.1", port)
+    async def open(cls, port: int, data: bytes | None = None, proto: int = 8) -> Holder:
+        c = await RpcClient.connect("127.0.0.1", port, proto=proto)
         handle, _ = await c.alloc_buffer(BUF)
         assert handle
         holder = cls(c, handle, await c.buffer_base(handle))
@@ -155,17 +155,18 @@ def test_copy_on_write_isolates_the_writer(server_factory, writer):
     asyncio.run(main())
 
 
-def test_a_plan_built_before_its_weights_were_shared_reads_them_after(server_factory):
+@pytest.mark.parametrize("proto", [8, 7])
+def test_a_plan_built_before_its_weights_were_shared_reads_them_after(server_factory, proto):
     """A cached graph reads a range that is uploaded again afterwards (now shared): its
     recompute sees the new bytes (the plan is resolved anew)."""
-    srv = server_factory(mem=1 << 30)
+    srv = server_factory(mem=1 << 30, proto=proto)
     n = 64 << 10
     first = np.full(SIZE // 4, 1.0, np.float32).tobytes()
     second = np.arange(SIZE // 4, dtype=np.float32).tobytes()
 
     async def main() -> None:
-        other = await Holder.open(srv.port, second)
-        h = await Holder.open(srv.port, first)
+        other = await Holder.open(srv.port, second, proto)
+        h = await Holder.open(srv.port, first, proto)
         w = tensor(h.handle, h.base + AT, n, id=21)  # the first 64 KiB of the range
         outs, _ = await h.c.alloc_buffer(n)  # written by the graph (its uploads never share)
         base = await h.c.buffer_base(outs)
