@@ -32,7 +32,7 @@ from rpcnet.server.config import size_bytes
 from rpcnet.server.peertls import PeerSecurity
 from rpcnet.server.tenants import Tenants
 from rpcnet.transport import tls
-from rpcnet.tunnelwire import RequestScanner, parse_status, rewrite_comm_init
+from rpcnet.tunnelwire import Deferred, RequestScanner, parse_status, rewrite_comm_init
 from support import require
 from support.secure import Pki, TunnelThread, write_tokens
 
@@ -94,6 +94,14 @@ def test_scanner_rewrites_three_frames_and_passes_the_rest(chunk):
     )
     assert out == expected
     assert asked == [1]
+
+
+def test_scanner_defers_a_comm_init_rewrite_declines():
+    frames = frame(20, comm_init(1, 41000, b"127.0.0.1")) + frame(15, b"")
+    parts = RequestScanner(lambda p: None, lambda: None).feed(frames)
+    assert isinstance(parts[0], Deferred)
+    assert parts[0].header == frames[:9] and parts[0].payload == comm_init(1, 41000, b"127.0.0.1")
+    assert b"".join(bytes(p) for p in parts[1:]) == frame(15, b"")
 
 
 def test_rank0_comm_init_keeps_an_empty_host():

@@ -6,7 +6,8 @@
   one tunnel listening for both, each connection TLS 1.3 with its tenant's token;
 - a tensor split (COMM_INIT, COMM_ALLREDUCE) across two TLS servers on 127.0.0.2 and 127.0.0.3,
   each behind its own route of the tunnel: the tunnel rewrites the rank-0 address, the servers'
-  link is TLS with the tenant's token, logits equal to the same split over plain TCP; and the
+  link is TLS with the tenant's token, logits equal to the same split over plain TCP; the same
+  with each server behind a tunnel process of its own (the tunnels ask each other); and the
   link refused (a peer certificate that is not trusted): COMM_INIT answers ok = 0 and the client
   falls back to its own reduction, logits unchanged;
 - `rpcnet tunnel` as a real process (the command line, the token file, a pinned fingerprint).
@@ -203,6 +204,30 @@ def test_tensor_split_through_tunnels_equals_plain_tcp(env, caplog):
         assert "joined pairwise comm as rank 1 (peer 127.0.0.2:" in text
         assert text.count("TLS 1.3, tenant tenant)") == 2, text
         assert TOKEN not in text
+        wait_until(lambda: all(released(s) for s in servers))
+
+
+def test_tensor_split_through_two_tunnel_processes(env, caplog):
+    """Each server behind a tunnel of its own (two Tunnel instances, loops and threads): the
+    rank-1 tunnel does not know rank 0's listen address, so it asks the tunnel there (its
+    STATUS answer names the server) and rewrites COMM_INIT to it."""
+    caplog.set_level(logging.INFO)
+    with ExitStack() as stack:
+        servers = split_pair(env, stack)
+        tunnels = []
+        for srv in servers:
+            tunnel = TunnelThread([(srv.config.host, srv.port)], TOKEN, ca=env["pki"].ca_path)
+            tunnels.append(tunnel.start())
+            stack.callback(tunnel.stop)
+        endpoints = ",".join(t.endpoints[0] for t in tunnels)
+        got = generate(env, endpoints, *TENSOR_SPLIT)
+        close_to(got, generate(env, "local"))
+        for srv in servers:
+            assert comm_links(srv)[:2] == (1, 20), comm_links(srv)
+        rank0 = servers[0]
+        a = tunnels[0].ports[0] + 1000
+        assert f"rank 0 at 127.0.0.1:{a} -> 127.0.0.2:{rank0.port + 1000}" in caplog.text
+        assert caplog.text.count("TLS 1.3, tenant tenant)") == 2
         wait_until(lambda: all(released(s) for s in servers))
 
 

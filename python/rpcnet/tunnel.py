@@ -29,8 +29,8 @@ from pathlib import Path
 
 from rpcnet.server.tokens import PreambleError
 from rpcnet.transport import tls as tlsmod
-from rpcnet.tunnelio import PlainSide, TlsSide, TunnelError, open_tls
-from rpcnet.tunnelwire import rewrite_comm_init
+from rpcnet.tunnelio import PlainSide, TlsSide, TunnelError, open_tls, query_status
+from rpcnet.tunnelwire import COMM_INIT_BODY, rewrite_comm_init
 
 log = logging.getLogger("rpcnet.tunnel")
 
@@ -141,8 +141,7 @@ class Tunnel:
     def _plain_side(self, route: Route) -> PlainSide:
         side: PlainSide
 
-        def rewrite(payload: bytes) -> bytes:
-            new, change = rewrite_comm_init(payload, self.comm_mapping(route))
+        def log_change(change: tuple[str, int, str, int] | None) -> None:
             if change is not None:
                 old_host, old_port, host, port = change
                 log.info(
@@ -153,9 +152,35 @@ class Tunnel:
                     host or "(self)",
                     port,
                 )
+
+        def rewrite(payload: bytes) -> bytes | None:
+            new, change = rewrite_comm_init(payload, self.comm_mapping(route))
+            if change is None and other_tunnel(payload) is not None:
+                return None  # another tunnel's listen address: ask it (complete)
+            log_change(change)
             return new
 
-        side = PlainSide(lambda plain: self.opened(plain, route), rewrite)
+        async def complete(payload: bytes) -> bytes:
+            """Rank 1's COMM_INIT naming another tunnel on this machine: that tunnel's
+            server, from its STATUS answer."""
+            host, port = other_tunnel(payload) or ("", 0)
+            info = await query_status(host, port - COMM_PORT_OFFSET, self.config.timeout)
+            server = (info or {}).get("server", "")
+            to_host, _, to_port = str(server).rpartition(":")
+            if not to_host or not to_port.isdigit():
+                log.warning(
+                    "%s: COMM_INIT: rank 0 at %s:%d is no rpcnet tunnel; passed on as it is",
+                    side.who,
+                    host,
+                    port,
+                )
+                return payload
+            target = (to_host, int(to_port) + COMM_PORT_OFFSET)
+            new, change = rewrite_comm_init(payload, lambda rank, h, p: target)
+            log_change(change)
+            return new
+
+        side = PlainSide(lambda plain: self.opened(plain, route), rewrite, complete)
         return side
 
     def opened(self, plain: PlainSide, route: Route) -> None:
@@ -213,6 +238,15 @@ class Tunnel:
             task.cancel()
         for server in self._servers:
             await server.wait_closed()
+
+
+def other_tunnel(payload: bytes) -> tuple[str, int] | None:
+    """Rank 1's COMM_INIT naming a loopback rank 0 (an address on the client's machine: another
+    tunnel, if anything) as (host, port); None otherwise."""
+    _, rank, _, port, raw = COMM_INIT_BODY.unpack(payload)
+    host = raw.split(b"\0", 1)[0].decode("ascii", "replace")
+    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
+    return (host, port) if rank == 1 and loopback and port > COMM_PORT_OFFSET else None
 
 
 def run_tunnel(config: TunnelConfig) -> None:

@@ -23,13 +23,21 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rpcnet.server.tokens import ACCEPTED, ANSWER_HEAD, encode_request, parse_answer_head
 from rpcnet.transport import tls as tlsmod
-from rpcnet.tunnelwire import RequestScanner, status_frame
+from rpcnet.tunnelwire import (
+    HEADER,
+    STATUS,
+    Deferred,
+    RequestScanner,
+    parse_status,
+    status_frame,
+)
 
 RECEIVE = 1 << 20  # the plain side's receive buffer
 SEND_PIECE = 256 << 10  # one SSL_write at most (a blocked write is retried with the same bytes)
@@ -121,9 +129,12 @@ class PlainSide(asyncio.BufferedProtocol):
     def __init__(
         self,
         opened: Callable[[PlainSide], None],
-        rewrite: Callable[[bytes], bytes],
+        rewrite: Callable[[bytes], bytes | None],
+        complete: Callable[[bytes], Awaitable[bytes]] | None = None,
     ) -> None:
         self._opened = opened
+        self._complete = complete  # a deferred COMM_INIT's payload, looked up
+        self._held: list[Any] | None = None  # what waits behind a deferred COMM_INIT
         self._buffer = memoryview(bytearray(RECEIVE))
         self._early = 0  # bytes received before the TLS side was attached
         self.transport: Any = None
@@ -151,7 +162,39 @@ class PlainSide(asyncio.BufferedProtocol):
             self._early += nbytes
             self.transport.pause_reading()  # until the TLS side is attached
             return
-        self.secure.send(self.scanner.feed(self._buffer[:nbytes]))
+        self._forward(self.scanner.feed(self._buffer[:nbytes]))
+
+    def _forward(self, parts: list[Any]) -> None:
+        """Send `parts` in order; from a `Deferred` on, hold them (and stop reading: they may
+        be views of the buffer) until its lookup is done."""
+        secure = self.secure
+        if secure is None or secure.closed:
+            return
+        if self._held is not None:
+            self._held.extend(parts)
+            return
+        for i, part in enumerate(parts):
+            if isinstance(part, Deferred):
+                secure.send(parts[:i])
+                self._held = parts[i + 1 :]
+                self.transport.pause_reading()
+                asyncio.get_running_loop().create_task(self._resolve(part))
+                return
+        secure.send(parts)
+
+    async def _resolve(self, deferred: Deferred) -> None:
+        payload = deferred.payload
+        if self._complete is not None:
+            payload = await self._complete(payload)
+        held, self._held = self._held or [], None
+        self._forward([deferred.header + payload, *held])
+        self.may_resume()
+
+    def may_resume(self) -> None:
+        """Read the client again once nothing references the buffer."""
+        secure = self.secure
+        if self._held is None and secure is not None and not secure.pending and not self.closed:
+            self.transport.resume_reading()
 
     def attach(self, secure: TlsSide) -> None:
         """The TLS side is open and accepted: send what came early, then forward as it comes."""
@@ -159,9 +202,8 @@ class PlainSide(asyncio.BufferedProtocol):
         early, self._early = self._early, 0
         secure.start()
         if early:
-            secure.send(self.scanner.feed(self._buffer[:early]))
-        if not secure.pending:
-            self.transport.resume_reading()
+            self._forward(self.scanner.feed(self._buffer[:early]))
+        self.may_resume()
 
     def _answer_status(self) -> None:
         self.transport.write(status_frame(self.status))
@@ -235,7 +277,7 @@ class TlsSide:
         self._flush()
         if not self.pending and not self.closed:
             self._want_write(False)
-            self.plain.transport.resume_reading()
+            self.plain.may_resume()
 
     # ------------------------------------------------------------ server -> client
 
@@ -304,3 +346,22 @@ class TlsSide:
             self.sock.close()
         except OSError:
             pass
+
+
+async def query_status(host: str, port: int, timeout: float) -> dict[str, Any] | None:
+    """What the `rpcnet tunnel` listening at host:port says of its connection (its STATUS
+    answer), or None when nothing answers it (not a tunnel)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    try:
+        writer.write(HEADER.pack(STATUS, 0))
+        (size,) = struct.unpack("<Q", await asyncio.wait_for(reader.readexactly(8), timeout))
+        if size > 1 << 16:
+            return None
+        return parse_status(await asyncio.wait_for(reader.readexactly(size), timeout))
+    except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        return None
+    finally:
+        writer.close()

@@ -7,7 +7,9 @@ through without looking at them:
 - HELLO (14, 24 bytes): the client's transport caps become zeros. The link to the server is TLS
   over TCP; an RDMA upgrade (spec §12) cannot pass through it.
 - COMM_INIT (20, 80 bytes; spec §11): handed to `rewrite` (the tunnel maps the rank-0 address the
-  client sees, a tunnel listen address, to the real rank-0 server).
+  client sees, a tunnel listen address, to the real rank-0 server). `rewrite` may answer None:
+  the frame is then passed on as a `Deferred` for the tunnel to complete once it has looked the
+  address up (another tunnel's listen address).
 - STATUS (0xFE, no payload): never a ggml RPC command id (they stop at 24). The tunnel answers it
   itself, with what it knows of this connection (`rpcnet caps` asks it), and forwards nothing.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 HEADER = struct.Struct("<BQ")
@@ -29,17 +32,28 @@ COMM_INIT_BODY = struct.Struct("<IIII64s")  # device, rank, world, port, host (N
 STATUS_MAGIC = b"RPCNTUN1"
 
 
+@dataclass
+class Deferred:
+    """A COMM_INIT frame whose rank-0 address is still to be looked up."""
+
+    header: bytes
+    payload: bytes
+
+
 class RequestScanner:
     """Feed the client's bytes in order; get back what to send to the server."""
 
-    def __init__(self, rewrite: Callable[[bytes], bytes], on_status: Callable[[], None]) -> None:
-        self._rewrite = rewrite
+    def __init__(
+        self, rewrite: Callable[[bytes], bytes | None], on_status: Callable[[], None]
+    ) -> None:
+        self._rewrite = rewrite  # None: defer
         self._on_status = on_status
         self._head = bytearray()  # a header split across chunks
         self._remaining = 0  # payload bytes still to pass through untouched
         self._held: bytearray | None = None  # a HELLO or COMM_INIT payload being gathered
         self._held_cmd = 0
         self._held_header = b""
+        self._held_last = b""
 
     def feed(self, data: Any) -> list[Any]:
         out: list[Any] = []
@@ -54,7 +68,12 @@ class RequestScanner:
                 self._remaining -= n
                 view = view[n:]
                 if not self._remaining and self._held is not None:
-                    out.append(self._held_header + self._finish_held())
+                    done = self._finish_held()
+                    out.append(
+                        Deferred(self._held_header, bytes(self._held_last))
+                        if done is None
+                        else self._held_header + done
+                    )
                 continue
             need = HEADER.size - len(self._head)
             self._head += view[:need]
@@ -74,9 +93,9 @@ class RequestScanner:
                 out.append(header)
         return out
 
-    def _finish_held(self) -> bytes:
+    def _finish_held(self) -> bytes | None:
         held, cmd = bytes(self._held or b""), self._held_cmd
-        self._held = None
+        self._held, self._held_last = None, held
         if cmd == HELLO:
             return bytes(HELLO_SIZE)  # no RDMA through a tunnel
         return self._rewrite(held)
