@@ -13,8 +13,9 @@ pointed at a listen address asks the tunnel for the same facts about its own con
 Tensor split (spec §11): the client tells rank 1 where rank 0 is as it sees it, a listen address
 of this tunnel, and the comm port as that port + 1000. The tunnel reads the client's frame
 boundaries (`rpcnet.tunnelwire`) and rewrites COMM_INIT: rank 1 gets the real rank-0 server's
-host and its port + 1000, rank 0 listens on its own port + 1000. Both routes must be in the same
-tunnel (one `--listen`/`--to` pair per server). The servers' link is TLS with the tenant's token
+host and its port + 1000, rank 0 listens on its own port + 1000. A rank-0 address that is no
+route of this tunnel but on loopback is asked for its server (another tunnel's STATUS answer)
+while the client's later bytes wait. The servers' link is TLS with the tenant's token
 (`rpcnet.server.peertls`).
 """
 
