@@ -135,6 +135,7 @@ class PlainSide(asyncio.BufferedProtocol):
         self._opened = opened
         self._complete = complete  # a deferred COMM_INIT's payload, looked up
         self._held: list[Any] | None = None  # what waits behind a deferred COMM_INIT
+        self._resolving: asyncio.Task[None] | None = None
         self._buffer = memoryview(bytearray(RECEIVE))
         self._early = 0  # bytes received before the TLS side was attached
         self.transport: Any = None
@@ -178,14 +179,17 @@ class PlainSide(asyncio.BufferedProtocol):
                 secure.send(parts[:i])
                 self._held = parts[i + 1 :]
                 self.transport.pause_reading()
-                asyncio.get_running_loop().create_task(self._resolve(part))
+                self._resolving = asyncio.get_running_loop().create_task(self._resolve(part))
                 return
         secure.send(parts)
 
     async def _resolve(self, deferred: Deferred) -> None:
         payload = deferred.payload
         if self._complete is not None:
-            payload = await self._complete(payload)
+            try:
+                payload = await self._complete(payload)
+            except Exception:  # noqa: BLE001 - unchanged then: the link fails, the client copes
+                payload = deferred.payload
         held, self._held = self._held or [], None
         self._forward([deferred.header + payload, *held])
         self.may_resume()
