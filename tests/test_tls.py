@@ -288,3 +288,43 @@ def _recv_exactly(sock, n: int) -> bytes:
         assert k, "closed"
         got += k
     return bytes(out)
+
+
+def test_tunnel_holds_little_for_a_client_that_does_not_read(server_factory, pki, tokens):
+    """Through the tunnel, a 64 MiB GET_TENSOR the client does not read: the tunnel stops
+    reading the server once its queue to the client is full (4 MiB, plus one read burst), and
+    the server keeps the rest as a view of the buffer."""
+    from rpcnet import _native
+    from rpcnet.tunnelio import READ_BURST, WRITE_HIGH
+    from support.raw import frame
+
+    srv = secure_server(server_factory, pki, tokens)
+    tunnel = TunnelThread([("127.0.0.1", srv.port)], TOKEN, ca=pki.ca_path).start()
+    size = 64 << 20
+    try:
+        c = RawConn(tunnel.ports[0])
+        handle, _ = struct_unpack("<QQ", c.call(0, struct_pack("<IQ", 0, size), 16))
+        base = struct_unpack("<Q", c.call(3, struct_pack("<Q", handle), 8))[0]
+        t = _native.RpcTensor(id=1, type=24, buffer=handle, data=base, ne=(size, 1, 1, 1))
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        c.send(frame(8, t.to_bytes() + struct_pack("<QQ", 0, size)))  # GET_TENSOR, unread
+
+        def server_waits() -> bool:
+            conns = list(srv.server.connections.values())
+            return bool(conns and conns[0].stream._tls_out)
+
+        wait_until(lambda: srv.call(server_waits))
+        time.sleep(0.3)
+        sides = list(tunnel.tunnel.sides)
+        assert len(sides) == 1
+        queued = asyncio.run_coroutine_threadsafe(_write_buffer(sides[0]), tunnel.loop).result(5)
+        assert queued <= WRITE_HIGH + READ_BURST, queued
+        assert c.read_response(size) is not None  # then everything arrives
+        c.sock.close()
+    finally:
+        tunnel.stop()
+    assert_nothing_held(srv)
+
+
+async def _write_buffer(side) -> int:
+    return side.transport.get_write_buffer_size()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,7 @@ class Tunnel:
         self._servers: list[asyncio.Server] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.opened_count = 0  # tunnels established (tests, status)
+        self.sides: weakref.WeakSet[PlainSide] = weakref.WeakSet()  # live client connections
 
     @property
     def ports(self) -> list[int]:
@@ -185,6 +187,7 @@ class Tunnel:
         return side
 
     def opened(self, plain: PlainSide, route: Route) -> None:
+        self.sides.add(plain)
         task = asyncio.get_running_loop().create_task(self._connect(plain, route))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
