@@ -6,6 +6,8 @@ graph's wait for the device, overall and per client, and `rpcnet status` renders
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -48,8 +50,9 @@ def run_client(model: Path, port: int, out: Path, tokens: str, prefill: int, bar
 
 
 def test_interleaved_clients_keep_their_solo_logits_and_their_waits_are_shown(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
+    caplog.set_level(logging.INFO, logger="rpcnet.server")
     # every plan with a known cost is long (runs in slices), and a long plan gives the device
     # back after each node whenever another client's work waits: the most interleaving
     monkeypatch.setattr(turns, "SHORT_SECONDS", 0.0)
@@ -120,6 +123,10 @@ def test_interleaved_clients_keep_their_solo_logits_and_their_waits_are_shown(
         assert m[("rpcnet_device_wait_seconds_sum", ())] > 0  # someone waited for a turn
     finally:
         srv.stop()
+    # each connection's close line has its wait; some client of the pair waited for a turn
+    closes = [r.getMessage() for r in caplog.records if "closed after" in r.getMessage()]
+    means = [float(m) for m in re.findall(r"device wait ([0-9.]+) ms mean", "\n".join(closes))]
+    assert len(means) == len(closes) and max(means) > 0, closes
     # while connected, each client had its own histogram and its wait in /status
     assert seen and waits, "no /status snapshot showed a client's device wait"
     assert any(count > 0 for per_client in waits for count in per_client.values()), waits

@@ -196,9 +196,10 @@ class ConnectionStats:
         self.end()
         self._upload_done(time.perf_counter())
         self.server.connection_closed(self)
+        wait = self.device_wait.snapshot()
         log.info(
             "%s: closed after %.1f s: %s in, %s out, %d graphs (%d recomputes), "
-            "peak %s held, hash hits %d/%d",
+            "peak %s held, hash hits %d/%d, device wait %.1f ms mean, %.0f ms longest",
             self.peer,
             time.monotonic() - self.started,
             human_bytes(self.bytes_in),
@@ -208,6 +209,8 @@ class ConnectionStats:
             human_bytes(self.peak_held),
             self.hash_hits,
             self.hash_hits + self.hash_misses,
+            wait["mean_ms"],
+            wait["max_ms"],
         )
 
     def snapshot(self) -> dict[str, Any]:
