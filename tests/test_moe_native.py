@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from rpcnet import _native
 from rpcnet.compute.kernels.kernel_table import select
-from support import refenv
+from rpcnet.compute.ops import Op
+from support import refenv, require
 from support.opgraph import OpGraph, as_f32
 from test_matmul_quant import TYPES, _tensor, k_values, oracle
 
@@ -196,3 +197,52 @@ def test_router_ops_against_numpy():
     expect = np.array([lo, 0.25, 9.0, hi, lo, lo], np.float32)  # MAX(MIN(x, hi), lo)
     _native.clamp_step(arg(c, (6, 1, 1, 1), 4), arg(c, (6, 1, 1, 1), 4), float(lo), float(hi))()
     assert np.array_equal(c, expect)
+
+
+@pytest.mark.parametrize("fa", ["0", "1"])
+def test_moe_plans_run_as_one_native_call(fa, tmp_path, monkeypatch):
+    """A real client's qwen3moe graphs (prefill and single-token decode, q8_0 experts): every
+    computed node is a native step, so each plan runs as one detached call (Python is entered
+    once per graph, as for a dense llama)."""
+    import rpcnet.server.session as session_mod
+    from support.inproc import ServerThread
+    from support.models import ensure_model
+    from support.numerics_zoo import spec
+
+    require.reference_env("v8")
+    model = ensure_model(spec("qwen3moe", "q8_0"), tmp_path / "models")
+    compile_plan = session_mod.compile_plan
+    plans: list[tuple[int, int]] = []  # (computed MUL_MAT_ID nodes, steps of the plan)
+
+    def keep(nodes, *args, **kwargs):
+        plan = compile_plan(nodes, *args, **kwargs)
+        plans.append((sum(n.op == Op.MUL_MAT_ID for n in nodes), len(plan.steps)))
+        return plan
+
+    monkeypatch.setattr(session_mod, "compile_plan", keep)
+    server = ServerThread(proto=8, mem=1 << 30).start()
+    try:
+        refenv.run_probe(
+            "v8",
+            "generate",
+            "--model",
+            model,
+            "--endpoint",
+            server.endpoint,
+            "--out",
+            tmp_path / "out",
+            "--tokens",
+            "1,40,41,300,77,250",
+            "--threads",
+            "1",
+            "--flash-attn",
+            fa,
+            "--prefill",
+            "3",
+            timeout=300,
+        )
+    finally:
+        server.stop()
+    moe = [steps for products, steps in plans if products]
+    assert len(moe) >= 2, plans  # the prefill and the decodes after it
+    assert all(steps == 1 for steps in moe), plans
