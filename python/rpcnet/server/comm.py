@@ -366,9 +366,7 @@ class CommHub:
             if rank == 0:
                 sock, peer = await self._accept(port, tenant)
             else:
-                sock, peer = await asyncio.wait_for(
-                    self._connect(host, port, token), self.timeout
-                )
+                sock, peer = await asyncio.wait_for(self._connect(host, port, token), self.timeout)
         except (OSError, CommError, PeerRefused, asyncio.TimeoutError) as exc:
             reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc)
             where = f"{self.host}:{port}" if rank == 0 else f"{host}:{port}"
