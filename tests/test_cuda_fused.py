@@ -254,3 +254,140 @@ def test_flash_attention_quantizes_its_output(be, kv_type):
     got = be.asnumpy(out)
     assert np.isfinite(got).all() and np.abs(got).max() > 0
     np.testing.assert_array_equal(be.asnumpy(q8), q8_1_oracle(got.reshape(-1)))
+
+
+@pytest.mark.parametrize("k", ROW_LENGTHS)
+@pytest.mark.parametrize("block", [32, 256])
+def test_glu_quantizes_its_output_as_groups_complete(be, block, k):
+    """The GLU launch's q8_1 (or q8_K) blocks of what it writes are ggml's quantization of it,
+    each group made by the block that completes it; the counters are back at zero after each
+    launch, so a second launch does the same."""
+    m, ncols = 512, 2
+    rng = np.random.default_rng(block + k)
+    y = (0.1 * rng.standard_normal((ncols, k))).astype(np.float32)  # q8_1 sums fit an f16
+    gate_raw, up_raw = (random_rows("Q8_0", m, k, seed=s + k) for s in (60, 61))
+    dst = be.full((ncols, m), np.nan, np.float32)
+    scratch = be.zeros(launch.q8_1_bytes(k, ncols), np.uint8)
+    blocks = be.zeros(launch.q8_1_bytes(m, ncols), np.uint8)
+    counters = be.zeros(ncols * m // 32, np.uint32)
+    for _ in range(2):
+        launch_fused.matvec_glu(
+            be, "Q8_0", be.asarray(gate_raw), be.asarray(up_raw), be.asarray(y), dst,
+            k, m, ncols, 2, 1.702, 7.0, scratch, q8=(blocks, block, counters),
+        )  # fmt: skip
+        out = be.asnumpy(dst)
+        got = be.asnumpy(blocks)
+        if block == 32:
+            np.testing.assert_array_equal(got, q8_1_oracle(out.reshape(-1)))
+        else:
+            b = got.reshape(-1, 36)
+            values = b[:, :4].copy().view(np.float32).astype(np.float64) * b[:, 4:].view(np.int8)
+            want = np.concatenate([_mmvq_activations(out[c], "Q4_K") for c in range(ncols)])
+            np.testing.assert_array_equal(values.reshape(-1), want)
+        np.testing.assert_array_equal(be.asnumpy(counters), 0)
+        blocks[...] = 0
+
+
+def test_glu_refuses_rows_that_do_not_fill_blocks(be):
+    w = be.zeros(96 * 34, np.uint8)
+    y = be.zeros((1, 32), np.float32)
+    with pytest.raises(ValueError, match="blocks of 256"):
+        launch_fused.matvec_glu(be, "Q8_0", w, w, y, y, 32, 96, 1, 2, 1.702, 7.0, w, q8=(w, 256, w))
+
+
+def _attention_oracle(q, k, v, mask, scale, sinks, round_to):
+    """ggml's unfused attention in float64 from the operands as the CPU's products see them:
+    Q (and the softmax weights) rounded to the K (V) type first. q [H, n_q, D], k [H_kv,
+    n_kv, D], v [H_kv, Dv, n_kv] (the transposed cache), mask [n_q, n_kv] -> [n_q, H, Dv]."""
+    heads, kv_heads = q.shape[0], k.shape[0]
+    kk = np.repeat(k.astype(np.float64), heads // kv_heads, axis=0)
+    vv = np.repeat(v.astype(np.float64), heads // kv_heads, axis=0)
+    s = np.einsum("hqd,hjd->hqj", round_to(q).astype(np.float64), kk) * scale + mask
+    mx = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        mx = np.maximum(mx, sinks[:, None, None])
+    e = np.exp(s - mx)
+    total = e.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total = total + np.exp(sinks[:, None, None] - mx)
+    p = round_to((e / total).astype(np.float32)).astype(np.float64)
+    return np.einsum("hqj,hij->qhi", p, vv)
+
+
+@pytest.mark.parametrize("kv_type", ["F16", "F32"])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_unfused_attention_in_one_launch(be, kv_type, sinks):
+    from rpcnet.compute.cuda import launch_attention
+
+    rng = np.random.default_rng(70)
+    heads, kv_heads, n_q, d, n_kv = 4, 2, 2, 64, 77
+    dtype = np.float16 if kv_type == "F16" else np.float32
+    q = rng.standard_normal((heads, n_q, d)).astype(np.float32)
+    k = rng.standard_normal((kv_heads, n_kv, d)).astype(dtype)
+    v = rng.standard_normal((kv_heads, d, n_kv)).astype(dtype)
+    mask = np.where(rng.random((n_q, n_kv)) < 0.2, -np.inf, 0).astype(np.float16)
+    sink = rng.standard_normal(heads).astype(np.float32) if sinks else None
+    dst = be.full((n_q, heads, d), np.nan, np.float32)
+    q8 = be.zeros(launch.q8_1_bytes(heads * d, n_q), np.uint8)
+    el = np.dtype(dtype).itemsize
+    ptrs = (
+        be.asarray(q.transpose(1, 0, 2).copy()),  # [n_q, H, D]: columns d*H apart, heads d
+        be.asarray(k).view(np.uint8),
+        be.asarray(v).view(np.uint8),
+        be.asarray(mask),
+        None if sink is None else be.asarray(sink),
+        dst,
+        q8,
+    )
+    dims = (d, d, n_q, n_kv, heads, kv_heads)
+    strides = (heads * d, d, d * el, n_kv * d * el, n_kv * el, d * n_kv * el, n_kv)
+    launch_attention.attn_decode(be, (kv_type, kv_type), ptrs, dims, strides, 0.125)
+    rounded = (lambda a: a.astype(np.float16).astype(np.float32)) if kv_type == "F16" else None
+    want = _attention_oracle(
+        q, k, v, mask.astype(np.float64), 0.125, sink, rounded or (lambda a: a)
+    )
+    got = be.asnumpy(dst)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(be.asnumpy(q8), q8_1_oracle(got.reshape(-1)))
+
+
+def test_unfused_attention_refuses_more_positions_than_it_holds(be):
+    from rpcnet.compute.cuda import launch_attention
+
+    x = be.zeros(8, np.float32)
+    with pytest.raises(ValueError, match="n_kv <= 4096"):
+        launch_attention.attn_decode(
+            be, ("F16", "F16"), (x, x, x, None, None, x, None), (64, 64, 1, 4097, 1, 1),
+            (0, 0, 0, 0, 0, 0, 0), 1.0,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("k", ROW_LENGTHS)
+def test_qkv_with_v_of_another_k_quant(be, k):
+    """Q4_K_M's mix: Q and K in Q4_K, V in Q6_K, one launch."""
+    head_dim, ncols = 64, 1
+    rows = (2 * head_dim, head_dim, head_dim)
+    types = ("Q4_K", "Q4_K", "Q6_K")
+    y = np.random.default_rng(k).standard_normal((ncols, k)).astype(np.float32)
+    pos = np.array([11], np.int32)
+    raws = [
+        random_rows(t, m, k, seed=80 + i) for i, (t, m) in enumerate(zip(types, rows, strict=True))
+    ]
+    dsts = [be.full((ncols, m), np.nan, np.float32) for m in rows]
+    scratch = be.zeros(launch.q8_1_bytes(k, ncols), np.uint8)
+    rope = launch_fused.RopeArgs(be.asarray(pos), head_dim, 0, 10000.0)
+    launch_fused.matvec_qkv_rope(
+        be, "Q4_K", [be.asarray(r) for r in raws], be.asarray(y), dsts, k, rows, ncols, rope,
+        scratch, v_type="Q6_K",
+    )  # fmt: skip
+    yq = _activations(y, "Q4_K")
+    w = [_gguf_dequant(t, r, k).astype(np.float64) for t, r in zip(types, raws, strict=True)]
+    v_want, v_scale = yq @ w[2].T, np.abs(yq) @ np.abs(w[2]).T
+    assert np.all(np.abs(be.asnumpy(dsts[2]) - v_want) <= 1e-5 * v_scale)
+    q_want = _rope_oracle((yq @ w[0].T).reshape(ncols, 2, head_dim), pos, 0, 10000.0, None)
+    q_scale = (np.abs(yq) @ np.abs(w[0]).T).max()
+    assert np.all(np.abs(be.asnumpy(dsts[0]) - q_want.reshape(ncols, -1)) <= 2e-5 * q_scale)
+    with pytest.raises(ValueError, match="no Q/K/V launch"):
+        launch_fused.matvec_qkv_rope(
+            be, "Q8_0", dsts, be.asarray(y), dsts, k, rows, ncols, rope, v_type="Q6_K"
+        )

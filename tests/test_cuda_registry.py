@@ -99,7 +99,7 @@ class RecordingCuda:
         self._next += (nbytes + 255) // 256 * 256
         return arr
 
-    def scratch(self, kind: str, nbytes: int) -> DevArray:
+    def scratch(self, kind: str, nbytes: int, zeroed: bool = False) -> DevArray:
         return self.allocate(nbytes)
 
     def view(self, mem, offset, shape, strides, dtype):

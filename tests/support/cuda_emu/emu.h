@@ -25,6 +25,9 @@
 // kernel that reads shared memory it did not write in that block is wrong on a GPU too, and
 // the emulator does not catch it. Dynamic shared memory (extern __shared__) is not supported.
 //
+// Atomics are plain read-modify-writes (no fiber switches inside one) and __threadfence is
+// empty: blocks run one after another, so a kernel that hands work to the last block of a
+// group (a counter, a fence) runs here in one of the orders a GPU allows.
 // Not modelled: memory spaces (every pointer is a host pointer), alignment faults,
 // out-of-bounds accesses (the Python side checks red zones around its buffers), races between
 // threads (the schedule is one legal interleaving), FMA contraction and fast-math intrinsics
@@ -609,6 +612,26 @@ static inline int __any_sync(unsigned mask, int p) {
 static inline unsigned __ballot_sync(unsigned mask, int p) {
     return (unsigned)rpc_emu::warp_collective(rpc_emu::VOTE_BALLOT, mask, p != 0, 0, 32);
 }
+
+// Atomics and fences: a launch's threads are fibers of one OS thread that switch only at
+// barriers and warp collectives, so a read-modify-write is never interleaved, and memory is
+// one coherent host memory.
+static inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+static inline int atomicAdd(int* p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+static inline unsigned atomicExch(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = v;
+    return old;
+}
+static inline void __threadfence() {}
 
 #define RPC_EMU_EXPORT(NAME)                                                                  \
     extern "C" __attribute__((visibility("default"))) const char* emu_##NAME(                \

@@ -173,17 +173,21 @@ class CudaBackend:
         """A typed view of `buf` at byte `offset` with byte `strides` (ggml's nb, reversed)."""
         return self.cp.ndarray(shape, dtype=dtype, memptr=buf.data + offset, strides=strides)
 
-    def scratch(self, kind: str, nbytes: int) -> Any | None:
+    def scratch(self, kind: str, nbytes: int, zeroed: bool = False) -> Any | None:
         """Plan scratch shared by every plan of this GPU (they run one after another on its
         stream): the current `kind` buffer if it is large enough, else a larger one that
         replaces it. Plans keep the buffer they were built with alive, so a captured graph never
-        points at freed memory; the old one goes with the last plan that uses it."""
+        points at freed memory; the old one goes with the last plan that uses it. `zeroed`: a
+        new buffer is zeroed before it is handed out (kernels that leave it zeroed, e.g.
+        per-group counters, may then rely on it)."""
         with self._scratch_lock:
             cur = self._scratch.get(kind)
             if cur is None or cur.size < nbytes:
                 cur = self.allocate(nbytes)
                 if cur is None:
                     return None
+                if zeroed:
+                    self.fill(cur, 0, nbytes, 0)
                 self._scratch[kind] = cur
             return cur
 

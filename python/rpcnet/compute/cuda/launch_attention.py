@@ -167,3 +167,49 @@ def flash_attn_decode(
         NULL if q8 is None else q8,
     )
     _launch(be, fn, (n_q, heads, 1), (32, _fa_warps(kv_type)), args)
+
+
+AD_THREADS = 128  # RPC_AD_THREADS in attn_decode.cu
+AD_MAX_KV = 4096  # RPC_AD_MAX_KV
+AD_MAX_D = 512  # RPC_AD_MAX_D
+_AD_SUFFIX = {("F16", "F16"): "f16_f16", ("BF16", "BF16"): "bf16_bf16", ("F32", "F32"): "f32_f32"}
+
+
+def attn_decode(
+    be: CudaBackend,
+    kv_types: tuple[str, str],
+    ptrs: tuple[Any, Any, Any, Any | None, Any | None, Any, Any | None],
+    dims: tuple[int, int, int, int, int, int],
+    strides: tuple[int, int, int, int, int, int, int],
+    scale: float,
+) -> None:
+    """ggml's unfused decode attention (K*Q, SOFT_MAX, V*softmax, permuted) as one kernel:
+    `ptrs` q (f32), k, v (raw bytes of the cache views), mask (f32 or f16, [n_q, >= n_kv]) or
+    None, sinks or None, dst [n_q, H, Dv] f32, q8 (q8_1 blocks of dst) or None; `dims` d, dv,
+    n_q, n_kv, n_head, n_head_kv; `strides` q column and head (floats), K position and head
+    (bytes), V row and head (bytes), mask row (elements)."""
+    d, dv, n_q, n_kv, n_head, n_head_kv = dims
+    if kv_types not in _AD_SUFFIX or n_kv > AD_MAX_KV or max(d, dv) > AD_MAX_D:
+        raise ValueError(
+            f"unfused decode attention takes {sorted(_AD_SUFFIX)} K/V types, "
+            f"n_kv <= {AD_MAX_KV} and D <= {AD_MAX_D}"
+        )
+    q, k, v, mask, sinks, dst, q8 = ptrs
+    if q8 is not None and dv % 32:
+        raise ValueError(f"q8_1 output needs dv a multiple of 32, not {dv}")
+    mask_type = 0 if mask is None else (1 if mask.dtype == np.float32 else 2)
+    fn = be.kernels.function("attn_decode", f"rpc_attn_decode_{_AD_SUFFIX[kv_types]}")
+    args = (
+        q,
+        k,
+        v,
+        NULL if mask is None else mask,
+        i32(mask_type),
+        NULL if sinks is None else sinks,
+        dst,
+        NULL if q8 is None else q8,
+        *(i32(x) for x in dims),
+        *(i64(s) for s in strides),
+        f32(scale),
+    )
+    _launch(be, fn, (n_q, n_head), (AD_THREADS,), args)

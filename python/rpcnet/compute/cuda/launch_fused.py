@@ -162,9 +162,13 @@ def matvec_glu(
     limit: float,
     yq: Any | None = None,
     quantized: bool = False,
+    q8: tuple[Any, int, Any] | None = None,
 ) -> None:
     """dst[c, :m] = glu_op(gate @ y[c], up @ y[c]) for c < ncols (<= 32, launches of up to
-    MV_MAXCOLS columns): the products are never written."""
+    MV_MAXCOLS columns): the products are never written. `q8` (blocks, block size 32 or 256,
+    zeroed uint32 counters, one per group of each column): dst also quantized there."""
+    if q8 is not None and (q8[1] not in (32, 256) or m % q8[1]):
+        raise ValueError(f"{m} rows do not quantize in blocks of {q8[1]}")
     if not 1 <= ncols <= 4 * MV_MAXCOLS:
         raise ValueError(f"a GLU product takes 1..{4 * MV_MAXCOLS} columns, not {ncols}")
     rb = _aligned_row_bytes(type_name, gate, k)
@@ -178,7 +182,12 @@ def matvec_glu(
         nc = min(MV_MAXCOLS, ncols - c0)
         args = (gate, up, _at(dst, 4 * m * c0), i32(m), _at(src, col_bytes * c0), i32(k))
         tail = (i32(nc), i64(rb), i64(y_col), i32(op), f32(alpha), f32(limit))
-        _launch(be, fn, grid, (32, MV_WARPS), (*args, *tail))
+        quant = (NULL, i32(0), NULL)
+        if q8 is not None:
+            blocks, block, counters = q8
+            groups = m // block * c0  # the counters of the columns before this launch's
+            quant = (_at(blocks, m // 32 * Q8_1_BYTES * c0), i32(block), _at(counters, 4 * groups))
+        _launch(be, fn, grid, (32, MV_WARPS), (*args, *tail, *quant))
 
 
 def matvec_qkv_rope(
@@ -194,6 +203,7 @@ def matvec_qkv_rope(
     yq: Any | None = None,
     quantized: bool = False,
     stores: tuple[RowStore | None, RowStore | None] = (None, None),
+    v_type: str | None = None,
 ) -> None:
     """Attention's Q, K and V products (weights and dsts in that order) in one launch, Q and K
     written rotated by `rope` over whole heads (V as it is), c < ncols (<= MV_MAXCOLS); K and
@@ -205,17 +215,19 @@ def matvec_qkv_rope(
     mq, mk, mv = rows
     if rope.head_dim % 2 or mq % rope.head_dim or mk % rope.head_dim or mv % 2:
         raise ValueError(f"rows {tuple(rows)} are not whole heads of {rope.head_dim}")
+    v_type = type_name if v_type is None else v_type
+    if v_type != type_name and (type_name, v_type) not in sources.QKV_MIXES:
+        raise ValueError(f"no Q/K/V launch for {type_name} Q/K with {v_type} V")
     rb = _aligned_row_bytes(type_name, weights[0], k)
-    for w in weights[1:]:
-        _aligned_row_bytes(type_name, w, k)
+    _aligned_row_bytes(type_name, weights[1], k)
+    v_rb = _aligned_row_bytes(v_type, weights[2], k)
     src, y_col = _activations(be, type_name, y, k, ncols, yq, quantized)
     split = split_rows(type_name, k)
     pairs = (mq + mk + mv) // 2
     grid = (pairs if split else _cdiv(pairs, MV_WARPS),)
-    name = f"rpc_mv_qkv_rope{'_split' if split else ''}_{sources.WEIGHT_TYPES[type_name]}"
-    fn = be.kernels.function("matvec_group", name)
+    fn = be.kernels.function("matvec_group", sources.qkv_rope_kernel(type_name, v_type, split))
     ff = NULL if rope.freq_factors is None else rope.freq_factors
-    args = (*weights, *dsts, i32(mq), i32(mk), i32(mv), src, i32(k), i32(ncols), i64(rb))
+    args = (*weights, *dsts, i32(mq), i32(mk), i32(mv), src, i32(k), i32(ncols), i64(rb), i64(v_rb))
     theta_scale = float(np.float32(rope.freq_base) ** np.float32(-2.0 / rope.head_dim))
     freq = (theta_scale, rope.freq_scale, rope.ext_factor, rope.mscale, *rope.corr)
     tail = (rope.pos, ff, i32(rope.head_dim), i32(rope.mode), *(f32(v) for v in freq))

@@ -106,6 +106,21 @@ TYPE_IDS: dict[str, int] = {
 }
 
 
+#: (Q/K type, V type) pairs the Q/K/V launch takes besides one type for all three: V kept at
+#: more bits, as llama.cpp's K-quant _M mixes do (matvec_group.cu)
+QKV_MIXES: frozenset[tuple[str, str]] = frozenset(
+    {("Q2_K", "Q4_K"), ("Q3_K", "Q4_K"), ("Q3_K", "Q5_K"), ("Q4_K", "Q6_K"), ("Q5_K", "Q6_K")}
+)
+
+
+def qkv_rope_kernel(qk_type: str, v_type: str, split: bool) -> str:
+    """The Q/K/V-with-RoPE kernel for Q and K weights of `qk_type` and V of `v_type`."""
+    name = WEIGHT_TYPES[qk_type]
+    if v_type != qk_type:
+        name += f"_v_{WEIGHT_TYPES[v_type]}"
+    return f"rpc_mv_qkv_rope{'_split' if split else ''}_{name}"
+
+
 def matvec_kernel(type_name: str, split: bool = False) -> str:
     """The decode matvec kernel for a weight type: MMVQ (q8_1 activations) or float; `split`:
     the variant where a block's warps share one wide row."""
@@ -141,7 +156,8 @@ def expected_kernels() -> dict[str, set[str]]:
             for kind in ("group", "glu", "qkv_rope")
             for split in ("", "_split")
             for suffix in WEIGHT_TYPES.values()
-        },
+        }
+        | {qkv_rope_kernel(a, b, split) for a, b in QKV_MIXES for split in (False, True)},
         "norm": {
             "rpc_rms_norm_f32",
             "rpc_rms_norm_mul_f32",
@@ -155,6 +171,7 @@ def expected_kernels() -> dict[str, set[str]]:
         "rows": {f"rpc_get_rows_{s}" for s in WEIGHT_TYPES.values()}
         | {f"rpc_set_rows_{s}" for s in ("f32", "f16", "bf16", "q8_0")},
         "cpy": {f"rpc_cpy_{a}_{b}" for a in FLOAT_SUFFIXES for b in FLOAT_SUFFIXES},
+        "attn_decode": {f"rpc_attn_decode_{t}_{t}" for t in ("f16", "bf16", "f32")},
         "flash_attn": {f"rpc_flash_attn_{k}_{v}" for k in ("f16", "q8_0") for v in ("f16", "q8_0")}
         | {"rpc_flash_attn_bf16_bf16"},
     }

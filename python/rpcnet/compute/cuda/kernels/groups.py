@@ -9,6 +9,7 @@ member reads or writes, or reads what it writes (byte ranges, as ggml-alloc reus
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from rpcnet.compute.cuda.kernels.common import (
     _GLU_IDS,
@@ -16,14 +17,18 @@ from rpcnet.compute.cuda.kernels.common import (
     CUDA,
     F16,
     F32,
+    MATVEC_CHUNKED_MAX,
     MATVEC_MAX_COLS,
     _backend,
     _contiguous,
+    _device_scratch,
     _raw,
     _view,
     _weight_type,
+    activation_key,
 )
 from rpcnet.compute.cuda.kernels.matmul import _mul_mat_ok, q8_1_input
+from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.kernels.kernel_table import NodeGroup, Step, group_finder
 from rpcnet.compute.ops import VIEW_OPS, Glu, Op
 from rpcnet.compute.tensor import FLAG_OUTPUT, Tensor
@@ -187,15 +192,40 @@ def _glu_builder(gate: Tensor, up: Tensor, g: Tensor, wt: str):  # noqa: ANN202
         yq, quantized = (None, False)
         if wt not in _float_types():
             yq, quantized = q8_1_input(be, y_t, wt, k, n)
+        offer = _offer_glu_blocks(be, g, m, n)
 
         def run() -> None:
+            q8 = None
+            if offer is not None and offer[0].block is not None:
+                request, blocks, counters = offer
+                q8 = (blocks, request.block, counters)
             launch_fused.matvec_glu(
-                be, wt, wg, wu, y, dst, k, m, n, op, 1.702, 7.0, yq=yq, quantized=quantized
+                be, wt, wg, wu, y, dst, k, m, n, op, 1.702, 7.0, yq, quantized, q8
             )
 
         return run
 
     return build
+
+
+def _offer_glu_blocks(be: Any, g: Tensor, m: int, n: int) -> tuple[Any, Any, Any] | None:
+    """Offer the product after the GLU (the down projection) its input's blocks, quantized by
+    the GLU launch as its groups complete: (request, blocks, counters), or None. The blocks
+    have their own scratch: the launch still reads its own input's q8_1 blocks."""
+    if m % 32:
+        return None
+    from rpcnet.compute.cuda import launch
+    from rpcnet.compute.cuda.kernels.common import _Q8_1_NOTE, Q8Note, QuantizeRequest
+
+    state = registry.plan_state()
+    request = QuantizeRequest((32, 256) if m % 256 == 0 else (32,))
+    blocks = _device_scratch(be, "q8_1_glu", launch.q8_1_bytes(m, n))
+    counters = be.scratch("glu_counters", 4 * n * (m // 32), zeroed=True)
+    if counters is None:
+        return None
+    mark = len(state.written) + 3  # from after the writes of the group's 3 nodes
+    state.shared[_Q8_1_NOTE] = Q8Note(activation_key(g), None, mark, blocks, request)
+    return request, blocks, counters
 
 
 def _readers(nodes: list[Tensor]) -> dict[int, int]:
@@ -284,6 +314,12 @@ def _row_store(s: Tensor):  # noqa: ANN202
     )
 
 
+def _v_type_fits(qk_type: str | None, v_type: str | None) -> bool:
+    from rpcnet.compute.cuda import sources
+
+    return v_type is not None and (v_type == qk_type or (qk_type, v_type) in sources.QKV_MIXES)
+
+
 def _same_rope(a: Tensor, b: Tensor) -> bool:
     return (
         a.op_params == b.op_params
@@ -322,7 +358,7 @@ def _qkv_with_rope(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGrou
                 and n.op == Op.MUL_MAT
                 and len(n.src) > 1
                 and n.src[1] is y
-                and _decode_product(n) == wt
+                and _v_type_fits(wt, _decode_product(n))
                 and n.src[0] is not None
                 and n.src[0].ne[0] == k
                 and n.ne[0] % 2 == 0
@@ -396,15 +432,83 @@ def _qkv_rope_builder(  # noqa: ANN202
             yq, quantized = q8_1_input(be, y_t, wt, k, n)
 
         stores = tuple(None if x is None else _row_store(x) for x in cache_stores)
+        v_type = _weight_type(v.src[0])  # type: ignore[arg-type]
 
         def run() -> None:
             launch_fused.matvec_qkv_rope(
-                be, wt, weights, y, dsts, k, rows, n, rope, yq, quantized, stores
+                be, wt, weights, y, dsts, k, rows, n, rope, yq, quantized, stores, v_type
             )
 
         return run
 
     return build
+
+
+def _single_row(t: Tensor) -> bool:
+    return t.ne[1] * t.ne[2] * t.ne[3] == 1
+
+
+def _row_of_one(g: Tensor, readers: dict[int, int]) -> Tensor | None:
+    """The source of a GET_ROWS that picks the only row of a one-row f32 tensor (a decode
+    step's last layer keeping its one output row), read by nothing else: the GET_ROWS is that
+    source itself. (An id other than 0 has no row to name; it gets the row there is.)"""
+    src, ids = (g.src[0], g.src[1]) if len(g.src) > 1 else (None, None)
+    if g.op != Op.GET_ROWS or src is None or ids is None or ids.nelements != 1:
+        return None
+    ok = (
+        src.type == F32
+        and g.type == F32
+        and _single_row(src)
+        and g.ne == src.ne
+        and _contiguous(src)
+        and _contiguous(g)
+        and readers.get(g.id, 0) == 1
+        and not g.flags & FLAG_OUTPUT
+    )
+    return src if ok else None
+
+
+def _output_row_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
+    """ADD(GET_ROWS(product), GET_ROWS(residual)) of one-row tensors: the product with the
+    residual added as it writes (the GET_ROWS pick the only row there is)."""
+    from rpcnet.compute.cuda.kernels.matmul import _mul_mat_step
+
+    readers = _readers(nodes)
+    at = {id(n): i for i, n in enumerate(computed)}
+    groups: list[NodeGroup] = []
+    for add in computed:
+        if add.op != Op.ADD or len(add.src) < 2 or add.src[0] is None or add.src[1] is None:
+            continue
+        g1, g2 = add.src[0], add.src[1]
+        mm, res = _row_of_one(g1, readers), _row_of_one(g2, readers)
+        if mm is None or res is None or mm.op != Op.MUL_MAT:
+            mm, res, g1, g2 = res, mm, g2, g1  # the product may be either operand
+        if mm is None or res is None or mm.op != Op.MUL_MAT or readers.get(mm.id, 0) != 1:
+            continue
+        if any(id(t) not in at for t in (mm, g1, g2)) or mm.flags & FLAG_OUTPUT:
+            continue
+        shaped = all(t.type == F32 and _contiguous(t) and t.ne == mm.ne for t in (add, res))
+        if not (shaped and _mul_mat_ok(mm) and mm.ne[1] <= MATVEC_CHUNKED_MAX):
+            continue
+        members = sorted((mm, g1, g2, add), key=lambda t: at[id(t)])
+        first = at[id(members[0])]
+        movable = all(
+            _may_move(
+                m,
+                [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
+                members,
+            )
+            for m in members[1:]
+        )
+        reads = [*_launch_reads([mm], _decode_product(mm) or "F32"), res]
+        if movable and _outputs_clear([add], reads):
+            build = _bind(_mul_mat_step, mm, add, res)
+            groups.append(NodeGroup(tuple(members), build))
+    return groups
+
+
+def _bind(fn, *args):  # noqa: ANN001, ANN202
+    return lambda: fn(*args)
 
 
 def _fused_module():  # noqa: ANN202
@@ -420,5 +524,6 @@ def _float_types() -> dict[str, str]:
 
 
 group_finder(CUDA)(_qkv_with_rope)
+group_finder(CUDA)(_output_row_products)
 group_finder(CUDA)(_glu_products)
 group_finder(CUDA)(_same_input_products)

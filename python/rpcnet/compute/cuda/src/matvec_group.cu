@@ -4,7 +4,9 @@
 //   and V): the grid's blocks go to the rows of w0, then w1, then w2, and each product is
 //   written to its own destination;
 // - rpc_mv_glu_*: the gate (w0) and up (w1) products of a feed-forward block and the GLU after
-//   them: dst = act(w0 y) * (w1 y) (glu.cuh's op codes); neither product is written;
+//   them: dst = act(w0 y) * (w1 y) (glu.cuh's op codes); neither product is written; with `q8`,
+//   dst is also quantized (q8_1 or q8_K blocks) for the product after it, each group by the
+//   block that completes it (quantize.cuh, rpc_quantize_when_complete);
 // - rpc_mv_qkv_rope_*: attention's Q, K and V products with the RoPE of Q and K (NORMAL or NEOX
 //   over whole heads of head_dim rows, position pos[c] for column c): a block's warp (or the
 //   block, in the split form) takes one pair of rows, rotates it and writes Q and K rotated;
@@ -19,6 +21,7 @@
 // block's warps splitting each row).
 #include "glu.cuh"
 #include "matvec.cuh"
+#include "quantize.cuh"
 #include "rope.cuh"
 
 template <int T, bool QUANT> struct RpcMvLane;
@@ -94,7 +97,8 @@ template <int T, bool QUANT, bool SPLIT>
 __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* up, float* dst,
                                            int m, const void* y, int k, int ncols,
                                            long long w_row_bytes, long long y_col, int op,
-                                           float alpha, float limit) {
+                                           float alpha, float limit, uint8_t* q8, int q8_block,
+                                           unsigned* counters) {
     const int row = SPLIT ? (int)blockIdx.x : (int)(blockIdx.x * RPC_MV_WARPS + threadIdx.y);
     if (!SPLIT && row >= m) return;
     const int first = SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
@@ -109,6 +113,10 @@ __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* u
             const float uv = rpc_mv_row_sum<SPLIT>(u[c]);
             if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
                 dst[c * m + row] = rpc_glu(op, gv, uv, alpha, limit);
+            }
+            if (q8 != nullptr && (!SPLIT || threadIdx.y == 0)) {
+                rpc_quantize_when_complete(dst + c * m, row, q8 + (long long)c * (m / 32) * RPC_Q8_1_BYTES,
+                                           q8_block, counters + c * (m / q8_block));
             }
         }
     }
@@ -171,11 +179,11 @@ __device__ __forceinline__ RpcQkvPair rpc_qkv_pair(int pair, const uint8_t* wq, 
     return out;
 }
 
-template <int T, bool QUANT, bool SPLIT>
+template <int T, int TV, bool QUANT, bool SPLIT>
 __device__ __forceinline__ void rpc_mv_qkv_rope(
     const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, float* dq, float* dk, float* dv,
     int mq, int mk, int mv, const void* y, int k, int ncols, long long w_row_bytes,
-    long long y_col, const int* pos, const float* ff, int head_dim, int mode, RpcRopeFreq f,
+    long long v_row_bytes, long long y_col, const int* pos, const float* ff, int head_dim, int mode, RpcRopeFreq f,
     RpcRowStore k_store, RpcRowStore v_store) {
     const int pair = SPLIT ? (int)blockIdx.x : (int)(blockIdx.x * RPC_MV_WARPS + threadIdx.y);
     if (!SPLIT && pair >= (mq + mk + mv) / 2) return;
@@ -183,16 +191,22 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
     const int first = SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
     const int stride = SPLIT ? RPC_WARP * RPC_MV_WARPS : RPC_WARP;
     float a0[RPC_MV_MAXCOLS], a1[RPC_MV_MAXCOLS];
-    RpcMvLane<T, QUANT>::run(q.w + q.r0 * w_row_bytes, y, k, ncols, y_col, first, stride, a0);
-    RpcMvLane<T, QUANT>::run(q.w + q.r1 * w_row_bytes, y, k, ncols, y_col, first, stride, a1);
+    if (q.seg == 2) {  // V: weights of type TV (K-quant mixes keep more bits for V)
+        RpcMvLane<TV, QUANT>::run(q.w + q.r0 * v_row_bytes, y, k, ncols, y_col, first, stride, a0);
+        RpcMvLane<TV, QUANT>::run(q.w + q.r1 * v_row_bytes, y, k, ncols, y_col, first, stride, a1);
+    } else {
+        RpcMvLane<T, QUANT>::run(q.w + q.r0 * w_row_bytes, y, k, ncols, y_col, first, stride, a0);
+        RpcMvLane<T, QUANT>::run(q.w + q.r1 * w_row_bytes, y, k, ncols, y_col, first, stride, a1);
+    }
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
         if (c < ncols) {
             const float x0 = rpc_mv_row_sum<SPLIT>(a0[c]);
             const float x1 = rpc_mv_row_sum<SPLIT>(a1[c]);
             if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
-                const RpcRowStore none = {nullptr, nullptr, 0, 0, 1, 0, 0};
-                const RpcRowStore& st = q.seg == 1 ? k_store : q.seg == 2 ? v_store : none;
+                RpcRowStore st = {nullptr, nullptr, 0, 0, 1, 0, 0};  // a copy: no stack
+                if (q.seg == 1) st = k_store;
+                if (q.seg == 2) st = v_store;
                 const long long at = (long long)c * q.m;
                 if (q.p < 0) {
                     rpc_store_value(st, q.d, at + q.r0, x0);
@@ -211,14 +225,16 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
 #define RPC_MV_QKV_ARGS                                                                          \
     const uint8_t *wq, const uint8_t *wk, const uint8_t *wv, float *dq, float *dk, float *dv,     \
         int mq, int mk, int mv, const void *y, int k, int ncols, long long w_row_bytes,          \
-        long long y_col, const int *pos, const float *ff, int head_dim, int mode,                 \
+        long long v_row_bytes, long long y_col, const int *pos, const float *ff, int head_dim,   \
+        int mode,                                                                                 \
         float theta_scale, float freq_scale, float ext_factor, float mscale, float corr_lo,       \
         float corr_hi, uint8_t *ks_dst, const uint8_t *ks_ids, int ks_ids_i64, int ks_dtype,      \
         long long ks_s0, long long ks_row_bytes, long long ks_rows, uint8_t *vs_dst,              \
         const uint8_t *vs_ids, int vs_ids_i64, int vs_dtype, long long vs_s0,                     \
         long long vs_row_bytes, long long vs_rows
 #define RPC_MV_QKV_PASS                                                                          \
-    wq, wk, wv, dq, dk, dv, mq, mk, mv, y, k, ncols, w_row_bytes, y_col, pos, ff, head_dim, mode, \
+    wq, wk, wv, dq, dk, dv, mq, mk, mv, y, k, ncols, w_row_bytes, v_row_bytes, y_col, pos, ff,    \
+        head_dim, mode,                                                                           \
         RpcRopeFreq{theta_scale, freq_scale, ext_factor, mscale, corr_lo, corr_hi},               \
         RpcRowStore{ks_dst, ks_ids, ks_ids_i64, ks_dtype, ks_s0, ks_row_bytes, ks_rows},          \
         RpcRowStore{vs_dst, vs_ids, vs_ids_i64, vs_dtype, vs_s0, vs_row_bytes, vs_rows}
@@ -230,8 +246,10 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
 #define RPC_MV_GROUP_PASS w0, w1, w2, d0, d1, d2, m0, m1, m2, y, k, ncols, w_row_bytes, y_col
 #define RPC_MV_GLU_ARGS                                                                          \
     const uint8_t *gate, const uint8_t *up, float *dst, int m, const void *y, int k, int ncols,   \
-        long long w_row_bytes, long long y_col, int op, float alpha, float limit
-#define RPC_MV_GLU_PASS gate, up, dst, m, y, k, ncols, w_row_bytes, y_col, op, alpha, limit
+        long long w_row_bytes, long long y_col, int op, float alpha, float limit, uint8_t *q8,    \
+        int q8_block, unsigned *counters
+#define RPC_MV_GLU_PASS                                                                          \
+    gate, up, dst, m, y, k, ncols, w_row_bytes, y_col, op, alpha, limit, q8, q8_block, counters
 
 #define RPC_MV_GROUP_KERNELS(T, name, QUANT)                                                     \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
@@ -250,15 +268,16 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
         rpc_mv_glu_split_##name(RPC_MV_GLU_ARGS) {                                                \
         rpc_mv_glu<T, QUANT, true>(RPC_MV_GLU_PASS);                                              \
     }
-#define RPC_MV_QKV_KERNELS(T, name, QUANT)                                                       \
+#define RPC_MV_QKV_KERNEL_PAIR(T, TV, name, QUANT)                                               \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
         rpc_mv_qkv_rope_##name(RPC_MV_QKV_ARGS) {                                                 \
-        rpc_mv_qkv_rope<T, QUANT, false>(RPC_MV_QKV_PASS);                                        \
+        rpc_mv_qkv_rope<T, TV, QUANT, false>(RPC_MV_QKV_PASS);                                    \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
         rpc_mv_qkv_rope_split_##name(RPC_MV_QKV_ARGS) {                                           \
-        rpc_mv_qkv_rope<T, QUANT, true>(RPC_MV_QKV_PASS);                                         \
+        rpc_mv_qkv_rope<T, TV, QUANT, true>(RPC_MV_QKV_PASS);                                     \
     }
+#define RPC_MV_QKV_KERNELS(T, name, QUANT) RPC_MV_QKV_KERNEL_PAIR(T, T, name, QUANT)
 #define RPC_MV_GROUP_QUANT(T, name)                                                              \
     RPC_MV_GROUP_KERNELS(T, name, true)                                                           \
     RPC_MV_QKV_KERNELS(T, name, true)
@@ -267,3 +286,10 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
     RPC_MV_QKV_KERNELS(T, name, false)
 RPC_FOR_QUANT_TYPES(RPC_MV_GROUP_QUANT)
 RPC_FOR_FLOAT_TYPES(RPC_MV_GROUP_FLOAT)
+
+// V of another K-quant than Q and K, as llama.cpp's _M mixes quantize it (sources.QKV_MIXES)
+RPC_MV_QKV_KERNEL_PAIR(RPC_Q2_K, RPC_Q4_K, q2_K_v_q4_K, true)
+RPC_MV_QKV_KERNEL_PAIR(RPC_Q3_K, RPC_Q4_K, q3_K_v_q4_K, true)
+RPC_MV_QKV_KERNEL_PAIR(RPC_Q3_K, RPC_Q5_K, q3_K_v_q5_K, true)
+RPC_MV_QKV_KERNEL_PAIR(RPC_Q4_K, RPC_Q6_K, q4_K_v_q6_K, true)
+RPC_MV_QKV_KERNEL_PAIR(RPC_Q5_K, RPC_Q6_K, q5_K_v_q6_K, true)

@@ -22,8 +22,9 @@ __device__ __forceinline__ void rpc_q8_1_block_warp(float v, uint8_t* b) {
 // One q8_K block of 256 values by one warp, stored as eight q8_1 blocks whose first four bytes
 // hold q8_K's f32 d (blocks.cuh, rpc_act_q8_k): the value of largest magnitude m (the first in
 // index order on ties), scale -127 / m, q = min(127, nearest_int(x * scale)), d = 1 / scale.
-// Lane i holds x[8i .. 8i+7], so lane order is index order.
-__device__ __forceinline__ void rpc_q8_k_block_warp(const float* x, uint8_t* out) {
+// Lane i holds x[8i .. 8i+7], so lane order is index order. x is read as volatile: it may have
+// been written by other blocks of the same launch (matvec_group.cu's GLU).
+__device__ __forceinline__ void rpc_q8_k_block_warp(const volatile float* x, uint8_t* out) {
     const int lane = threadIdx.x % RPC_WARP;
     float v[8];
     float a = -1.0f, m = 0.0f;
@@ -71,5 +72,31 @@ __device__ __forceinline__ void rpc_quantize_row_block(const float* x, uint8_t* 
         for (int b = warp; b < k / 32; b += nwarps) {
             rpc_q8_1_block_warp(x[b * 32 + threadIdx.x % RPC_WARP], out + b * RPC_Q8_1_BYTES);
         }
+    }
+}
+
+// A producer that writes a row's values from many blocks (one row a block) quantizes each
+// group of `block` values (32: q8_1; 256: q8_K) when its last value is written: the writer of
+// value `row` calls this with its whole warp after storing it; the warp whose store completes
+// a group (a per-group counter, which that warp sets back to 0 for the next launch) reads the
+// group, written by other blocks and made visible by their fences, and quantizes it into `q`.
+__device__ __forceinline__ void rpc_quantize_when_complete(const float* x, int row, uint8_t* q,
+                                                           int block, unsigned* counters) {
+    const int lane = threadIdx.x % RPC_WARP;
+    const int group = row / block;
+    int last = 0;
+    if (lane == 0) {
+        __threadfence();  // this value is visible before the count says so
+        last = atomicAdd(&counters[group], 1u) == (unsigned)(block - 1);
+        if (last) counters[group] = 0u;
+    }
+    last = __shfl_sync(RPC_FULL_MASK, last, 0);
+    if (!last) return;
+    __threadfence();
+    const volatile float* g = x + (long long)group * block;
+    if (block == 32) {
+        rpc_q8_1_block_warp(g[lane], q + group * RPC_Q8_1_BYTES);
+    } else {
+        rpc_q8_k_block_warp(g, q + group * 8 * RPC_Q8_1_BYTES);
     }
 }
