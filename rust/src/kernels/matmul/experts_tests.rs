@@ -174,3 +174,42 @@ fn check_rejects_mismatched_shapes() {
     unknown.type_id = 99;
     assert!(unknown.check([32, 2, 2, 1]).is_err());
 }
+
+/// Activation rows and output rows apart (views of wider tensors) give the dense call's bits.
+#[test]
+fn strided_activations_and_output_keep_the_bits() {
+    let case = Case {
+        type_id: 12,
+        m: 40,
+        k: 256,
+        n_exp: 4,
+        slots: 2,
+        per_token: 2,
+        tokens: 9,
+    };
+    let (k, m) = (case.k, case.m);
+    let w = weights(12, m * case.n_exp, k, 3);
+    let x = noise(4, case.tokens * case.per_token * k);
+    let ids = case.ids(6);
+    let want = case.per_expert(&w, &x, &ids);
+    // every activation row 8 floats apart from the next, every output row 3 floats
+    let (xs, os) = (k + 8, m + 3);
+    let mut wide_x = vec![f32::NAN; case.tokens * case.per_token * xs];
+    for (r, row) in x.chunks_exact(k).enumerate() {
+        wide_x[r * xs..r * xs + k].copy_from_slice(row);
+    }
+    let mut wide_out = vec![f32::NAN; case.tokens * case.slots * os];
+    let mut step = case.step(&w, &wide_x, &ids, &mut wide_out);
+    step.x.nb = [4, 4 * xs, 4 * xs * case.per_token, 4 * wide_x.len()];
+    step.out_nb = [4, 4 * os, 4 * os * case.slots, 4 * wide_out.len()];
+    step.check([m, case.slots, case.tokens, 1]).unwrap();
+    assert!(unsafe { step.run(2) });
+    let got: Vec<f32> = wide_out
+        .chunks_exact(os)
+        .flat_map(|row| row[..m].to_vec())
+        .collect();
+    assert_eq!(bits(&got), bits(&want));
+    assert!(wide_out
+        .chunks_exact(os)
+        .all(|row| row[m..].iter().all(|v| v.is_nan())));
+}
