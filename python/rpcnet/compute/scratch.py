@@ -27,7 +27,6 @@ from collections.abc import Callable
 
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
-from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 
 F32 = 4
@@ -106,24 +105,6 @@ def aliasable(t: Tensor | None, node: Tensor) -> int:
     if t is None or (t.buffer is not None and t.buffer is not node.buffer):
         return 0
     return logical_f32(t)
-
-
-def _mul_mat_id(node: Tensor) -> int:
-    a, b = node.src[0], node.src[1]
-    one_expert = 0 if a is None else a.ne[0] * a.ne[1] * F32 * 5 // 4
-    ids = node.src[2] if len(node.src) > 2 else None
-    return one_expert + 2 * logical_f32(b) + 2 * logical_f32(node) + 4 * logical_f32(ids)
-
-
-# Ops whose family declares no scratch rule yet.
-_BY_OP: dict[int, Callable[[Tensor], int]] = {
-    Op.MUL_MAT_ID: _mul_mat_id,
-}
-
-
-def legacy_bound(node: Tensor, limit: int | None = None) -> int:
-    """The bound of an op whose family declares none."""
-    return _BY_OP.get(node.op, default_bound)(node)
 
 
 # Kernels (by builder name) registered outside an op family's declaration, with their bounds.

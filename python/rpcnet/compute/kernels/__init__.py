@@ -17,7 +17,6 @@ KERNEL_MODULES = (
     "glu",
     "matmul",
     "moe",
-    "moe_native",
     "norm",
     "reduce",
     "rope",

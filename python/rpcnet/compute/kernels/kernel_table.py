@@ -199,7 +199,7 @@ def scratch_bytes(node: Tensor, kernel: Kernel | None = None, limit: int | None 
     if rule is None and kernel is not None:
         rule = scratch.rule_of_kernel(kernel.name)
     if rule is None:
-        rule = _OP_SCRATCH.get(node.op, scratch.legacy_bound)
+        rule = _OP_SCRATCH.get(node.op, scratch.default_bound)
     return rule(node, limit) + scratch.overlap_charge(node)
 
 
