@@ -23,7 +23,6 @@ import functools
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable
 
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
@@ -105,20 +104,6 @@ def aliasable(t: Tensor | None, node: Tensor) -> int:
     if t is None or (t.buffer is not None and t.buffer is not node.buffer):
         return 0
     return logical_f32(t)
-
-
-# Kernels (by builder name) registered outside an op family's declaration, with their bounds.
-_BY_KERNEL: dict[str, Callable[[Tensor], int]] = {}
-
-
-def register(kernel_name: str, bound: Callable[[Tensor], int]) -> None:
-    """Declare the scratch bound of a kernel registered outside an op family's declaration."""
-    _BY_KERNEL[kernel_name] = bound
-
-
-def rule_of_kernel(kernel_name: str) -> Callable[[Tensor, int | None], int] | None:
-    bound = _BY_KERNEL.get(kernel_name)
-    return None if bound is None else lambda node, limit: bound(node)
 
 
 class ScratchLease:

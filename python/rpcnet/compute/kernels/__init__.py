@@ -21,7 +21,6 @@ KERNEL_MODULES = (
     "reduce",
     "rope",
     "rows",
-    "routing_native",
     "shape",
     "softmax",
     "unary",

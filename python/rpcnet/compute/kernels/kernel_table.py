@@ -196,8 +196,6 @@ def scratch_bytes(node: Tensor, kernel: Kernel | None = None, limit: int | None 
     """Upper bound of the temporaries one run of the node's CPU `kernel` allocates (None: its
     op's generic kernel); `limit` is the device's --max-scratch."""
     rule = kernel.scratch if kernel is not None else None
-    if rule is None and kernel is not None:
-        rule = scratch.rule_of_kernel(kernel.name)
     if rule is None:
         rule = _OP_SCRATCH.get(node.op, scratch.default_bound)
     return rule(node, limit) + scratch.overlap_charge(node)

@@ -6,15 +6,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from rpcnet.compute import scratch
-from rpcnet.compute.kernels.kernel_table import (
-    NATIVE,
-    Builder,
-    ContextBuilder,
-    OpFamily,
-    Predicate,
-    kernel,
-)
+from rpcnet.compute.kernels.kernel_table import NATIVE, ContextBuilder, OpFamily, Predicate
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import storage
 from rpcnet.ggml_types import GgmlType
@@ -27,18 +19,6 @@ ENABLED = os.environ.get("RPCNET_NATIVE_OPS", "1") != "0"
 # The native row kernels work in place on the buffers; what they allocate is a few rows of
 # accumulators per thread, far below this.
 ROW_SCRATCH = 1 << 20
-
-
-def native_kernel(op: int, types: str, supports: Predicate) -> Callable[[Builder], Builder]:
-    """`registry.kernel` at native priority, unless the native ops are switched off."""
-    if not ENABLED:
-        return lambda build: build
-
-    def register(build: Builder) -> Builder:
-        scratch.register(build.__name__, lambda node: ROW_SCRATCH)
-        return kernel(op, types, supports, priority=NATIVE)(build)
-
-    return register
 
 
 def native_row(
@@ -56,11 +36,6 @@ def tensor_arg(t: Tensor, offset: int = 0, ne0: int | None = None) -> TensorArg:
     return (storage(t), t.offset + offset, ne, tuple(t.nb))
 
 
-def device_threads(node: Tensor) -> int:
-    device = node.buffer.device if node.buffer is not None else None
-    return max(1, int(getattr(device, "threads", 1) or 1))
-
-
 def rows_contiguous(t: Tensor, elem: int) -> bool:
     """Elements of a row are adjacent (ggml's nb[0] == type size)."""
     return t.nb[0] == elem
@@ -74,3 +49,13 @@ def float_rows(t: Tensor) -> bool:
 def disjoint(a: Tensor, b: Tensor) -> bool:
     """The two tensors' byte ranges do not overlap (whatever their buffers)."""
     return a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
+
+
+def f32_rows(t: Tensor | None, dtype: int = GgmlType.F32) -> bool:
+    """A tensor of `dtype` (4-byte elements) whose rows are contiguous."""
+    return t is not None and t.type == dtype and rows_contiguous(t, 4)
+
+
+def apart(node: Tensor, src: Tensor) -> bool:
+    """`src` shares no bytes with the output `node`."""
+    return src.buffer is not node.buffer or disjoint(node, src)

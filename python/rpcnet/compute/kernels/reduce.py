@@ -4,7 +4,8 @@ Accumulation order/precision follows the ggml CPU kernels: f32 sums in float64 r
 f16/bf16 SUM and every CUMSUM left to right in float32. ARGMAX returns the last index of the maximum
 (ggml's loop); ARGSORT is stable (std::sort is not: ties beyond 16 elements may order
 differently from the reference); TOP_K returns the k largest in descending order (which of
-several equal values at the k-th place is picked is unspecified, as in ggml).
+several equal values at the k-th place is picked is unspecified, as in ggml). ARGSORT and
+SUM_ROWS of f32 rows also run natively (a MoE router's top-k and the selected weights' sum).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet import _native
 from rpcnet.compute.kernels.common import F32, FLOAT_TYPES, float_io, reader, same_shape, writer
 from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
+from rpcnet.compute.kernels.native_args import apart, f32_rows, native_row, tensor_arg
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.compute.views import PLAIN_DTYPES, plain_view
@@ -225,3 +228,45 @@ def count_equal(node: Tensor, context: BuildContext) -> Step:
         store(np.int64(np.count_nonzero(a == b)))
 
     return run
+
+
+# --- native kernels (a MoE router's top-k and weight sums) ------------------------------------
+
+
+def _argsort_native_ok(node: Tensor) -> bool:
+    a = node.src[0] if node.src else None
+    return (
+        f32_rows(a)
+        and f32_rows(node, GgmlType.I32)
+        and a is not None
+        and same_shape(a, node)
+        and node.i32(0) in (0, 1)
+        and apart(node, a)
+    )
+
+
+@native_row(FAMILY, Op.ARGSORT, "f32 -> i32, stable (native)", _argsort_native_ok)
+def argsort_native(node: Tensor, context: BuildContext) -> Step:
+    a = node.src[0]
+    assert a is not None
+    descending = node.i32(0) == 1
+    return _native.argsort_step(tensor_arg(a), tensor_arg(node), descending, context.threads)
+
+
+def _sum_rows_native_ok(node: Tensor) -> bool:
+    a = node.src[0] if node.src else None
+    return (
+        f32_rows(a)
+        and f32_rows(node)
+        and a is not None
+        and node.ne[0] == 1
+        and tuple(node.ne[1:]) == tuple(a.ne[1:])
+        and apart(node, a)
+    )
+
+
+@native_row(FAMILY, Op.SUM_ROWS, "f32, summed in f64 (native)", _sum_rows_native_ok)
+def sum_rows_native(node: Tensor, context: BuildContext) -> Step:
+    a = node.src[0]
+    assert a is not None
+    return _native.sum_rows_step(tensor_arg(a), tensor_arg(node), context.threads)

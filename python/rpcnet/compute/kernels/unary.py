@@ -10,7 +10,8 @@ results rounded to the destination type):
   float32 exp (the reference uses its own SIMD exp approximation there);
 * `a*b + c` that the reference computes with an FMA (SCALE with bias, XIELU) is rounded once.
 
-The tensor readers/writers live in common.py, the float32 math (erf, gelu, libm) in floatmath.py.
+CLAMP of f32 rows also runs natively (a MoE router's floor under the selected weights' sum). The
+tensor readers/writers live in common.py, the float32 math (erf, gelu, libm) in floatmath.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rpcnet import _native
 from rpcnet.compute.kernels.common import (
     F32,
     FLOAT_TYPES,
@@ -50,6 +52,7 @@ from rpcnet.compute.kernels.floatmath import (
     tanh,
 )
 from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
+from rpcnet.compute.kernels.native_args import apart, f32_rows, native_row, tensor_arg
 from rpcnet.compute.ops import Op, Unary
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
@@ -204,3 +207,19 @@ def fill(node: Tensor, context: BuildContext) -> Step:
         store(value)
 
     return run
+
+
+def _clamp_native_ok(node: Tensor) -> bool:
+    a = node.src[0] if node.src else None
+    if not (f32_rows(a) and f32_rows(node) and a is not None and same_shape(a, node)):
+        return False
+    in_place = a.buffer is node.buffer and a.offset == node.offset and a.nb == node.nb
+    return in_place or apart(node, a)
+
+
+@native_row(FAMILY, Op.CLAMP, "f32 (native)", _clamp_native_ok)
+def clamp_native(node: Tensor, context: BuildContext) -> Step:
+    a = node.src[0]
+    assert a is not None
+    lo, hi = node.f32(0), node.f32(1)
+    return _native.clamp_step(tensor_arg(a), tensor_arg(node), lo, hi, context.threads)
