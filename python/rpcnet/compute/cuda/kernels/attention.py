@@ -8,7 +8,6 @@ from typing import Any
 
 from rpcnet import _native
 from rpcnet.compute.cuda.kernels.common import (
-    _Q8_1_NOTE,
     BF16,
     CUDA,
     F16,
@@ -16,17 +15,14 @@ from rpcnet.compute.cuda.kernels.common import (
     FA_KV_PAIRS,
     MATVEC_MAX_COLS,
     XP,
-    Q8Note,
     QuantizeRequest,
     _backend,
     _contiguous,
-    _device_scratch,
     _raw,
     _srcs,
     _view,
-    activation_key,
+    offer_quantized,
 )
-from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.kernels.kernel_table import NATIVE, Step, kernel
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
@@ -223,14 +219,7 @@ def _offer_q8_1(node: Tensor, be: Any) -> tuple[QuantizeRequest, Any] | None:
     dv, n_rows = node.ne[0], node.ne[1] * node.ne[2] * node.ne[3]
     if dv % 32 or n_rows > MATVEC_MAX_COLS * node.ne[1] or not _contiguous(node):
         return None
-    from rpcnet.compute.cuda import launch
-
-    state = registry.plan_state()
-    request = QuantizeRequest((32,))
-    yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(node.nelements, 1))
-    mark = len(state.written) + 1  # from after this step's own write
-    state.shared[_Q8_1_NOTE] = Q8Note(activation_key(node), None, mark, yq, request)
-    return request, yq
+    return offer_quantized(be, node, (32,), writes=1)
 
 
 @kernel(

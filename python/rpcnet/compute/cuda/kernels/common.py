@@ -50,6 +50,24 @@ class Q8Note:
     request: QuantizeRequest | None = None
 
 
+def offer_quantized(
+    be: Any, out: Tensor, blocks: tuple[int, ...], writes: int, kind: str = "q8_1"
+) -> tuple[QuantizeRequest, Any]:
+    """A producer's offer, noted for the products built after it, to quantize `out` (every
+    element, in its order) as it writes it: the request the producer's step reads, and the
+    `kind` scratch its blocks go to. `writes`: nodes the producer's step writes (the note
+    holds from after them)."""
+    from rpcnet.compute.cuda import launch
+    from rpcnet.compute.kernels import kernel_table
+
+    state = kernel_table.plan_state()
+    request = QuantizeRequest(blocks)
+    yq = _device_scratch(be, kind, launch.q8_1_bytes(out.nelements, 1))
+    mark = len(state.written) + writes
+    state.shared[_Q8_1_NOTE] = Q8Note(activation_key(out), None, mark, yq, request)
+    return request, yq
+
+
 def activation_key(y_t: Tensor) -> tuple:
     """What identifies a product's input in a Q8Note: its bytes' place and layout (contiguous
     f32 by place alone: a reshape of a producer's output holds the same values in order)."""

@@ -5,25 +5,20 @@ from __future__ import annotations
 
 from rpcnet.compute.cuda.kernels.common import (
     _GLU_IDS,
-    _Q8_1_NOTE,
     CUDA,
     F32,
     I32,
     MATVEC_MAX_COLS,
-    Q8Note,
-    QuantizeRequest,
     _backend,
     _contiguous,
-    _device_scratch,
     _launch_module,
     _need,
     _other_src,
     _rows,
     _srcs,
     _view,
-    activation_key,
+    offer_quantized,
 )
-from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.kernels.kernel_table import Step, fusion, kernel
 from rpcnet.compute.kernels.rope import RopeParams, rope_mscale
 from rpcnet.compute.kernels.rope import corr_dims as rope_corr_dims
@@ -137,11 +132,7 @@ def cuda_rms_norm_mul(norm: Tensor, mul: Tensor) -> Step:
     # Decode rows feed products (Q, K, V; gate, up) that quantize them: offer to do it here.
     from rpcnet.compute.cuda import launch_fused
 
-    state = registry.plan_state()
-    request = QuantizeRequest((32, 256) if n % 256 == 0 else (32,))
-    yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(n, rows))
-    mark = len(state.written) + 1  # from after this step's own write
-    state.shared[_Q8_1_NOTE] = Q8Note(activation_key(mul), None, mark, yq, request)
+    request, yq = offer_quantized(be, mul, (32, 256) if n % 256 == 0 else (32,), writes=1)
 
     def run() -> None:
         if request.block is None:

@@ -7,21 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from rpcnet.compute.cuda.kernels.common import (
-    _Q8_1_NOTE,
     BF16,
     CUDA,
     F16,
     F32,
-    Q8Note,
-    QuantizeRequest,
     _backend,
-    _device_scratch,
     _raw,
     _view,
-    activation_key,
+    offer_quantized,
 )
-from rpcnet.compute.cuda.kernels.groups import _may_move, _outputs_clear, _readers
-from rpcnet.compute.kernels import kernel_table as registry
+from rpcnet.compute.cuda.kernels.groups import (
+    _consumers,
+    _members_movable,
+    _outputs_clear,
+    _readers,
+)
 from rpcnet.compute.kernels.kernel_table import NodeGroup, Step, group_finder
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import FLAG_OUTPUT, Tensor
@@ -76,12 +76,7 @@ def _parts(sm: Tensor, readers: dict[int, int], consumers: dict[int, list[Tensor
 
 
 def _unfused_attention(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
-    readers = _readers(nodes)
-    consumers: dict[int, list[Tensor]] = {}
-    for n in nodes:
-        for s in n.src:
-            if s is not None:
-                consumers.setdefault(s.id, []).append(n)
+    readers, consumers = _readers(nodes), _consumers(nodes)
     at = {id(n): i for i, n in enumerate(computed)}
     groups: list[NodeGroup] = []
     for sm in computed:
@@ -90,15 +85,7 @@ def _unfused_attention(computed: list[Tensor], nodes: list[Tensor]) -> list[Node
             continue
         kq, kqv, cont = parts
         members = sorted((kq, sm, kqv, cont), key=lambda t: at[id(t)])
-        first = at[id(members[0])]
-        movable = all(
-            _may_move(
-                m,
-                [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
-                members,
-            )
-            for m in members[1:]
-        )
+        movable = _members_movable(members, computed, at)
         reads = [t for t in (*kq.src[:2], kqv.src[0], *sm.src[1:3]) if t is not None]
         if movable and _outputs_clear([cont], reads):
             groups.append(NodeGroup(tuple(members), _builder(kq, sm, kqv, cont)))
@@ -107,7 +94,7 @@ def _unfused_attention(computed: list[Tensor], nodes: list[Tensor]) -> list[Node
 
 def _builder(kq: Tensor, sm: Tensor, kqv: Tensor, cont: Tensor):  # noqa: ANN202
     def build() -> Step:
-        from rpcnet.compute.cuda import launch, launch_attention
+        from rpcnet.compute.cuda import launch_attention
 
         k_t, q_t, v_t = kq.src[0], kq.src[1], kqv.src[0]
         assert k_t is not None and q_t is not None and v_t is not None
@@ -123,12 +110,7 @@ def _builder(kq: Tensor, sm: Tensor, kqv: Tensor, cont: Tensor):  # noqa: ANN202
         q8 = None
         request = None
         if dv % 32 == 0 and n_q <= 8:  # offer the projection after it its q8_1 blocks
-            state = registry.plan_state()
-            request = QuantizeRequest((32,))
-            q8 = _device_scratch(be, "q8_1", launch.q8_1_bytes(cont.nelements, 1))
-            mark = len(state.written) + 4  # from after the writes of the group's 4 nodes
-            note = Q8Note(activation_key(cont), None, mark, q8, request)
-            state.shared[_Q8_1_NOTE] = note
+            request, q8 = offer_quantized(be, cont, (32,), writes=4)  # the group's 4 nodes
         ptrs = (_view(q_t), _raw(k_t), _raw(v_t), mask, sinks, dst)
         dims = (d, dv, n_q, n_kv, n_head, k_t.ne[2])
         strides = (

@@ -21,14 +21,11 @@ from rpcnet.compute.cuda.kernels.common import (
     MATVEC_MAX_COLS,
     _backend,
     _contiguous,
-    _device_scratch,
     _raw,
     _view,
     _weight_type,
-    activation_key,
 )
 from rpcnet.compute.cuda.kernels.matmul import _mul_mat_ok, q8_1_input
-from rpcnet.compute.kernels import kernel_table as registry
 from rpcnet.compute.kernels.kernel_table import NodeGroup, Step, group_finder
 from rpcnet.compute.ops import VIEW_OPS, Glu, Op
 from rpcnet.compute.tensor import FLAG_OUTPUT, Tensor
@@ -60,6 +57,20 @@ def _may_move(member: Tensor, passed: list[Tensor], group: list[Tensor]) -> bool
         if any(_overlap(r, member) for r in n_reads):
             return False
     return True
+
+
+def _members_movable(members: list[Tensor], computed: list[Tensor], at: dict[int, int]) -> bool:
+    """Whether every member after the first (`members` in plan order, `at` their positions in
+    `computed`) may move up to the first one's place."""
+    first = at[id(members[0])]
+    return all(
+        _may_move(
+            m,
+            [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
+            members,
+        )
+        for m in members[1:]
+    )
 
 
 def _outputs_clear(outputs: list[Tensor], reads: list[Tensor]) -> bool:
@@ -166,15 +177,7 @@ def _glu_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup
         if any(readers.get(p.id, 0) != 1 or p.flags & FLAG_OUTPUT for p in (gate, up)):
             continue
         members = sorted((gate, up, g), key=lambda t: at[id(t)])
-        first = at[id(members[0])]
-        ok = all(
-            _may_move(
-                m,
-                [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
-                members,
-            )
-            for m in members[1:]
-        )
+        ok = _members_movable(members, computed, at)
         if ok and _outputs_clear([g], _launch_reads([gate, up], wt)):
             groups.append(NodeGroup(tuple(members), _glu_builder(gate, up, g, wt)))
     return groups
@@ -214,17 +217,13 @@ def _offer_glu_blocks(be: Any, g: Tensor, m: int, n: int) -> tuple[Any, Any, Any
     have their own scratch: the launch still reads its own input's q8_1 blocks."""
     if m % 32:
         return None
-    from rpcnet.compute.cuda import launch
-    from rpcnet.compute.cuda.kernels.common import _Q8_1_NOTE, Q8Note, QuantizeRequest
+    from rpcnet.compute.cuda.kernels.common import offer_quantized
 
-    state = registry.plan_state()
-    request = QuantizeRequest((32, 256) if m % 256 == 0 else (32,))
-    blocks = _device_scratch(be, "q8_1_glu", launch.q8_1_bytes(m, n))
     counters = be.scratch("glu_counters", 4 * n * (m // 32), zeroed=True)
     if counters is None:
         return None
-    mark = len(state.written) + 3  # from after the writes of the group's 3 nodes
-    state.shared[_Q8_1_NOTE] = Q8Note(activation_key(g), None, mark, blocks, request)
+    blocks_sizes = (32, 256) if m % 256 == 0 else (32,)
+    request, blocks = offer_quantized(be, g, blocks_sizes, writes=3, kind="q8_1_glu")
     return request, blocks, counters
 
 
@@ -372,15 +371,7 @@ def _qkv_with_rope(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGrou
         stores = [x for x in (sk, sv) if x is not None and id(x) in at]
         sk, sv = (sk if sk in stores else None), (sv if sv in stores else None)
         members = sorted((mq, rq, mk, rk, v, *stores), key=lambda t: at[id(t)])
-        first = at[id(members[0])]
-        movable = all(
-            _may_move(
-                m,
-                [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
-                members,
-            )
-            for m in members[1:]
-        )
+        movable = _members_movable(members, computed, at)
         rope_reads = [t for t in rq.src[1:3] if t is not None]
         store_reads = [t for x in stores for t in x.src[1:2] if t is not None]
         reads = [*_launch_reads([mq, mk, v], wt), *rope_reads, *store_reads]
@@ -491,15 +482,7 @@ def _output_row_products(computed: list[Tensor], nodes: list[Tensor]) -> list[No
         if not (shaped and _mul_mat_ok(mm) and mm.ne[1] <= MATVEC_CHUNKED_MAX):
             continue
         members = sorted((mm, g1, g2, add), key=lambda t: at[id(t)])
-        first = at[id(members[0])]
-        movable = all(
-            _may_move(
-                m,
-                [n for n in computed[first + 1 : at[id(m)]] if all(n is not x for x in members)],
-                members,
-            )
-            for m in members[1:]
-        )
+        movable = _members_movable(members, computed, at)
         reads = [*_launch_reads([mm], _decode_product(mm) or "F32"), res]
         if movable and _outputs_clear([add], reads):
             build = _bind(_mul_mat_step, mm, add, res)
