@@ -214,6 +214,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--json", type=Path, default=RESULT)
     p.add_argument("--no-doc", action="store_true")
+    p.add_argument("--merge", action="store_true", help="keep --json's other rows")
     args = p.parse_args(argv)
     load_before = os.getloadavg()[1]
     pairs = [("ref", "ours")] + ([("before", "ours")] if args.before else [])
@@ -224,6 +225,10 @@ def main(argv: list[str]) -> int:
             log(f"{name} {kind}: {path.name}")
             results[(name, kind)] = {pair[0]: measure(path, pair, args) for pair in pairs}
     raw = {f"{m} {k}": runs for (m, k), runs in results.items()}
+    if args.merge and args.json.is_file():
+        # rows measured by an earlier run and not now are kept (from its raw medians' inputs)
+        raw = {**json.loads(args.json.read_text())["raw"], **raw}
+        results = {tuple(key.split(" ", 1)): runs for key, runs in raw.items()}
     machine = {**report.host_cpu(), "cores": os.cpu_count()}
     doc = {
         "title": "MoE (qwen3moe style) against the reference rpc-server",
