@@ -118,7 +118,7 @@ def _compile(
     computed = [n for n in nodes if needs_compute(n)]
     written = {id(n.buffer): n.buffer for n in computed if n.buffer is not None}
     groups = _node_groups(computed, nodes, device)
-    fused = _fused_pairs([n for n in computed if id(n) not in groups.member_of], nodes, device)
+    fused = _fused_pairs(computed, nodes, device, set(groups.member_of))
     steps = []
     handles: set[int] = set()
     need, needy = 0, None  # largest per-node scratch bound, and that node
@@ -208,9 +208,12 @@ class _Fused:
     skipped: set[int]  # id(second) of each pair
 
 
-def _fused_pairs(computed: list[Tensor], nodes: list[Tensor], device: str) -> _Fused:
+def _fused_pairs(
+    computed: list[Tensor], nodes: list[Tensor], device: str, grouped: set[int] | None = None
+) -> _Fused:
     """Consecutive computed nodes a, b with a registered fusion, where b is a's only reader in
-    the graph and the client cannot read a (not an output): a is never materialized."""
+    the graph and the client cannot read a (not an output): a is never materialized. Members
+    of a node group (`grouped`) take part in none: the group moves them."""
     fused = _Fused({}, set())
     if device == "cpu" or profile.enabled():  # a profile times every node on its own
         return fused
@@ -235,7 +238,8 @@ def _fused_pairs(computed: list[Tensor], nodes: list[Tensor], device: str) -> _F
             )
             for s in b.src
         )
-        if feeds and readers.get(a.id, 0) == 1 and not a.flags & FLAG_OUTPUT:
+        free = grouped is None or (id(a) not in grouped and id(b) not in grouped)
+        if free and feeds and readers.get(a.id, 0) == 1 and not a.flags & FLAG_OUTPUT:
             entry = kernel_table.select_fusion(a, b, device)
         if entry is not None:
             fused.pairs[id(a)] = (entry, b)
