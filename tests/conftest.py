@@ -175,3 +175,30 @@ def path(request):
     assert simd == (request.param == "simd"), "this host has no AVX2+FMA+F16C SIMD path"
     yield request.param
     _native.set_portable_kernels(False)
+
+
+@pytest.fixture(autouse=True)
+def _kernel_timing_ends_with_its_test():
+    """An in-process `serve --metrics` turns on kernel timing for the whole process (as a
+    server process wants); a later test must see plans compiled as without it."""
+    from rpcnet.compute import profile
+
+    collecting = profile._collect
+    yield
+    profile._collect = collecting
+
+
+_ALL_BYTES = bytes(range(256))
+#: CPython's cached one-byte bytes objects (what b" " * 1 or data[i : i + 1] return)
+_ONE_BYTE_OBJECTS = [_ALL_BYTES[i : i + 1] for i in range(256)]
+
+
+@pytest.fixture(autouse=True)
+def _one_byte_bytes_intact():
+    """A native call that writes into a `bytes` it was handed (an output buffer made as
+    b" " * n) changes that object for the whole process when it is a cached one-byte object;
+    later tests then see wrong data. Fail the test that did it."""
+    yield
+    bad = [i for i, b in enumerate(_ONE_BYTE_OBJECTS) if b[0] != i]
+    if bad:
+        pytest.fail(f"the interpreter's one-byte bytes objects {bad} were overwritten")

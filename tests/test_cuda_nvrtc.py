@@ -35,13 +35,15 @@ def compile_ptx(name: str, arch: tuple[int, int]) -> tuple[str, str]:
         (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err)
-        log = b" " * log_size
+        # NVRTC writes into the buffer: a bytearray, never a bytes object (b" " * 1 is
+        # CPython's shared one-byte b" ", which a one-byte log would overwrite for the process)
+        log = bytearray(log_size)
         _check(nvrtc.nvrtcGetProgramLog(prog, log))
         log_text = log.decode(errors="replace").rstrip("\x00 \n")
         assert compile_err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name}.cu for {arch}:\n{log_text}"
         err, ptx_size = nvrtc.nvrtcGetPTXSize(prog)
         _check(err)
-        ptx = b" " * ptx_size
+        ptx = bytearray(ptx_size)
         _check(nvrtc.nvrtcGetPTX(prog, ptx))
         return ptx.decode(errors="replace"), log_text
     finally:
