@@ -50,18 +50,11 @@ def experts(type_id: int, n_exp: int, m: int, k: int, rng: np.random.Generator) 
 
 def per_expert(type_id, w, row, m, x, ids, out, threads) -> None:
     """The previous kernel's run(): one native matmul per selected expert."""
-    flat = ids.reshape(-1)
-    order = np.argsort(flat, kind="stable")
-    sorted_ids = flat[order]
-    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
-    ends = np.r_[starts[1:], sorted_ids.size]
-    n_used = ids.shape[1]
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        sel = order[s:e]
-        tok, slot = sel // n_used, sel % n_used
+    from rpcnet.compute.kernels.moe import expert_groups
+
+    for ex, tok, slot in expert_groups(ids):
         rows = np.ascontiguousarray(x[tok, slot % x.shape[1]]).reshape(-1, x.shape[2])
         res = np.empty((rows.shape[0], m), np.float32)
-        ex = int(sorted_ids[s])
         _native.matmul_quant(type_id, w[ex * m : (ex + 1) * m], row, rows, res, threads)
         out[tok, slot] = res
 

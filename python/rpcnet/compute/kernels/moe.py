@@ -16,6 +16,7 @@ the NumPy kernel.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -71,6 +72,20 @@ def _supported(node: Tensor) -> bool:
     return operands is not None and all(convert.can_load(t.type) for t in operands)
 
 
+def expert_groups(ids: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(expert, tokens, slots) for each expert that `ids` [n_tok, n_used] selects, in expert
+    order, its selections in token order."""
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    sorted_ids = flat[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+    ends = np.r_[starts[1:], sorted_ids.size]
+    n_used = ids.shape[1]
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        sel = order[s:e]
+        yield int(sorted_ids[s]), sel // n_used, sel % n_used
+
+
 @FAMILY.kernel(Op.MUL_MAT_ID, "f32|f16|bf16|quantized experts x f32|f16 -> f32", _supported)
 def mul_mat_id(node: Tensor, context: BuildContext) -> Step:
     a_t, b_t, ids_t = node.src[0], node.src[1], node.src[2]
@@ -95,16 +110,8 @@ def mul_mat_id(node: Tensor, context: BuildContext) -> Step:
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_exp):
             raise ComputeError(f"MUL_MAT_ID: expert id out of range [0, {n_exp})")
         b = vec_dot_operand(convert.load_f32(b_t)[0], a_t.type)  # (n_tok, b.ne1, K)
-        flat = ids.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        sorted_ids = flat[order]
-        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
-        ends = np.r_[starts[1:], sorted_ids.size]
-        n_used = ids.shape[1]
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-            sel = order[s:e]
-            tok, slot = sel // n_used, sel % n_used
-            w = convert.load_f32(expert(int(sorted_ids[s])))[0, 0]  # (M, K)
+        for e, tok, slot in expert_groups(ids):
+            w = convert.load_f32(expert(e))[0, 0]  # (M, K)
             rows = b[tok, slot % b_ne1]  # (n, K)
             out[tok, slot] = rows @ w.T
 

@@ -8,6 +8,7 @@ member reads or writes, or reads what it writes (byte ranges, as ggml-alloc reus
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -485,13 +486,9 @@ def _output_row_products(computed: list[Tensor], nodes: list[Tensor]) -> list[No
         movable = _members_movable(members, computed, at)
         reads = [*_launch_reads([mm], _decode_product(mm) or "F32"), res]
         if movable and _outputs_clear([add], reads):
-            build = _bind(_mul_mat_step, mm, add, res)
+            build = functools.partial(_mul_mat_step, mm, add, res)
             groups.append(NodeGroup(tuple(members), build))
     return groups
-
-
-def _bind(fn, *args):  # noqa: ANN001, ANN202
-    return lambda: fn(*args)
 
 
 def _fused_module():  # noqa: ANN202
