@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rpcnet import __version__
 from rpcnet.protocol.commands import DEFAULT_PROTOCOL, SUPPORTED_PROTOCOLS
@@ -50,6 +53,38 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 def parse_metrics_endpoint(text: str) -> tuple[str, int]:
     """'9100' or ':9100' -> loopback; 'HOST:PORT' as given."""
     return ("127.0.0.1", int(text)) if text.isdigit() else parse_endpoint(text)
+
+
+# Limit options: (flag, parser, help); each one's default is its ServerConfig field's.
+LIMIT_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+    ("--client-mem", parse_size, "buffer memory one connection may hold"),
+    (
+        "--max-scratch",
+        parse_size,
+        "compute scratch per device; larger graphs are refused (default: min(1G, mem/10))",
+    ),
+    ("--max-clients", int, "concurrent connections"),
+    (
+        "--max-clients-per-addr",
+        parse_positive,
+        "concurrent connections from one client address (default: no limit)",
+    ),
+    ("--hello-timeout", float, "seconds a connection has to send HELLO"),
+    (
+        "--comm-timeout",
+        float,
+        "seconds COMM_INIT rank 0 waits for its peer server (then answers ok = 0)",
+    ),
+    ("--max-payload", parse_size, "largest SET_TENSOR payload"),
+    ("--max-graph", parse_size, "largest GRAPH_COMPUTE payload"),
+    ("--max-graph-nodes", int, "nodes and tensors per graph"),
+)
+# `serve` options whose ServerConfig field has another name (the rest share theirs).
+CONFIG_FIELD_OF = {
+    "max_payload": "max_data",
+    "model_dir": "model_dirs",
+    "peer_fingerprint": "peer_fingerprints",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,54 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CIDR[,CIDR]",
         help="client networks allowed (default: loopback clients only)",
     )
-    limits.add_argument(
-        "--client-mem", type=parse_size, help="buffer memory one connection may hold"
-    )
-    limits.add_argument(
-        "--max-scratch",
-        type=parse_size,
-        help="compute scratch per device; larger graphs are refused (default: min(1G, mem/10))",
-    )
-    limits.add_argument(
-        "--max-clients", type=int, default=defaults.max_clients, help="concurrent connections"
-    )
-    limits.add_argument(
-        "--max-clients-per-addr",
-        type=parse_positive,
-        default=defaults.max_clients_per_addr,
-        metavar="N",
-        help="concurrent connections from one client address (default: no limit)",
-    )
-    limits.add_argument(
-        "--hello-timeout",
-        type=float,
-        default=defaults.hello_timeout,
-        help="seconds a connection has to send HELLO",
-    )
-    limits.add_argument(
-        "--comm-timeout",
-        type=float,
-        default=defaults.comm_timeout,
-        help="seconds COMM_INIT rank 0 waits for its peer server (then answers ok = 0)",
-    )
-    limits.add_argument(
-        "--max-payload",
-        type=parse_size,
-        default=defaults.max_data,
-        help="largest SET_TENSOR payload",
-    )
-    limits.add_argument(
-        "--max-graph",
-        type=parse_size,
-        default=defaults.max_graph,
-        help="largest GRAPH_COMPUTE payload",
-    )
-    limits.add_argument(
-        "--max-graph-nodes",
-        type=int,
-        default=defaults.max_graph_nodes,
-        help="nodes and tensors per graph",
-    )
+    for flag, parse, help_text in LIMIT_OPTIONS:
+        dest = flag[2:].replace("-", "_")
+        field = CONFIG_FIELD_OF.get(dest, dest)
+        limits.add_argument(flag, type=parse, default=getattr(defaults, field), help=help_text)
     serve.add_argument(
         "--metrics",
         type=parse_metrics_endpoint,
@@ -235,22 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
         "tunnel",
         help="local plain-TCP forwarder to a TLS + token rpcnet server (llama.cpp connects to it)",
     )
-    tunnel.add_argument(
-        "--listen",
-        type=parse_endpoint,
-        action="append",
-        required=True,
-        metavar="HOST:PORT",
-        help="where llama.cpp connects (repeatable, one per --to, in order)",
-    )
-    tunnel.add_argument(
-        "--to",
-        type=parse_endpoint,
-        action="append",
-        required=True,
-        metavar="HOST:PORT",
-        help="the rpcnet serve --tls... server (repeatable)",
-    )
+    for flag, help_text in (
+        ("--listen", "where llama.cpp connects (repeatable, one per --to, in order)"),
+        ("--to", "the rpcnet serve --tls... server (repeatable)"),
+    ):
+        tunnel.add_argument(
+            flag,
+            type=parse_endpoint,
+            action="append",
+            required=True,
+            metavar="HOST:PORT",
+            help=help_text,
+        )
     tunnel.add_argument(
         "--token-file", type=Path, required=True, metavar="FILE", help="the token alone"
     )
@@ -281,47 +268,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cache_dir = None
     if args.cache is not None:
         cache_dir = Path(args.cache) if args.cache else default_cache_dir()
+    given = {CONFIG_FIELD_OF.get(name, name): value for name, value in vars(args).items()}
     config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        proto=args.proto,
-        device=args.device,
-        mem=args.mem,
-        threads=args.threads,
         cache_dir=cache_dir,
-        cache_max=args.cache_max,
-        allow=args.allow,
-        client_mem=args.client_mem,
-        max_scratch=args.max_scratch,
-        max_clients=args.max_clients,
-        max_clients_per_addr=args.max_clients_per_addr,
-        hello_timeout=args.hello_timeout,
-        comm_timeout=args.comm_timeout,
-        max_data=args.max_payload,
-        max_graph=args.max_graph,
-        max_graph_nodes=args.max_graph_nodes,
-        metrics=args.metrics,
         model_dirs=tuple(args.model_dir),
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tls_self_signed=args.tls_self_signed,
-        tokens=args.tokens,
-        cache_shared=args.cache_shared,
-        peer_ca=args.peer_ca,
         peer_fingerprints=tuple(args.peer_fingerprint),
+        **{
+            f.name: given[f.name]
+            for f in dataclasses.fields(ServerConfig)
+            if f.name in given and f.name not in ("model_dirs", "peer_fingerprints")
+        },
     )
     if args.tls_cert is not None and args.tls_self_signed:
         print("rpcnet: --tls-cert and --tls-self-signed exclude each other", file=sys.stderr)
         return 2
-    try:
-        run(config)
-    except OSError as exc:
-        print(f"rpcnet: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"rpcnet: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(lambda: run(config), "rpcnet", f"cannot serve on {args.host}:{args.port}: ")
 
 
 def cmd_tunnel(args: argparse.Namespace) -> int:
@@ -329,7 +290,8 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
     from rpcnet.tunnel import TunnelConfig, run_tunnel
 
     logsetup.configure(args.verbose)
-    try:
+
+    def tunnel() -> None:
         config = TunnelConfig.from_args(
             listen=args.listen,
             to=args.to,
@@ -340,11 +302,20 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
         run_tunnel(config)
+
+    return exit_status(tunnel, "rpcnet tunnel")
+
+
+def exit_status(work: Callable[[], object], prefix: str, os_context: str = "") -> int:
+    """Run a long-lived command: 0 when it ends, 2 on a bad configuration (ValueError), 1 when
+    the system refuses (OSError: an address in use, a file that cannot be read)."""
+    try:
+        work()
     except ValueError as exc:
-        print(f"rpcnet tunnel: {exc}", file=sys.stderr)
+        print(f"{prefix}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"rpcnet tunnel: {exc}", file=sys.stderr)
+        print(f"{prefix}: {os_context}{exc}", file=sys.stderr)
         return 1
     return 0
 
