@@ -6,7 +6,8 @@ Only struct packing lives here; validation against session state is the session'
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 from rpcnet import _native
 from rpcnet.protocol.commands import HELLO_CAPS_SIZE, HELLO_RESPONSE_SIZE
@@ -96,26 +97,11 @@ def parse_set_tensor_header(prefix: bytes | memoryview) -> SetTensorHeader:
 
 
 class TensorRange(NamedTuple):
+    """GET_TENSOR: tensor, offset u64, size u64."""
+
     tensor: _native.RpcTensor
     offset: int
     size: int
-
-
-def parse_tensor_range(payload: bytes) -> TensorRange:
-    """GET_TENSOR: tensor, offset u64, size u64."""
-    offset, size = _OFF_SIZE.unpack_from(payload, TENSOR)
-    return TensorRange(_native.decode_tensor(payload, 0), offset, size)
-
-
-class SetTensorHash(NamedTuple):
-    tensor: _native.RpcTensor
-    offset: int
-    hash: int
-
-
-def parse_set_tensor_hash(payload: bytes) -> SetTensorHash:
-    offset, digest = _OFF_SIZE.unpack_from(payload, TENSOR)
-    return SetTensorHash(_native.decode_tensor(payload, 0), offset, digest)
 
 
 class MemsetRequest(NamedTuple):
@@ -125,9 +111,29 @@ class MemsetRequest(NamedTuple):
     value: int
 
 
-def parse_memset(payload: bytes) -> MemsetRequest:
-    offset, size, value = _OFF_SIZE_VAL.unpack_from(payload, TENSOR)
-    return MemsetRequest(_native.decode_tensor(payload, 0), offset, size, value)
+class SetTensorHash(NamedTuple):
+    tensor: _native.RpcTensor
+    offset: int
+    hash: int
+
+
+_Request = TypeVar("_Request")
+
+
+def _tensor_then(
+    kind: Callable[..., _Request], layout: struct.Struct
+) -> Callable[[bytes | memoryview], _Request]:
+    """The parser of a request that is a tensor followed by the fixed fields of `layout`."""
+
+    def parse(payload: bytes | memoryview) -> _Request:
+        return kind(_native.decode_tensor(payload, 0), *layout.unpack_from(payload, TENSOR))
+
+    return parse
+
+
+parse_tensor_range = _tensor_then(TensorRange, _OFF_SIZE)
+parse_memset = _tensor_then(MemsetRequest, _OFF_SIZE_VAL)
+parse_set_tensor_hash = _tensor_then(SetTensorHash, _OFF_SIZE)
 
 
 class CopyRequest(NamedTuple):
@@ -163,9 +169,7 @@ class Transfer2D(NamedTuple):
 TRANSFER_2D_HEADER = TENSOR + 32
 
 
-def parse_transfer_2d(payload: bytes | memoryview) -> Transfer2D:
-    offset, size, n_copies, stride = _2D.unpack_from(payload, TENSOR)
-    return Transfer2D(_native.decode_tensor(payload, 0), offset, size, n_copies, stride)
+parse_transfer_2d = _tensor_then(Transfer2D, _2D)
 
 
 class GraphRecompute(NamedTuple):
