@@ -25,27 +25,21 @@ apart and a drift of a shared host's speed hits both alike. Prints one JSON line
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "probes"))
+
+import llama_api  # noqa: E402
 
 UBATCH_DEPTH = 512
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _wait_barrier(directory: Path, n: int, timeout: float = 900.0) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"ready-{os.getpid()}").touch()
-    deadline = time.monotonic() + timeout
-    while len(list(directory.glob("ready-*"))) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"barrier {directory}: fewer than {n} probes ready")
-        time.sleep(0.01)
 
 
 class Turns:
@@ -109,72 +103,28 @@ def main(argv: list[str]) -> int:
     pp_sizes = _ints(args.pp)
     reps = max(args.reps, 1)
 
-    from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib
-    from llama_cpp_py_sync.rpc import rpc_devices
-
-    ffi, lib = get_ffi(), get_lib()
-
-    @ffi.callback("void(enum ggml_log_level, const char *, void *)")
-    def _quiet(level, text, user_data):
-        if level >= 4:
-            sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
-
-    lib.llama_log_set(_quiet, ffi.NULL)
-    lib.llama_backend_init()
-    params = lib.llama_model_default_params()
-    params.n_gpu_layers = 999
-    keep = ffi.new(
-        "ggml_backend_dev_t[]", [*rpc_devices([args.endpoint], include_local=False), ffi.NULL]
-    )
-    params.devices = keep
+    ffi, lib = llama_api.open_llama()
+    params, _ = llama_api.model_params(ffi, lib, args.endpoint)
     with turn:
         t0 = time.perf_counter()
-        model = lib.llama_model_load_from_file(args.model.encode(), params)
-    if model == ffi.NULL:
-        raise RuntimeError("load failed")
-    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+        model = llama_api.load_model(ffi, lib, args.model, params)
+    vocab = llama_api.n_vocab(lib, model)
 
     def context(n_ctx: int, n_batch: int, n_ubatch: int, flash_attn: int):
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_ubatch
-        cparams.n_seq_max = 1
-        cparams.n_threads = args.threads
-        cparams.n_threads_batch = args.threads
-        cparams.flash_attn_type = flash_attn
-        cparams.no_perf = True
-        ctx = lib.llama_init_from_model(model, cparams)
-        if ctx == ffi.NULL:
-            raise RuntimeError("context failed")
-        return ctx
+        return llama_api.new_context(
+            ffi, lib, model, n_ctx, n_batch, n_ubatch, args.threads, flash_attn
+        )
 
-    def decode(ctx, tokens: list[int], pos0: int) -> None:
-        batch = lib.llama_batch_init(len(tokens), 0, 1)
-        try:
-            batch.n_tokens = len(tokens)
-            for i, tok in enumerate(tokens):
-                batch.token[i] = tok
-                batch.pos[i] = pos0 + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 1 if i == len(tokens) - 1 else 0
-            if lib.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed")
-            lib.llama_get_logits_ith(ctx, -1)
-        finally:
-            lib.llama_batch_free(batch)
-
-    def tokens(n: int, seed: int) -> list[int]:
-        return [(seed * 7919 + i * 104729) % (n_vocab - 10) + 5 for i in range(n)]
+    decode = functools.partial(llama_api.decode, lib)
+    tokens = functools.partial(llama_api.prompt, vocab)
 
     def timed_decodes(ctx, pos0: int, barrier: bool) -> float:
         decode(ctx, [11], pos0)  # warm-up of the single-token graph at this depth
         if barrier and args.barrier is not None:
-            _wait_barrier(args.barrier, args.barrier_n)
+            llama_api.wait_barrier(args.barrier, args.barrier_n, timeout=900.0, poll=0.01)
         t0 = time.perf_counter()
         for i in range(args.tg):
-            decode(ctx, [(i * 31) % (n_vocab - 10) + 5], pos0 + 1 + i)
+            decode(ctx, [llama_api.step_token(vocab, i)], pos0 + 1 + i)
         return args.tg / (time.perf_counter() - t0)
 
     result: dict = {"pp": {}, "depth": {}}

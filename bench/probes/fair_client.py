@@ -14,10 +14,15 @@ Prints one JSON line: {"mode", "seconds": [per token or per prompt], "wall_s", "
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "probes"))
+
+import llama_api  # noqa: E402
 
 
 def _wait_for(path: Path | None, timeout: float = 900.0) -> None:
@@ -42,58 +47,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--stop", type=Path)
     args = parser.parse_args(argv)
 
-    from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib
-    from llama_cpp_py_sync.rpc import rpc_devices
-
-    ffi, lib = get_ffi(), get_lib()
-
-    @ffi.callback("void(enum ggml_log_level, const char *, void *)")
-    def _quiet(level, text, user_data):
-        if level >= 4:
-            sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
-
-    lib.llama_log_set(_quiet, ffi.NULL)
-    lib.llama_backend_init()
-    params = lib.llama_model_default_params()
-    params.n_gpu_layers = 999
-    keep = ffi.new(
-        "ggml_backend_dev_t[]", [*rpc_devices([args.endpoint], include_local=False), ffi.NULL]
-    )
-    params.devices = keep
-    model = lib.llama_model_load_from_file(args.model.encode(), params)
-    if model == ffi.NULL:
-        raise RuntimeError("load failed")
-    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+    ffi, lib = llama_api.open_llama()
+    params, _ = llama_api.model_params(ffi, lib, args.endpoint)
+    model = llama_api.load_model(ffi, lib, args.model, params)
+    vocab = llama_api.n_vocab(lib, model)
     n_ctx = max(args.pp, 8 + args.tg) + 16
-    cparams = lib.llama_context_default_params()
-    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = n_ctx
-    cparams.n_seq_max = 1
-    cparams.n_threads = cparams.n_threads_batch = args.threads
-    cparams.flash_attn_type = 0
-    cparams.no_perf = True
-    ctx = lib.llama_init_from_model(model, cparams)
-    if ctx == ffi.NULL:
-        raise RuntimeError("context failed")
+    ctx = llama_api.new_context(ffi, lib, model, n_ctx, n_ctx, n_ctx, args.threads)
     mem = lib.llama_get_memory(ctx)
 
-    def decode(tokens: list[int], pos0: int) -> None:
-        batch = lib.llama_batch_init(len(tokens), 0, 1)
-        try:
-            batch.n_tokens = len(tokens)
-            for i, tok in enumerate(tokens):
-                batch.token[i] = tok
-                batch.pos[i] = pos0 + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 1 if i == len(tokens) - 1 else 0
-            if lib.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed")
-            lib.llama_get_logits_ith(ctx, -1)
-        finally:
-            lib.llama_batch_free(batch)
-
-    def tokens(n: int, seed: int) -> list[int]:
-        return [(seed * 7919 + i * 104729) % (n_vocab - 10) + 5 for i in range(n)]
+    decode = functools.partial(llama_api.decode, lib, ctx)
+    tokens = functools.partial(llama_api.prompt, vocab)
 
     # warm-up: every graph of the timed part built and cached on both sides
     if args.mode == "prefill":
@@ -112,7 +75,7 @@ def main(argv: list[str]) -> int:
         decode(tokens(8, 3), 0)
         for i in range(args.tg):
             t1 = time.perf_counter()
-            decode([(i * 31) % (n_vocab - 10) + 5], 8 + i)
+            decode([llama_api.step_token(vocab, i)], 8 + i)
             seconds.append(time.perf_counter() - t1)
         n_tokens = args.tg
     else:

@@ -40,11 +40,11 @@ import os
 import sys
 import time
 
+import llama_api
 import numpy as np
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
-SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -68,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tensor-split", default=None, help="per-device proportions, e.g. 1,1")
     parser.add_argument(
         "--split-mode",
-        choices=sorted(SPLIT_MODES),
+        choices=sorted(llama_api.SPLIT_MODES),
         default=None,
         help="llama_model_params.split_mode (default: the library's, layer); tensor needs FA on",
     )
@@ -85,123 +85,75 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def wait_barrier(directory: str, n: int, timeout: float = 120.0) -> None:
-    """Several probes start evaluating together (clients sharing a server at once)."""
-    os.makedirs(directory, exist_ok=True)
-    open(os.path.join(directory, f"ready-{os.getpid()}"), "w").close()
-    deadline = time.monotonic() + timeout
-    while sum(name.startswith("ready-") for name in os.listdir(directory)) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"barrier {directory}: fewer than {n} probes ready")
-        time.sleep(0.005)
-
-
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     if not tokens:
         raise SystemExit("no tokens")
 
-    from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib, get_rpc_lib
+    from llama_cpp_py_sync._cffi_bindings import get_rpc_lib
 
-    ffi, lib = get_ffi(), get_lib()
+    ffi, lib = llama_api.open_llama(verbose=args.verbose)
     rpc = get_rpc_lib()
-    if not args.verbose:
-
-        @ffi.callback("void(enum ggml_log_level, const char *, void *)")
-        def _quiet(level, text, user_data):  # keep errors (level 4) visible
-            if level >= 4:
-                sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
-
-        lib.llama_log_set(_quiet, ffi.NULL)
-    lib.llama_backend_init()
-
-    model_params = lib.llama_model_default_params()
-    model_params.n_gpu_layers = args.n_gpu_layers
-    device_name = "CPU"
-    keep = []
-    if args.endpoint != "local":
-        from llama_cpp_py_sync.rpc import rpc_devices
-
-        endpoints = [e.strip() for e in args.endpoint.split(",") if e.strip()]
-        devices = rpc_devices(endpoints, include_local=False)
-        keep.append(ffi.new("ggml_backend_dev_t[]", [*devices, ffi.NULL]))
-        model_params.devices = keep[-1]
-        device_name = f"RPC x{len(devices)}"
-    if args.tensor_split:
-        split = [float(x) for x in args.tensor_split.split(",")]
-        n_max = max(int(lib.llama_max_devices()), len(split))
-        keep.append(ffi.new("float[]", split + [0.0] * (n_max - len(split))))
-        model_params.tensor_split = keep[-1]
-    if args.split_mode is not None:
-        model_params.split_mode = SPLIT_MODES[args.split_mode]
+    model_params, n_devices = llama_api.model_params(
+        ffi,
+        lib,
+        args.endpoint,
+        n_gpu_layers=args.n_gpu_layers,
+        tensor_split=args.tensor_split,
+        split_mode=args.split_mode,
+    )
+    device_name = f"RPC x{n_devices}" if args.endpoint != "local" else "CPU"
 
     t0 = time.perf_counter()
-    model = lib.llama_model_load_from_file(args.model.encode(), model_params)
-    if model == ffi.NULL:
-        raise RuntimeError(f"failed to load {args.model}")
+    model = llama_api.load_model(ffi, lib, args.model, model_params)
     n_ctx = args.n_ctx or max(256, len(tokens))
     n_batch = args.n_batch or max(n_ctx, len(tokens))
-    ctx_params = lib.llama_context_default_params()
-    ctx_params.n_ctx = n_ctx
-    ctx_params.n_batch = n_batch
-    ctx_params.n_ubatch = args.n_ubatch or n_batch
-    ctx_params.n_seq_max = 1
-    ctx_params.n_threads = args.threads
-    ctx_params.n_threads_batch = args.threads
-    ctx_params.flash_attn_type = args.flash_attn
-    ctx_params.embeddings = args.pooling is not None
+    fields: dict = {"embeddings": args.pooling is not None, "offload_kqv": not args.no_offload_kqv}
     if args.pooling is not None:
-        ctx_params.pooling_type = POOLING[args.pooling]
-    ctx_params.no_perf = True
-    ctx_params.offload_kqv = not args.no_offload_kqv
+        fields["pooling_type"] = POOLING[args.pooling]
     if args.type_k:
-        ctx_params.type_k = GGML_TYPES[args.type_k]
+        fields["type_k"] = GGML_TYPES[args.type_k]
     if args.type_v:
-        ctx_params.type_v = GGML_TYPES[args.type_v]
-    ctx = lib.llama_init_from_model(model, ctx_params)
-    if ctx == ffi.NULL:
-        raise RuntimeError("failed to create the llama context")
+        fields["type_v"] = GGML_TYPES[args.type_v]
+    ctx = llama_api.new_context(
+        ffi,
+        lib,
+        model,
+        n_ctx,
+        n_batch,
+        args.n_ubatch or n_batch,
+        args.threads,
+        args.flash_attn,
+        **fields,
+    )
     load_s = time.perf_counter() - t0
 
-    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+    n_vocab = llama_api.n_vocab(lib, model)
     n_embd = lib.llama_model_n_embd(model)
     prefill = len(tokens) if args.prefill < 0 else min(args.prefill, len(tokens))
     chunks = [tokens[:prefill]] if prefill else []
     chunks += [[t] for t in tokens[prefill:]]
     rows = []
     if args.barrier:
-        wait_barrier(args.barrier, args.barrier_n)
+        llama_api.wait_barrier(args.barrier, args.barrier_n, timeout=120.0, poll=0.005)
     t0 = time.perf_counter()
     pos = 0
     for chunk in chunks:
-        batch = lib.llama_batch_init(len(chunk), 0, 1)
-        try:
-            batch.n_tokens = len(chunk)
-            for i, token in enumerate(chunk):
-                batch.token[i] = token
-                batch.pos[i] = pos + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 1
-            rc = lib.llama_decode(ctx, batch)
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc}")
-            if args.pooling is None:
-                ptr = lib.llama_get_logits(ctx)
-                shape = (len(chunk), n_vocab)
-            elif args.pooling == "none":
-                ptr = lib.llama_get_embeddings(ctx)
-                shape = (len(chunk), n_embd)
-            else:
-                ptr = lib.llama_get_embeddings_seq(ctx, 0)
-                shape = (1, n_embd)
-            if ptr == ffi.NULL:
-                raise RuntimeError("llama.cpp returned no output")
-            data = np.frombuffer(ffi.buffer(ptr, 4 * shape[0] * shape[1]), dtype=np.float32)
-            rows.append(data.reshape(shape).copy())
-        finally:
-            lib.llama_batch_free(batch)
+        llama_api.decode(lib, ctx, chunk, pos, all_logits=True)
+        if args.pooling is None:
+            ptr = lib.llama_get_logits(ctx)
+            shape = (len(chunk), n_vocab)
+        elif args.pooling == "none":
+            ptr = lib.llama_get_embeddings(ctx)
+            shape = (len(chunk), n_embd)
+        else:
+            ptr = lib.llama_get_embeddings_seq(ctx, 0)
+            shape = (1, n_embd)
+        if ptr == ffi.NULL:
+            raise RuntimeError("llama.cpp returned no output")
+        data = np.frombuffer(ffi.buffer(ptr, 4 * shape[0] * shape[1]), dtype=np.float32)
+        rows.append(data.reshape(shape).copy())
         pos += len(chunk)
     eval_s = time.perf_counter() - t0
     logits = np.concatenate(rows)

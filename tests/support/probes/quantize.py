@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+import llama_api
+
 # ggml_type ids for the optional per-tensor overrides
 GGML_TYPES = {
     "f32": 0,
@@ -62,18 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib
-
-    ffi, lib = get_ffi(), get_lib()
-    if not args.verbose:
-
-        @ffi.callback("void(enum ggml_log_level, const char *, void *)")
-        def _quiet(level, text, user_data):  # keep errors (level 4) visible
-            if level >= 4:
-                sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
-
-        lib.llama_log_set(_quiet, ffi.NULL)
-    lib.llama_backend_init()
+    ffi, lib = llama_api.open_llama(verbose=args.verbose)
 
     name = args.type.upper()
     if name in ("F32", "ALL_F32"):
