@@ -85,8 +85,8 @@ def test_index_sidecar_and_hits(tmp_path, model_dir):
     for digest, data in expected.items():
         assert load(first, digest, len(data)) == data
     assert load(first, 12345, 16) is None
-    assert first.hits == 8 and first.misses == 1
-    assert first.bytes_served == sum(map(len, expected.values()))
+    assert first.lookups["hits"] == 8 and first.lookups["misses"] == 1
+    assert first.lookups["bytes_served"] == sum(map(len, expected.values()))
     first.close()
     sidecar = json.loads((d / INDEX_NAME).read_text())
     assert set(sidecar["files"]) == {str(path.resolve())}
@@ -138,7 +138,7 @@ def test_content_mismatch_is_a_miss(tmp_path, model_dir):
         fh.write(b"\xff\xff\xff\xff")
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert load(index, digest, big_size(path, digest)) is None
-    assert index.mismatches == 1
+    assert index.lookups["mismatches"] == 1
     index.close()
 
 

@@ -65,6 +65,31 @@ def _counter(name: str, doc: str, value: float, labels: dict[str, str] | None = 
     return fam
 
 
+# Per-device families, rpcnet_<key>: their help. Values per device from `_device_values`.
+DEVICE_GAUGES = {
+    "device_memory_held_bytes": "Device memory held (buffers and derived data)",
+    "device_memory_capacity_bytes": "Device memory capacity reported to clients",
+    "device_memory_free_bytes": "Device memory free",
+    "derived_cache_bytes": "Dequantized weight copies held",
+    "scratch_bytes": "Compute scratch memory held",
+    "shared_bytes": "Weight bytes held once for several buffer ranges (identical uploads)",
+    "shared_saved_bytes": (
+        "Bytes the shared weights save: what their users would hold beyond one copy"
+    ),
+}
+DEVICE_COUNTERS = {
+    "joint_runs": "Decode passes that ran several clients' steps over one read of equal weights",
+    "joint_plans": "Client decode steps that ran inside joint passes",
+    "shared_collisions": "Uploads not shared: their FNV-1a names other content the server holds",
+    "shared_identify_seconds": (
+        "Time spent identifying uploads for sharing (sampled keys, byte comparisons)"
+    ),
+    "shared_hash_answers": (
+        "SET_TENSOR_HASH lookups answered from weights held in memory (no cache read)"
+    ),
+}
+
+
 class ServerCollector:
     """Builds every rpcnet_* family from the live server at scrape time."""
 
@@ -150,76 +175,18 @@ class ServerCollector:
         yield calls
 
     def _devices(self) -> Iterator[Any]:
-        fams = {
-            key: GaugeMetricFamily(f"rpcnet_device_memory_{key}_bytes", doc, labels=["device"])
-            for key, doc in (
-                ("held", "Device memory held (buffers and derived data)"),
-                ("capacity", "Device memory capacity reported to clients"),
-                ("free", "Device memory free"),
+        families = {
+            key: kind(f"rpcnet_{key}", doc, labels=["device"])
+            for kind, docs in (
+                (GaugeMetricFamily, DEVICE_GAUGES),
+                (CounterMetricFamily, DEVICE_COUNTERS),
             )
+            for key, doc in docs.items()
         }
-        derived = GaugeMetricFamily(
-            "rpcnet_derived_cache_bytes", "Dequantized weight copies held", labels=["device"]
-        )
-        scratch = GaugeMetricFamily(
-            "rpcnet_scratch_bytes", "Compute scratch memory held", labels=["device"]
-        )
-        joint_runs = CounterMetricFamily(
-            "rpcnet_joint_runs",
-            "Decode passes that ran several clients' steps over one read of equal weights",
-            labels=["device"],
-        )
-        joint_plans = CounterMetricFamily(
-            "rpcnet_joint_plans",
-            "Client decode steps that ran inside joint passes",
-            labels=["device"],
-        )
-        shared = GaugeMetricFamily(
-            "rpcnet_shared_bytes",
-            "Weight bytes held once for several buffer ranges (identical uploads)",
-            labels=["device"],
-        )
-        saved = GaugeMetricFamily(
-            "rpcnet_shared_saved_bytes",
-            "Bytes the shared weights save: what their users would hold beyond one copy",
-            labels=["device"],
-        )
-        collisions = CounterMetricFamily(
-            "rpcnet_shared_collisions",
-            "Uploads not shared: their FNV-1a names other content the server holds",
-            labels=["device"],
-        )
-        identify = CounterMetricFamily(
-            "rpcnet_shared_identify_seconds",
-            "Time spent identifying uploads for sharing (sampled keys, byte comparisons)",
-            labels=["device"],
-        )
-        answered = CounterMetricFamily(
-            "rpcnet_shared_hash_answers",
-            "SET_TENSOR_HASH lookups answered from weights held in memory (no cache read)",
-            labels=["device"],
-        )
         for dev in self.server.devices:
-            mem = dev.memory
-            sharing = device_sharing(dev)
-            identify.add_metric([dev.name], sharing["seconds"])
-            answered.add_metric([dev.name], sharing["answered"])
-            shared.add_metric([dev.name], sharing["shared"])
-            saved.add_metric([dev.name], sharing["saved"])
-            collisions.add_metric([dev.name], sharing["collisions"])
-            fams["held"].add_metric([dev.name], mem.held)
-            fams["capacity"].add_metric([dev.name], mem.capacity)
-            fams["free"].add_metric([dev.name], mem.free)
-            derived.add_metric([dev.name], dev.derived.held)
-            scratch.add_metric([dev.name], _scratch_bytes(dev))
-            joint_runs.add_metric([dev.name], dev.joint_runs)
-            joint_plans.add_metric([dev.name], dev.joint_plans)
-        yield from fams.values()
-        yield derived
-        yield scratch
-        yield joint_runs
-        yield joint_plans
-        yield from (shared, saved, collisions, identify, answered)
+            for key, value in _device_values(dev).items():
+                families[key].add_metric([dev.name], value)
+        yield from families.values()
 
     def _clients(self) -> Iterator[Any]:
         held = GaugeMetricFamily(
@@ -272,17 +239,16 @@ class ServerCollector:
 
     def _models(self) -> Iterator[Any]:
         models = self.server.models
-        yield CounterMetricFamily(
-            "rpcnet_model_dir_hits", "SET_TENSOR_HASH answered from --model-dir", value=models.hits
-        )
-        yield CounterMetricFamily(
-            "rpcnet_model_dir_misses", "--model-dir lookups that missed", value=models.misses
-        )
-        yield CounterMetricFamily(
-            "rpcnet_model_dir_served_bytes",
-            "Bytes read from --model-dir files into buffers",
-            value=models.bytes_served,
-        )
+        for name, doc, value in (
+            ("hits", "SET_TENSOR_HASH answered from --model-dir", models.lookups["hits"]),
+            ("misses", "--model-dir lookups that missed", models.lookups["misses"]),
+            (
+                "served_bytes",
+                "Bytes read from --model-dir files into buffers",
+                models.lookups["bytes_served"],
+            ),
+        ):
+            yield CounterMetricFamily(f"rpcnet_model_dir_{name}", doc, value=value)
         yield GaugeMetricFamily(
             "rpcnet_model_dir_tensors", "Tensors indexed in --model-dir", value=models.tensors
         )
@@ -299,6 +265,24 @@ def _wait_buckets(hist: Any) -> tuple[list[tuple[str, float]], float]:
 
 def _bound(value: float) -> str:
     return "+Inf" if value == float("inf") else repr(value)
+
+
+def _device_values(dev: Any) -> dict[str, float]:
+    mem, sharing = dev.memory, device_sharing(dev)
+    return {
+        "device_memory_held_bytes": mem.held,
+        "device_memory_capacity_bytes": mem.capacity,
+        "device_memory_free_bytes": mem.free,
+        "derived_cache_bytes": dev.derived.held,
+        "scratch_bytes": _scratch_bytes(dev),
+        "shared_bytes": sharing["shared"],
+        "shared_saved_bytes": sharing["saved"],
+        "joint_runs": dev.joint_runs,
+        "joint_plans": dev.joint_plans,
+        "shared_collisions": sharing["collisions"],
+        "shared_identify_seconds": sharing["seconds"],
+        "shared_hash_answers": sharing["answered"],
+    }
 
 
 def _scratch_bytes(dev: Any) -> int:

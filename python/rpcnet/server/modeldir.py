@@ -18,6 +18,7 @@ import mmap
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -86,6 +87,9 @@ def pread_into(fd: int, view: memoryview, offset: int) -> int:
     return got
 
 
+LOOKUP_COUNTS = ("hits", "misses", "mismatches", "bytes_served")
+
+
 class ModelDirs:
     """The hash -> (file, offset, size) index of one or more model directories."""
 
@@ -99,15 +103,9 @@ class ModelDirs:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.ready = threading.Event()  # the first indexing pass is complete
-        # Counters (read by metrics and /status).
-        self.hits = 0
-        self.misses = 0
-        self.bytes_served = 0
-        self.mismatches = 0
-        self.files_total = 0
-        self.files_done = 0
-        self.bytes_total = 0
-        self.bytes_done = 0
+        # hits, misses, mismatches (hash matched, bytes did not), bytes_served: metrics, /status
+        self.lookups: Counter[str] = Counter()
+        self.files_total = self.files_done = self.bytes_total = self.bytes_done = 0
 
     @classmethod
     def open(cls, directories: tuple[Path, ...] | list[Path]) -> ModelDirs:
@@ -319,7 +317,7 @@ class ModelDirs:
         """Read the tensor with this hash straight into `target(size)`; False on a miss."""
         entry = self._by_hash.get(digest)
         if entry is None:
-            self.misses += 1
+            self.lookups["misses"] += 1
             return False
         with self._lock:
             ident = self._files.get(entry.path, (None,))[0]
@@ -327,13 +325,13 @@ class ModelDirs:
             fd = os.open(entry.path, os.O_RDONLY)
         except OSError:
             self._reindex(entry.path)
-            self.misses += 1
+            self.lookups["misses"] += 1
             return False
         try:
             if file_identity(os.fstat(fd)) != ident:
                 log.info("model dir: %s changed; re-indexing it", entry.path)
                 self._reindex(entry.path)
-                self.misses += 1
+                self.lookups["misses"] += 1
                 return False
             view = memoryview(target(entry.size)).cast("B")
             got = pread_into(fd, view, entry.offset)
@@ -345,12 +343,12 @@ class ModelDirs:
                 entry.path,
                 entry.name,
             )
-            self.mismatches += 1
-            self.misses += 1
+            self.lookups["mismatches"] += 1
+            self.lookups["misses"] += 1
             self._reindex(entry.path)
             return False
-        self.hits += 1
-        self.bytes_served += entry.size
+        self.lookups["hits"] += 1
+        self.lookups["bytes_served"] += entry.size
         return True
 
     def snapshot(self) -> dict[str, Any]:
@@ -360,10 +358,7 @@ class ModelDirs:
             "files": len(self._files),
             "tensors": self.tensors,
             "indexed_bytes": self.indexed_bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-            "mismatches": self.mismatches,
-            "bytes_served": self.bytes_served,
+            **{key: self.lookups[key] for key in LOOKUP_COUNTS},
         }
 
 
