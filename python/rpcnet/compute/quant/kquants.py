@@ -83,35 +83,32 @@ def _k4_scale_min(sb: Any, xp: Any) -> tuple[Any, Any]:
     return sc, mn
 
 
-def dequantize_q4_k(raw: Any, n_rows: int, row_elems: int, xp: Any = np) -> Any:
-    b = raw.reshape(-1, 144)
-    nb = b.shape[0]
+def _k4_dequantize(b: Any, q: Any, n_rows: int, row_elems: int, xp: Any) -> Any:
+    """Q4_K / Q5_K blocks `b` with their codes `q` (nb, 8, 32): d * scale * q - dmin * min."""
     d = _f16(b, 0, xp)[:, None]
     dmin = _f16(b, 2, xp)[:, None]
     sc, mn = _k4_scale_min(b[:, 4:16], xp)
     d1 = d * sc.astype(xp.float32)
     m1 = dmin * mn.astype(xp.float32)
-    qs = b[:, 16:144].reshape(nb, 4, 1, 32)
-    q = ((qs >> _shifts([0, 4], (1, 1, 2, 1), xp)) & xp.uint8(0xF)).reshape(nb, 8, 32)
     y = d1[:, :, None] * q.astype(xp.float32) - m1[:, :, None]
     return y.reshape(n_rows, row_elems)
+
+
+def dequantize_q4_k(raw: Any, n_rows: int, row_elems: int, xp: Any = np) -> Any:
+    b = raw.reshape(-1, 144)
+    qs = b[:, 16:144].reshape(b.shape[0], 4, 1, 32)
+    q = ((qs >> _shifts([0, 4], (1, 1, 2, 1), xp)) & xp.uint8(0xF)).reshape(-1, 8, 32)
+    return _k4_dequantize(b, q, n_rows, row_elems, xp)
 
 
 def dequantize_q5_k(raw: Any, n_rows: int, row_elems: int, xp: Any = np) -> Any:
     b = raw.reshape(-1, 176)
     nb = b.shape[0]
-    d = _f16(b, 0, xp)[:, None]
-    dmin = _f16(b, 2, xp)[:, None]
-    sc, mn = _k4_scale_min(b[:, 4:16], xp)
-    d1 = d * sc.astype(xp.float32)
-    m1 = dmin * mn.astype(xp.float32)
     qs = b[:, 48:176].reshape(nb, 4, 1, 32)
     ql = ((qs >> _shifts([0, 4], (1, 1, 2, 1), xp)) & xp.uint8(0xF)).reshape(nb, 8, 32)
     qh = b[:, 16:48].reshape(nb, 1, 32)
     hb = (qh >> xp.arange(8, dtype=xp.uint8).reshape(1, 8, 1)) & xp.uint8(1)
-    q = ql | (hb << xp.uint8(4))
-    y = d1[:, :, None] * q.astype(xp.float32) - m1[:, :, None]
-    return y.reshape(n_rows, row_elems)
+    return _k4_dequantize(b, ql | (hb << xp.uint8(4)), n_rows, row_elems, xp)
 
 
 def dequantize_q6_k(raw: Any, n_rows: int, row_elems: int, xp: Any = np) -> Any:

@@ -140,13 +140,18 @@ def _affine_scale(xb: Any, levels: int, xp: Any) -> tuple[Any, Any, Any]:
     return d, _inv(d, xp), lo
 
 
+def _scaled(x: Any, idv: Any, offset: float, xp: Any, lo: Any = None) -> Any:
+    """``(x - lo) * id + offset`` in f32 (no ``lo``: ``x * id + offset``), as the reference
+    computes a code before its integer cast."""
+    with errstate(xp):
+        return (x if lo is None else x - lo) * idv + xp.float32(offset)
+
+
 def quantize_q4_0(x: Any, xp: Any = np) -> Any:
     n_rows = x.shape[0]
     xb = _as_blocks(x, xp)
     d, idv = _symmetric_scale(xb, 8.0, xp)
-    with errstate(xp):
-        v = xb * idv + xp.float32(8.5)
-    q = xp.minimum(c_float_to_int8(v, xp), xp.int32(15))
+    q = xp.minimum(c_float_to_int8(_scaled(xb, idv, 8.5, xp), xp), xp.int32(15))
     out = xp.concatenate([_f16_field(d, xp), _pack_nibbles(q[:, :16], q[:, 16:], xp)], axis=1)
     return out.reshape(n_rows, -1)
 
@@ -155,9 +160,7 @@ def quantize_q4_1(x: Any, xp: Any = np) -> Any:
     n_rows = x.shape[0]
     xb = _as_blocks(x, xp)
     d, idv, lo = _affine_scale(xb, 15, xp)
-    with errstate(xp):
-        v = (xb - lo) * idv + xp.float32(0.5)
-    q = xp.minimum(c_float_to_int8(v, xp), xp.int32(15))
+    q = xp.minimum(c_float_to_int8(_scaled(xb, idv, 0.5, xp, lo), xp), xp.int32(15))
     out = xp.concatenate(
         [_f16_field(d, xp), _f16_field(lo, xp), _pack_nibbles(q[:, :16], q[:, 16:], xp)], axis=1
     )
@@ -178,9 +181,7 @@ def quantize_q5_0(x: Any, xp: Any = np) -> Any:
     n_rows = x.shape[0]
     xb = _as_blocks(x, xp)
     d, idv = _symmetric_scale(xb, 16.0, xp)
-    with errstate(xp):
-        v = xb * idv + xp.float32(16.5)
-    q = xp.minimum(c_float_to_int8(v, xp), xp.int32(31))
+    q = xp.minimum(c_float_to_int8(_scaled(xb, idv, 16.5, xp), xp), xp.int32(31))
     qh, qs = _five_bit(q, xp)
     return xp.concatenate([_f16_field(d, xp), qh, qs], axis=1).reshape(n_rows, -1)
 
@@ -189,9 +190,8 @@ def quantize_q5_1(x: Any, xp: Any = np) -> Any:
     n_rows = x.shape[0]
     xb = _as_blocks(x, xp)
     d, idv, lo = _affine_scale(xb, 31, xp)
-    with errstate(xp):
-        v = (xb - lo) * idv + xp.float32(0.5)
-    q = c_float_to_int32(v, xp)  # (uint8_t)(x0 + 0.5f): no clamp in the reference
+    # (uint8_t)(x0 + 0.5f): no clamp in the reference
+    q = c_float_to_int32(_scaled(xb, idv, 0.5, xp, lo), xp)
     qh, qs = _five_bit(q, xp)
     return xp.concatenate([_f16_field(d, xp), _f16_field(lo, xp), qh, qs], axis=1).reshape(
         n_rows, -1
