@@ -164,18 +164,10 @@ def main() -> int:
                 )
             )
 
+            from support.models import LLAMA_1024
             from support.tinymodel import write_tiny_llama
 
-            model = write_tiny_llama(
-                tmp / "big.gguf",
-                n_vocab=16384,
-                n_embd=1024,
-                n_layer=4,
-                n_head=16,
-                n_head_kv=4,
-                n_ff=2816,
-                dtype="f32",
-            )
+            model = write_tiny_llama(tmp / "big.gguf", n_layer=4, dtype="f32", **LLAMA_1024)
             loads: dict[str, tuple[list[float], list[float]]] = {"cold": ([], []), "warm": ([], [])}
             for r in range(rounds):
                 shutil.rmtree(tmp / "ref-cache", ignore_errors=True)

@@ -51,13 +51,13 @@ import report
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support import refenv  # noqa: E402
-from support.models import ModelSpec, ensure_model  # noqa: E402
+from support.models import BENCH_LLAMA, ModelSpec, ensure_model, harness_model  # noqa: E402
 
 PROBE = Path(__file__).resolve().parent / "probes" / "engine_speed.py"
 SECTIONS = ("speed", "depth", "memory", "profile", "multi")
 PROBE_TIMEOUT_S = 3600
 
-_LLAMA = ModelSpec("bench", dtype="f16", n_vocab=32000, n_ctx_train=4096, seed=42)
+_LLAMA = BENCH_LLAMA
 MODELS: dict[str, ModelSpec] = {
     "336m": dataclasses.replace(
         _LLAMA, name="bench336m-f16", n_embd=1024, n_layer=24, n_head=16, n_head_kv=4, n_ff=2816
@@ -65,17 +65,7 @@ MODELS: dict[str, ModelSpec] = {
     "1b": dataclasses.replace(
         _LLAMA, name="bench1b-f16", n_embd=2048, n_layer=16, n_head=16, n_head_kv=8, n_ff=5632
     ),
-    # for checking the harness itself, not for numbers
-    "tiny": dataclasses.replace(
-        _LLAMA,
-        name="benchtiny-f16",
-        n_vocab=1024,
-        n_embd=256,
-        n_layer=2,
-        n_head=4,
-        n_head_kv=2,
-        n_ff=512,
-    ),
+    "tiny": harness_model(_LLAMA, "benchtiny-f16"),  # for checking the harness itself
 }
 
 

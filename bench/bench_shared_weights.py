@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from report import host_cpu  # noqa: E402
 from support import refenv, serve  # noqa: E402
+from support.clients import HeldClients, logits  # noqa: E402
 from support.tinymodel import write_tiny_llama  # noqa: E402
 
 MiB = 1 << 20
@@ -55,64 +55,10 @@ def proc_kib(pid: int, key: str) -> int:
     raise RuntimeError(f"no {key} for {pid}")
 
 
-class Clients:
-    """Generate probes held at their barrier (model loaded) until `release`."""
-
-    def __init__(self, model: Path, port: int, work: Path, n: int, hold: int) -> None:
-        self.barrier = work / "barrier"
-        self.barrier.mkdir(parents=True, exist_ok=True)
-        self.work, self.model, self.port, self.hold = work, model, port, hold
-        self.results: dict[int, dict] = {}
-        self.errors: list[BaseException] = []
-        self.threads: list[threading.Thread] = []
-        for _ in range(n):
-            self.add()
-
-    def add(self) -> None:
-        i = len(self.threads)
-        t = threading.Thread(target=self._run, args=(i,))
-        self.threads.append(t)
-        t.start()
-
-    def _run(self, i: int) -> None:
-        try:
-            self.results[i] = refenv.run_probe(
-                "v8",
-                "generate",
-                "--model",
-                self.model,
-                "--endpoint",
-                f"127.0.0.1:{self.port}",
-                "--tokens",
-                TOKENS,
-                "--prefill",
-                "4",
-                "--barrier",
-                self.barrier,
-                "--barrier-n",
-                self.hold,
-                "--out",
-                self.work / f"c{i}",
-                timeout=900,
-            )
-        except BaseException as exc:  # noqa: BLE001 - raised by wait()
-            self.errors.append(exc)
-
-    def loaded(self, n: int) -> None:
-        while len(list(self.barrier.glob("ready-*"))) < n:
-            if self.errors:
-                raise self.errors[0]
-            time.sleep(0.02)
-
-    def release(self) -> None:
-        (self.barrier / "ready-bench").touch()
-
-    def wait(self) -> list[dict]:
-        for t in self.threads:
-            t.join()
-        if self.errors:
-            raise self.errors[0]
-        return [self.results[i] for i in range(len(self.threads))]
+def clients(model: Path, port: int, work: Path, n: int, hold: int) -> HeldClients:
+    """`n` generate probes (4 prompt tokens, then single tokens) held at their barrier (model
+    loaded) until `release`, of `hold` ready files."""
+    return HeldClients(model, port, work, n, hold, TOKENS, "--prefill", "4", timeout=900)
 
 
 def metric(mport: int, prefix: str) -> float:
@@ -151,18 +97,14 @@ def run(model: Path, work: Path, n: int, cache: Path | None, share: bool = True)
     port, mport = refenv.free_port(), refenv.free_port()
     proc = start(port, cache, share, mport)
     try:
-        clients = Clients(model, port, work, n, n + 1)
-        clients.loaded(n)
+        held = clients(model, port, work, n, n + 1)
+        held.loaded()
         uploads = metric(mport, SET_TENSOR_SECONDS)
-        clients.release()
-        results = clients.wait()
+        held.release()
+        results = held.wait()
         return results, proc_kib(proc.pid, "VmHWM"), uploads
     finally:
         refenv.stop_process(proc)
-
-
-def logits(result: dict) -> np.ndarray:
-    return np.load(result["logits_path"])
 
 
 def main() -> None:
@@ -184,14 +126,14 @@ def main() -> None:
         port, mport = refenv.free_port(), refenv.free_port()
         proc = start(port, cache, mport=mport)
         try:
-            clients = Clients(model, port, tmp / "load", 1, 3)
-            clients.loaded(1)
+            loads = clients(model, port, tmp / "load", 1, 3)
+            loads.loaded()
             identify_first = identify_seconds(mport)
-            clients.add()
-            clients.loaded(2)
+            loads.add()
+            loads.loaded()
             identify_second = identify_seconds(mport) - identify_first
-            clients.release()
-            held = clients.wait()
+            loads.release()
+            held = loads.wait()
         finally:
             refenv.stop_process(proc)
         first, second = held[0]["load_s"], held[1]["load_s"]

@@ -28,34 +28,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support import refenv  # noqa: E402
-from support.models import ModelSpec, ensure_model  # noqa: E402
+from support.models import BENCH_LLAMA, ModelSpec, ensure_model, harness_model  # noqa: E402
 from support.serve import wait_listening  # noqa: E402
 
 PROBE = Path(__file__).resolve().parent / "probes" / "engine_speed.py"
 
 #: The acceptance model, and a tiny one of the same shape family for the dry run.
-MODEL_1B = ModelSpec(
-    "gpu1b-f16",
-    dtype="f16",
-    n_vocab=32000,
-    n_ctx_train=4096,
-    n_embd=2048,
-    n_layer=16,
-    n_head=16,
-    n_head_kv=8,
-    n_ff=8192,
-    seed=7,
+_GPU_LLAMA = dataclasses.replace(BENCH_LLAMA, seed=7)
+MODEL_1B = dataclasses.replace(
+    _GPU_LLAMA, name="gpu1b-f16", n_embd=2048, n_layer=16, n_head=16, n_head_kv=8, n_ff=8192
 )
-MODEL_TINY = dataclasses.replace(
-    MODEL_1B,
-    name="gputiny-f16",
-    n_vocab=1024,
-    n_embd=256,
-    n_layer=2,
-    n_head=4,
-    n_head_kv=2,
-    n_ff=512,
-)
+MODEL_TINY = harness_model(MODEL_1B, "gputiny-f16")
 #: rpc-server (CUDA, b11434, protocol 7, FA off) on the H200: the acceptance baseline.
 BASELINE = {"q8_0": (499.0, 23.4e3), "Q4_K_M": (512.0, 22.2e3), "f16": (510.0, 28.0e3)}
 

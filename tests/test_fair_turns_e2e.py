@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from rpcnet import statuscli
 from rpcnet.compute import turns
-from support import refenv
+from support.clients import generate
 from support.inproc import ServerThread
 from support.tinymodel import write_tiny_llama
 from test_metrics import scrape
@@ -28,24 +28,9 @@ DECODE = ",".join(str(11 + (13 * i) % 1000) for i in range(64))  # 4 prefilled, 
 
 
 def run_client(model: Path, port: int, out: Path, tokens: str, prefill: int, barrier: Path):
-    return refenv.run_probe(
-        "v8",
-        "generate",
-        "--model",
-        model,
-        "--endpoint",
-        f"127.0.0.1:{port}",
-        "--tokens",
-        tokens,
-        "--prefill",
-        prefill,
-        "--barrier",
-        barrier,
-        "--barrier-n",
-        2 if barrier.name == "together" else 1,
-        "--out",
-        out,
-        timeout=300,
+    n = 2 if barrier.name == "together" else 1
+    return generate(
+        model, port, tokens, out, "--prefill", prefill, "--barrier", barrier, "--barrier-n", n
     )
 
 

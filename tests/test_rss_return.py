@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support import models, refenv, serve
+from support.clients import generate
 from support.tinymodel import write_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("refenv_required")
@@ -41,14 +42,7 @@ def settled_rss(pid: int, above: int, timeout: float = 20.0) -> int:
 
 def test_rss_returns_to_baseline_after_last_client(tmp_path):
     source = write_tiny_llama(
-        tmp_path / "rss-f16.gguf",
-        n_vocab=16384,
-        n_embd=1024,
-        n_layer=12,
-        n_head=16,
-        n_head_kv=4,
-        n_ff=2816,
-        dtype="f16",
+        tmp_path / "rss-f16.gguf", n_layer=12, dtype="f16", **models.LLAMA_1024
     )
     model = tmp_path / "rss-q4_k_m.gguf"
     models.quantize_model(source, model, "Q4_K_M")
@@ -59,21 +53,8 @@ def test_rss_returns_to_baseline_after_last_client(tmp_path):
     try:
         time.sleep(1.0)  # let start-up settle (imports, the accept loop)
         baseline = vm_rss(proc.pid)
-        out = refenv.run_probe(
-            "v8",
-            "generate",
-            "--model",
-            model,
-            "--endpoint",
-            f"127.0.0.1:{port}",
-            "--tokens",
-            "1,5,9,300,17,42,7,99",
-            "--prefill",
-            "4",
-            "--out",
-            tmp_path,
-            timeout=300,
-        )
+        tokens = "1,5,9,300,17,42,7,99"
+        out = generate(model, port, tokens, tmp_path, "--prefill", "4")
         assert out["n_tokens"] == 8
         peak = vm_rss(proc.pid)
         rss = settled_rss(proc.pid, baseline + SLACK)

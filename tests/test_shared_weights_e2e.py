@@ -9,13 +9,13 @@ and those of a server with sharing off (`RPCNET_SHARE_WEIGHTS=0`).
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support import refenv, serve
+from support.clients import HeldClients, logits
 from support.tinymodel import write_tiny_llama
 from test_metrics import scrape
 from test_rss_return import settled_rss, vm_rss
@@ -41,60 +41,16 @@ def model_file(tmp_path: Path) -> Path:
     )
 
 
-class Clients:
-    """`n` generate probes against one server, held at their barrier (after loading the model,
-    before evaluating) until the test has looked at the server."""
+def held(model: Path, port: int, work: Path, n: int) -> HeldClients:
+    """`n` clients loaded and held at their barrier until the test has looked at the server."""
+    clients = HeldClients(model, port, work, n, n + 1, TOKENS, "--prefill", "4")
+    clients.loaded(timeout=240.0)
+    return clients
 
-    def __init__(self, model: Path, port: int, work: Path, n: int) -> None:
-        self.barrier = work / "barrier"
-        self.barrier.mkdir(parents=True)
-        self.results: dict[int, dict] = {}
-        self.errors: list[BaseException] = []
-        self.threads = [
-            threading.Thread(target=self._run, args=(model, port, work / f"c{i}", n, i))
-            for i in range(n)
-        ]
-        for t in self.threads:
-            t.start()
-        self.n = n
 
-    def _run(self, model: Path, port: int, out: Path, n: int, i: int) -> None:
-        try:
-            self.results[i] = refenv.run_probe(
-                "v8",
-                "generate",
-                "--model",
-                model,
-                "--endpoint",
-                f"127.0.0.1:{port}",
-                "--tokens",
-                TOKENS,
-                "--prefill",
-                "4",
-                "--barrier",
-                self.barrier,
-                "--barrier-n",
-                n + 1,  # the test is the last one
-                "--out",
-                out,
-                timeout=300,
-            )
-        except BaseException as exc:  # noqa: BLE001 - reported by finish()
-            self.errors.append(exc)
-
-    def loaded(self, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(list(self.barrier.glob("ready-*"))) < self.n:
-            assert not self.errors, self.errors
-            assert time.monotonic() < deadline, "the clients did not load in time"
-            time.sleep(0.05)
-
-    def finish(self) -> list[np.ndarray]:
-        (self.barrier / "ready-test").touch()
-        for t in self.threads:
-            t.join()
-        assert not self.errors, self.errors
-        return [np.load(self.results[i]["logits_path"]) for i in range(self.n)]
+def finish(clients: HeldClients) -> list[np.ndarray]:
+    clients.release()
+    return [logits(r) for r in clients.wait()]
 
 
 def test_clients_share_weights_keep_solo_logits_and_save_memory(tmp_path, monkeypatch):
@@ -108,16 +64,14 @@ def test_clients_share_weights_keep_solo_logits_and_save_memory(tmp_path, monkey
     try:
         time.sleep(1.0)  # start-up settles (imports, the accept loop)
         baseline = vm_rss(proc.pid)
-        solo = Clients(model, port, tmp_path / "solo", 1)
-        solo.loaded()
+        solo = held(model, port, tmp_path / "solo", 1)
         one = vm_rss(proc.pid) - baseline
-        (alone,) = solo.finish()
+        (alone,) = finish(solo)
         settled_rss(proc.pid, baseline + 16 * MiB)  # its copy is gone before the next clients
-        trio = Clients(model, port, tmp_path / "trio", 3)
-        trio.loaded()
+        trio = held(model, port, tmp_path / "trio", 3)
         three = vm_rss(proc.pid) - baseline
         m = scrape(mport)
-        together = trio.finish()
+        together = finish(trio)
     finally:
         refenv.stop_process(proc)
     assert one > 0.8 * weights, (one, weights)  # the one copy is resident
@@ -127,8 +81,8 @@ def test_clients_share_weights_keep_solo_logits_and_save_memory(tmp_path, monkey
     saved = m[("rpcnet_shared_saved_bytes", (("device", "CPU"),))]
     # all but the token embeddings (llama.cpp keeps them on the client), each used 3 times
     assert shared > 0.8 * weights and saved == 2 * shared, (shared, saved, weights)
-    for logits in together:
-        assert np.array_equal(logits, alone)
+    for each in together:
+        assert np.array_equal(each, alone)
     # the output matrix, by hash: a miss for the solo client (then uploaded and stored), then
     # each of the three answered once, from memory or (before it was held) from the cache file
     answers = m[("rpcnet_shared_hash_answers_total", (("device", "CPU"),))]
@@ -140,9 +94,7 @@ def test_clients_share_weights_keep_solo_logits_and_save_memory(tmp_path, monkey
     port = refenv.free_port()
     proc = serve.start_rpcnet(port, "--mem", "4G", "--threads", "2")
     try:
-        unshared = Clients(model, port, tmp_path / "unshared", 1)
-        unshared.loaded()
-        (plain,) = unshared.finish()
+        (plain,) = finish(held(model, port, tmp_path / "unshared", 1))
     finally:
         refenv.stop_process(proc)
     assert np.array_equal(plain, alone)

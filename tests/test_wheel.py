@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import refenv
+from support.clients import generate
 from support.serve import wait_listening
 from support.tinymodel import write_tiny_llama
 
@@ -105,32 +106,8 @@ def test_wheel_installs_and_serves_a_real_client(tmp_path):
         wait_listening(port, proc)
         model = write_tiny_llama(tmp_path / "tiny.gguf")
         tokens = "1,5,9,300,42,7"
-        ours = refenv.run_probe(
-            "v8",
-            "generate",
-            "--model",
-            model,
-            "--endpoint",
-            f"127.0.0.1:{port}",
-            "--tokens",
-            tokens,
-            "--out",
-            tmp_path / "rpc",
-            timeout=240,
-        )
-        local = refenv.run_probe(
-            "v8",
-            "generate",
-            "--model",
-            model,
-            "--endpoint",
-            "local",
-            "--tokens",
-            tokens,
-            "--out",
-            tmp_path / "local",
-            timeout=240,
-        )
+        ours = generate(model, port, tokens, tmp_path / "rpc", timeout=240)
+        local = generate(model, "local", tokens, tmp_path / "local", timeout=240)
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)

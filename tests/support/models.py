@@ -155,6 +155,21 @@ _SPECS = [
 #: every model of the zoo by name
 ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
 
+#: The benchmarks' f16 llama family (32000-token vocabulary, 4096 context); each benchmark sets
+#: its sizes with ``dataclasses.replace``.
+BENCH_LLAMA = ModelSpec("bench", dtype="f16", n_vocab=32000, n_ctx_train=4096, seed=42)
+
+#: ``write_tiny_llama`` sizes of an n_embd 1024 llama: matrices of MiBs, and a 16384 x 1024
+#: output matrix above the 10 MiB from which a client names a tensor by its hash first.
+LLAMA_1024 = {"n_vocab": 16384, "n_embd": 1024, "n_head": 16, "n_head_kv": 4, "n_ff": 2816}
+
+
+def harness_model(base: ModelSpec, name: str) -> ModelSpec:
+    """A tiny model of ``base``'s family: for checking a benchmark's harness, not for numbers."""
+    return dataclasses.replace(
+        base, name=name, n_vocab=1024, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512
+    )
+
 
 # --------------------------------------------------------------------------- writing
 
