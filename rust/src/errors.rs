@@ -30,49 +30,43 @@ impl fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
-/// An invalid `rpc_tensor`, type, size computation or out-of-bounds region.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorError {
-    pub reason: String,
-}
-
-impl TensorError {
-    pub fn new(reason: impl Into<String>) -> Self {
-        Self {
-            reason: reason.into(),
+/// Declares an error type that carries only a human-readable `reason`, displayed as is.
+macro_rules! reason_error {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name {
+            pub reason: String,
         }
-    }
-}
 
-impl fmt::Display for TensorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.reason)
-    }
-}
-
-impl std::error::Error for TensorError {}
-
-/// A malformed GRAPH_COMPUTE payload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GraphError {
-    pub reason: String,
-}
-
-impl GraphError {
-    pub fn new(reason: impl Into<String>) -> Self {
-        Self {
-            reason: reason.into(),
+        impl $name {
+            pub fn new(reason: impl Into<String>) -> Self {
+                Self {
+                    reason: reason.into(),
+                }
+            }
         }
-    }
-}
 
-impl fmt::Display for GraphError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.reason)
-    }
-}
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.reason)
+            }
+        }
 
-impl std::error::Error for GraphError {}
+        impl std::error::Error for $name {}
+    };
+}
+pub(crate) use reason_error;
+
+reason_error!(
+    /// An invalid `rpc_tensor`, type, size computation or out-of-bounds region.
+    TensorError
+);
+
+reason_error!(
+    /// A malformed GRAPH_COMPUTE payload.
+    GraphError
+);
 
 /// Shorthand used by the region checks: fail with `reason` unless `ok`.
 pub(crate) fn ensure(ok: bool, reason: impl FnOnce() -> String) -> Result<(), TensorError> {

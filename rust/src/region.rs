@@ -12,6 +12,38 @@ fn buffer_end(base: u64, size: u64) -> Result<u64, TensorError> {
     })
 }
 
+fn check_above_base(data: u64, base: u64) -> Result<(), TensorError> {
+    ensure(data >= base, || {
+        format!("tensor data {data:#x} below buffer base {base:#x}")
+    })
+}
+
+/// `offset`, then `len` more bytes (`what`: "region", "span"), within the `room` bytes from the
+/// tensor data to the buffer end.
+fn check_fits_buffer(room: u64, offset: u64, len: u64, what: &str) -> Result<(), TensorError> {
+    ensure(offset <= room, || {
+        format!("offset {offset} beyond buffer end")
+    })?;
+    ensure(len <= room - offset, || {
+        format!("{what} of {len} bytes at offset {offset} exceeds buffer end")
+    })
+}
+
+/// `offset`, then `len` more bytes (`detail` says how when they do not fit), within the tensor.
+fn check_fits_tensor(
+    tensor_nbytes: u64,
+    offset: u64,
+    len: u64,
+    detail: impl FnOnce() -> String,
+) -> Result<(), TensorError> {
+    ensure(offset <= tensor_nbytes, || {
+        format!("offset {offset} beyond tensor size {tensor_nbytes}")
+    })?;
+    ensure(len <= tensor_nbytes - offset, || {
+        format!("{} exceeds tensor size {tensor_nbytes}", detail())
+    })
+}
+
 /// Spec §5.1 rule 5: the whole tensor `[data, data + nbytes)` lies inside the buffer.
 pub fn check_tensor_in_buffer(
     data: u64,
@@ -20,9 +52,7 @@ pub fn check_tensor_in_buffer(
     size: u64,
 ) -> Result<(), TensorError> {
     let end = buffer_end(base, size)?;
-    ensure(data >= base, || {
-        format!("tensor data {data:#x} below buffer base {base:#x}")
-    })?;
+    check_above_base(data, base)?;
     let tensor_end = data.checked_add(nbytes).ok_or_else(|| {
         TensorError::new(format!(
             "tensor end overflows (data {data:#x}, nbytes {nbytes})"
@@ -72,25 +102,15 @@ pub fn check_memset(
     length: u64,
     tensor_nbytes: u64,
 ) -> Result<(), TensorError> {
-    ensure(offset <= tensor_nbytes, || {
-        format!("offset {offset} beyond tensor size {tensor_nbytes}")
+    check_fits_tensor(tensor_nbytes, offset, length, || {
+        format!("offset {offset} + size {length}")
     })?;
-    ensure(length <= tensor_nbytes - offset, || {
-        format!("offset {offset} + size {length} exceeds tensor size {tensor_nbytes}")
-    })?;
-    ensure(data >= base, || {
-        format!("tensor data {data:#x} below buffer base {base:#x}")
-    })?;
+    check_above_base(data, base)?;
     let rel = data - base;
     ensure(rel <= size, || {
         format!("tensor data {data:#x} beyond buffer of {size} bytes at {base:#x}")
     })?;
-    ensure(offset <= size - rel, || {
-        format!("offset {offset} beyond buffer end")
-    })?;
-    ensure(length <= size - rel - offset, || {
-        format!("region of {length} bytes at offset {offset} exceeds buffer end")
-    })
+    check_fits_buffer(size - rel, offset, length, "region")
 }
 
 /// SET_TENSOR_2D (`payload = Some(bytes after the 328-byte header)`, spec §7.16 items 2, 4–6)
@@ -131,24 +151,14 @@ pub fn check_region_2d(
     let span = (n_copies - 1) * stride + row;
     // Item 5: inside the buffer.
     let end = buffer_end(base, size)?;
-    ensure(data >= base, || {
-        format!("tensor data {data:#x} below buffer base {base:#x}")
-    })?;
+    check_above_base(data, base)?;
     ensure(data <= end, || {
         format!("tensor data {data:#x} beyond buffer end {end:#x}")
     })?;
-    ensure(offset <= end - data, || {
-        format!("offset {offset} beyond buffer end")
-    })?;
-    ensure(span <= end - data - offset, || {
-        format!("span of {span} bytes at offset {offset} exceeds buffer end")
-    })?;
+    check_fits_buffer(end - data, offset, span, "span")?;
     // Item 6: inside the tensor.
-    ensure(offset <= tensor_nbytes, || {
-        format!("offset {offset} beyond tensor size {tensor_nbytes}")
-    })?;
-    ensure(span <= tensor_nbytes - offset, || {
-        format!("span of {span} bytes at offset {offset} exceeds tensor size {tensor_nbytes}")
+    check_fits_tensor(tensor_nbytes, offset, span, || {
+        format!("span of {span} bytes at offset {offset}")
     })
 }
 

@@ -88,74 +88,24 @@ pub fn nelements(ne: Vec<u64>) -> PyResult<u64> {
     Ok(types::nelements(&ne)?)
 }
 
-#[pyfunction]
-pub fn check_tensor_in_buffer(data: u64, nbytes: u64, base: u64, size: u64) -> PyResult<()> {
-    Ok(region::check_tensor_in_buffer(data, nbytes, base, size)?)
+/// A `#[pyfunction]` passing its arguments on to the region check of the same name.
+macro_rules! region_check {
+    ($(#[$attr:meta])* $name:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        #[pyfunction]
+        $(#[$attr])*
+        pub fn $name($($arg: $ty),*) -> PyResult<()> {
+            Ok(region::$name($($arg),*)?)
+        }
+    };
 }
 
-#[pyfunction]
-pub fn check_region(
-    base: u64,
-    size: u64,
-    data: u64,
-    offset: u64,
-    length: u64,
-    tensor_nbytes: u64,
-) -> PyResult<()> {
-    Ok(region::check_region(
-        base,
-        size,
-        data,
-        offset,
-        length,
-        tensor_nbytes,
-    )?)
-}
-
-#[pyfunction]
-pub fn check_memset(
-    base: u64,
-    size: u64,
-    data: u64,
-    offset: u64,
-    length: u64,
-    tensor_nbytes: u64,
-) -> PyResult<()> {
-    Ok(region::check_memset(
-        base,
-        size,
-        data,
-        offset,
-        length,
-        tensor_nbytes,
-    )?)
-}
-
-#[pyfunction]
-#[allow(clippy::too_many_arguments)] // mirrors the wire fields one to one
-pub fn check_region_2d(
-    base: u64,
-    size: u64,
-    data: u64,
-    tensor_nbytes: u64,
-    offset: u64,
-    row: u64,
-    n_copies: u64,
-    stride: u64,
-    payload: Option<u64>,
-) -> PyResult<()> {
-    Ok(region::check_region_2d(
-        base,
-        size,
-        data,
-        tensor_nbytes,
-        offset,
-        row,
-        n_copies,
-        stride,
-        payload,
-    )?)
-}
+region_check!(check_tensor_in_buffer(data: u64, nbytes: u64, base: u64, size: u64));
+region_check!(check_region(base: u64, size: u64, data: u64, offset: u64, length: u64, tensor_nbytes: u64));
+region_check!(check_memset(base: u64, size: u64, data: u64, offset: u64, length: u64, tensor_nbytes: u64));
+region_check!(
+    #[allow(clippy::too_many_arguments)] // mirrors the wire fields one to one
+    check_region_2d(base: u64, size: u64, data: u64, tensor_nbytes: u64, offset: u64, row: u64, n_copies: u64, stride: u64, payload: Option<u64>)
+);
 
 /// `(offset, length)` pieces of at most `chunk` bytes covering `total`.
 #[pyfunction]

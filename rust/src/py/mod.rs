@@ -16,6 +16,20 @@ use pyo3::prelude::*;
 
 use crate::{chunk, framing, rdma as core_rdma, tensor as core_tensor, types};
 
+/// `m.add_class` of every listed class.
+macro_rules! add_classes {
+    ($m:expr, $($class:path),* $(,)?) => {
+        $($m.add_class::<$class>()?;)*
+    };
+}
+
+/// `m.add_function` of every listed function of a module.
+macro_rules! add_functions {
+    ($m:expr, $module:ident::{$($f:ident),* $(,)?}) => {
+        $($m.add_function(wrap_pyfunction!($module::$f, $m)?)?;)*
+    };
+}
+
 /// Sans-I/O codec and checks of the ggml RPC protocol (rpcnet's native core).
 // gil_used: the buffer borrows rely on an attached interpreter keeping Python writers out.
 #[pymodule(gil_used = true)]
@@ -35,65 +49,42 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GraphError", py.get_type::<exceptions::GraphError>())?;
     m.add("RdmaError", py.get_type::<rdma::RdmaError>())?;
 
-    m.add_class::<tensor::PyRpcTensor>()?;
-    m.add_class::<graph::PyGraph>()?;
-    m.add_class::<hash::PyFnv1a64>()?;
-    m.add_class::<rdma::PyRdmaGid>()?;
-    m.add_class::<rdma::PyRdmaPort>()?;
-    m.add_class::<rdma::PyRdmaEnv>()?;
-    m.add_class::<rdma::PyRdmaSelection>()?;
+    add_classes!(
+        m,
+        tensor::PyRpcTensor,
+        graph::PyGraph,
+        hash::PyFnv1a64,
+        native_ops::NativeStep
+    );
+    add_classes!(
+        m,
+        rdma::PyRdmaGid,
+        rdma::PyRdmaPort,
+        rdma::PyRdmaEnv,
+        rdma::PyRdmaSelection
+    );
 
-    m.add_function(wrap_pyfunction!(functions::command_name, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::check_header, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::request_size, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::response_size, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::type_info, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::type_table, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::tensor_nbytes, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::nelements, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::check_tensor_in_buffer, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::check_region, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::check_memset, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::check_region_2d, m)?)?;
-    m.add_function(wrap_pyfunction!(functions::chunk_plan, m)?)?;
-    m.add_function(wrap_pyfunction!(tensor::decode_tensor, m)?)?;
-    m.add_function(wrap_pyfunction!(tensor::decode_tensors, m)?)?;
-    m.add_function(wrap_pyfunction!(graph::decode_graph, m)?)?;
-    m.add_function(wrap_pyfunction!(hash::fnv1a64, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::matmul_quant, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::matmul_quant_supports, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::matmul_quant_block, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::matmul_activation_block, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::set_portable_kernels, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::kernels_simd, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::set_avx512_kernels, m)?)?;
-    m.add_class::<native_ops::NativeStep>()?;
-    m.add_function(wrap_pyfunction!(native_ops::run_steps, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::run_joint, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::same_weights, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::pool_rest, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::native_ops_portable, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::flash_attn_ext_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::rms_norm_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::rope_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::swiglu_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::set_rows_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::get_rows_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::copy_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::binary_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::soft_max_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_ops::mul_mat_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_experts::mul_mat_id_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_experts::argsort_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_experts::sum_rows_step, m)?)?;
-    m.add_function(wrap_pyfunction!(native_experts::clamp_step, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_scan, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_env, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_resolve, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_target_gid, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_format_gid, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_parse_gid, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_encode_caps, m)?)?;
-    m.add_function(wrap_pyfunction!(rdma::rdma_decode_caps, m)?)?;
+    add_functions!(m, functions::{
+        command_name, check_header, request_size, response_size, type_info, type_table,
+        tensor_nbytes, nelements, check_tensor_in_buffer, check_region, check_memset,
+        check_region_2d, chunk_plan,
+    });
+    add_functions!(m, tensor::{decode_tensor, decode_tensors});
+    add_functions!(m, graph::{decode_graph});
+    add_functions!(m, hash::{fnv1a64});
+    add_functions!(m, kernels::{
+        matmul_quant, matmul_quant_supports, matmul_quant_block, matmul_activation_block,
+        set_portable_kernels, kernels_simd, set_avx512_kernels,
+    });
+    add_functions!(m, native_ops::{
+        run_steps, run_joint, same_weights, pool_rest, native_ops_portable, flash_attn_ext_step,
+        rms_norm_step, rope_step, swiglu_step, set_rows_step, get_rows_step, copy_step,
+        binary_step, soft_max_step, mul_mat_step,
+    });
+    add_functions!(m, native_experts::{mul_mat_id_step, argsort_step, sum_rows_step, clamp_step});
+    add_functions!(m, rdma::{
+        rdma_scan, rdma_env, rdma_resolve, rdma_target_gid, rdma_format_gid, rdma_parse_gid,
+        rdma_encode_caps, rdma_decode_caps,
+    });
     Ok(())
 }

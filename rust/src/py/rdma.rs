@@ -61,6 +61,39 @@ fn addr_arg(text: &str) -> PyResult<std::net::IpAddr> {
     rdma::parse_addr(text).map_err(|e| PyValueError::new_err(e.reason))
 }
 
+/// The `#[pymethods]` of a class whose `inner` holds a GID with its kind and net device: the
+/// class's own methods, then the getters of those three.
+macro_rules! gid_pymethods {
+    ($class:ty { $($own:tt)* }) => {
+        #[pymethods]
+        impl $class {
+            $($own)*
+
+            #[getter]
+            fn gid<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+                PyBytes::new(py, &self.inner.gid)
+            }
+
+            /// sysfs spelling, e.g. "0000:0000:0000:0000:0000:ffff:0a00:0001".
+            #[getter]
+            fn gid_text(&self) -> String {
+                rdma::format_gid(&self.inner.gid)
+            }
+
+            /// "RoCE v2", "RoCE v1", "IB" or "unknown".
+            #[getter]
+            fn kind(&self) -> &'static str {
+                self.inner.kind.label()
+            }
+
+            #[getter]
+            fn ndev(&self) -> Option<String> {
+                self.inner.ndev.clone()
+            }
+        }
+    };
+}
+
 // ------------------------------------------------------------------------------------------------
 
 /// One non-empty GID table entry.
@@ -76,8 +109,7 @@ pub struct PyRdmaGid {
     inner: GidEntry,
 }
 
-#[pymethods]
-impl PyRdmaGid {
+gid_pymethods!(PyRdmaGid {
     #[new]
     #[pyo3(signature = (index, gid, kind="unknown", ndev=None))]
     fn new(index: u32, gid: &Bound<'_, PyAny>, kind: &str, ndev: Option<String>) -> PyResult<Self> {
@@ -98,32 +130,10 @@ impl PyRdmaGid {
         self.inner.index
     }
 
-    #[getter]
-    fn gid<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.inner.gid)
-    }
-
-    /// sysfs spelling, e.g. "0000:0000:0000:0000:0000:ffff:0a00:0001".
-    #[getter]
-    fn gid_text(&self) -> String {
-        rdma::format_gid(&self.inner.gid)
-    }
-
     /// The address the GID carries ("10.0.0.1", "fe80::1").
     #[getter]
     fn address(&self) -> String {
         rdma::gid_addr(&self.inner.gid).to_string()
-    }
-
-    /// "RoCE v2", "RoCE v1", "IB" or "unknown".
-    #[getter]
-    fn kind(&self) -> &'static str {
-        self.inner.kind.label()
-    }
-
-    #[getter]
-    fn ndev(&self) -> Option<String> {
-        self.inner.ndev.clone()
     }
 
     fn __repr__(&self) -> String {
@@ -135,7 +145,7 @@ impl PyRdmaGid {
             opt_repr(&self.inner.ndev)
         )
     }
-}
+});
 
 /// One port of one RDMA device with its non-empty GIDs.
 #[pyclass(module = "rpcnet._native", name = "RdmaPort", frozen, from_py_object)]
@@ -274,8 +284,7 @@ pub struct PyRdmaSelection {
     inner: Selection,
 }
 
-#[pymethods]
-impl PyRdmaSelection {
+gid_pymethods!(PyRdmaSelection {
     #[getter]
     fn device(&self) -> String {
         self.inner.device.clone()
@@ -289,26 +298,6 @@ impl PyRdmaSelection {
     #[getter]
     fn gid_index(&self) -> u32 {
         self.inner.gid_index
-    }
-
-    #[getter]
-    fn gid<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.inner.gid)
-    }
-
-    #[getter]
-    fn gid_text(&self) -> String {
-        rdma::format_gid(&self.inner.gid)
-    }
-
-    #[getter]
-    fn kind(&self) -> &'static str {
-        self.inner.kind.label()
-    }
-
-    #[getter]
-    fn ndev(&self) -> Option<String> {
-        self.inner.ndev.clone()
     }
 
     /// The local address the selection was made for, in GID form.
@@ -333,7 +322,7 @@ impl PyRdmaSelection {
             self.inner.how
         )
     }
-}
+});
 
 // ------------------------------------------------------------------------------------------------
 
