@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::common::{load32, q4k_finish, q4k_start};
+use super::avx2::common::{load32, q4k_blocks};
 
 /// [`q4_k`] with AVX-512 VNNI: the 64 codes of sub-blocks 2j and 2j + 1 in one register
 /// (low nibbles, then high), `vpdpwssd` scales and adds the pairs. Each half's int32 lanes hold
@@ -17,14 +17,8 @@ pub(crate) unsafe fn q4_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
         let hi = _mm256_set1_epi16(2 * j as i16 + 1);
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
     });
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for i in 0..nb {
-        let wb = w.as_ptr().add(144 * i);
-        let yb = x.as_ptr().add(292 * i);
-        let (d, sc) = q4k_start(wb, yb, &mut acc_m);
+    q4k_blocks(w, x, nb, |qs, q8, sc, d, acc| {
         let scales = _mm512_castsi128_si512(sc);
-        let (qs, q8) = (wb.add(16), yb.add(4));
         let mut sumi = _mm512_setzero_si512();
         for (j, pick_j) in pick.iter().enumerate() {
             let bits = load32(qs.add(32 * j));
@@ -35,9 +29,8 @@ pub(crate) unsafe fn q4_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
             let s = _mm512_permutexvar_epi16(*pick_j, scales);
             sumi = _mm512_dpwssd_epi32(sumi, p, s);
         }
-        acc = fold_wide_block(sumi, d, acc);
-    }
-    q4k_finish(acc, acc_m)
+        fold_wide_block(sumi, d, acc)
+    })
 }
 
 /// The end of a Q4_K block summed in 512-bit lanes: its two halves added (ggml's eight lanes),

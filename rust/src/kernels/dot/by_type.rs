@@ -9,11 +9,50 @@
 
 use super::kquant_tiles::{self, Codes, Decoded};
 use super::lanes::*;
-use super::row_dot::RowDot;
 use crate::kernels::blocks::tables::{
     e8m0_half, q3k_scales, scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
-use crate::kernels::formats::ActFormat;
+
+/// A weight type `$name` and its [`RowDot`] impl: `$block` values of `$bytes` bytes per
+/// block against `$act` activations, then the impl's functions.
+macro_rules! row_dot {
+    ($(#[$doc:meta])* $name:ident, $block:expr, $bytes:expr, $act:ident, { $($items:tt)* }) => {
+        $(#[$doc])*
+        pub struct $name;
+        impl $crate::kernels::dot::row_dot::RowDot for $name {
+            const BLOCK: usize = $block;
+            const BLOCK_BYTES: usize = $bytes;
+            const ACT: $crate::kernels::formats::ActFormat = $crate::kernels::formats::ActFormat::$act;
+            $($items)*
+        }
+    };
+}
+pub(crate) use row_dot;
+
+/// The (weight block, activation block) pairs of one row of `k` values, `block` values each.
+#[inline(always)]
+fn block_pairs<'a>(
+    w: &'a [u8],
+    x: &'a [u8],
+    k: usize,
+    block: usize,
+    (w_bytes, x_bytes): (usize, usize),
+) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    w.chunks_exact(w_bytes)
+        .zip(x.chunks_exact(x_bytes))
+        .take(k / block)
+}
+
+/// [`block_pairs`] of a K-quant row: `w_bytes`-byte super-blocks against q8_K blocks.
+#[inline(always)]
+fn superblocks<'a>(
+    w: &'a [u8],
+    x: &'a [u8],
+    k: usize,
+    w_bytes: usize,
+) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    block_pairs(w, x, k, 256, (w_bytes, 292))
+}
 
 /// Overrides `dot_simd4` with a multi-row function of [`super::avx2`].
 macro_rules! simd_dot4 {
@@ -91,15 +130,11 @@ macro_rules! simple_q8_0 {
         simple_q8_0!($name, $bytes, $decode, );
     };
     ($name:ident, $bytes:expr, $decode:expr, $($simd:ident)? $(; $simd4:ident)?) => {
-        pub struct $name;
-        impl RowDot for $name {
-            const BLOCK: usize = 32;
-            const BLOCK_BYTES: usize = $bytes;
-            const ACT: ActFormat = ActFormat::Q8_0;
+        row_dot!($name, 32, $bytes, Q8_0, {
             #[inline(always)]
             fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
                 let mut acc = [0.0f32; 8];
-                for (wb, yb) in w.chunks_exact($bytes).zip(x.chunks_exact(34)).take(k / 32) {
+                for (wb, yb) in block_pairs(w, x, k, 32, ($bytes, 34)) {
                     let d = f16_at(wb, 0) * f16_at(yb, 0);
                     let q: [i8; 32] = $decode(wb);
                     fma_lanes(&mut acc, d, &chunk_lanes(&q, &yb[2..]));
@@ -108,7 +143,7 @@ macro_rules! simple_q8_0 {
             }
             $(simd_dot!($simd);)?
             $(simd_dot4!($simd4);)?
-        }
+        });
     };
 }
 
@@ -138,16 +173,12 @@ simple_q8_0!(
 /// Q4_1/Q5_1 × q8_1: lanes of unsigned codes, plus `Σ m · s` accumulated with a scalar FMA.
 macro_rules! min_q8_1 {
     ($name:ident, $bytes:expr, $decode:expr, $scale:expr, $simd:ident) => {
-        pub struct $name;
-        impl RowDot for $name {
-            const BLOCK: usize = 32;
-            const BLOCK_BYTES: usize = $bytes;
-            const ACT: ActFormat = ActFormat::Q8_1;
+        row_dot!($name, 32, $bytes, Q8_1, {
             #[inline(always)]
             fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
                 let mut acc = [0.0f32; 8];
                 let mut summs = 0.0f32;
-                for (wb, yb) in w.chunks_exact($bytes).zip(x.chunks_exact(36)).take(k / 32) {
+                for (wb, yb) in block_pairs(w, x, k, 32, ($bytes, 36)) {
                     summs = f16_at(wb, 2).mul_add(f16_at(yb, 2), summs);
                     let q: [i8; 32] = $decode(wb);
                     fma_lanes(
@@ -159,7 +190,7 @@ macro_rules! min_q8_1 {
                 hsum8(&acc) + summs
             }
             simd_dot!($simd);
-        }
+        });
     };
 }
 
@@ -186,11 +217,7 @@ min_q8_1!(
 /// added separately as `d · sumi` (multiply, then add).
 macro_rules! table_q8_0 {
     ($name:ident, $bytes:expr, $table:expr, $d:expr, $qs:expr, $simd:ident $(; $gemm_simd:ident)?) => {
-        pub struct $name;
-        impl RowDot for $name {
-            const BLOCK: usize = 32;
-            const BLOCK_BYTES: usize = $bytes;
-            const ACT: ActFormat = ActFormat::Q8_0;
+        row_dot!($name, 32, $bytes, Q8_0, {
             #[inline(always)]
             fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
                 let nb = k / 32;
@@ -223,7 +250,7 @@ macro_rules! table_q8_0 {
             #[inline(always)]
             fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
                 let mut acc = [0.0f32; 8];
-                for (wb, yb) in w.chunks_exact($bytes).zip(x.chunks_exact(34)).take(k / 32) {
+                for (wb, yb) in block_pairs(w, x, k, 32, ($bytes, 34)) {
                     let q = nibbles(&wb[$qs..$qs + 16]).map(|v| $table[v as usize]);
                     fma_lanes(&mut acc, f16_at(yb, 0) * $d(wb), &chunk_lanes(&q, &yb[2..]));
                 }
@@ -236,7 +263,7 @@ macro_rules! table_q8_0 {
                 unsafe { crate::kernels::dot::avx2::$gemm_simd(w, x, k) }
             }
             )?
-        }
+        });
     };
 }
 
@@ -250,15 +277,11 @@ table_q8_0!(
     mxfp4
 );
 
-pub struct Q2K;
-impl RowDot for Q2K {
-    const BLOCK: usize = 256;
-    const BLOCK_BYTES: usize = 84;
-    const ACT: ActFormat = ActFormat::Q8K;
+row_dot!(Q2K, 256, 84, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let mut acc = [0.0f32; 8];
-        for (wb, yb) in w.chunks_exact(84).zip(x.chunks_exact(292)).take(k / 256) {
+        for (wb, yb) in superblocks(w, x, k, 84) {
             let (yd, q8, bs) = q8k(yb);
             let d = yd * f16_at(wb, 80);
             let dmin = -yd * f16_at(wb, 82);
@@ -283,33 +306,18 @@ impl RowDot for Q2K {
         q2k_codes(wb, &mut t.q);
         (t.d, t.dmin) = (f16_at(wb, 80), f16_at(wb, 82));
     });
-}
+});
 
-pub struct Q3K;
-impl RowDot for Q3K {
-    const BLOCK: usize = 256;
-    const BLOCK_BYTES: usize = 110;
-    const ACT: ActFormat = ActFormat::Q8K;
+row_dot!(Q3K, 256, 110, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let mut acc = [0.0f32; 8];
-        for (wb, yb) in w.chunks_exact(110).zip(x.chunks_exact(292)).take(k / 256) {
+        for (wb, yb) in superblocks(w, x, k, 110) {
             let (yd, q8, _) = q8k(yb);
             let d = yd * f16_at(wb, 108);
-            let hmask = &wb[..32];
-            let qs = &wb[32..96];
             let sc = q3k_scales(&wb[96..108]);
             let mut q = [0i8; 256];
-            for j in 0..2 {
-                for s in 0..4 {
-                    let bit = 4 * j + s;
-                    for i in 0..32 {
-                        let low = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
-                        let high = if hmask[i] >> bit & 1 == 1 { 0 } else { 4 };
-                        q[128 * j + 32 * s + i] = low - high;
-                    }
-                }
-            }
+            q3k_codes(wb, &mut q);
             fma_lanes(&mut acc, d, &superblock_lanes(&q, &sc, q8));
         }
         hsum8(&acc)
@@ -320,99 +328,100 @@ impl RowDot for Q3K {
         false,
         Codes::Biased(4),
         |wb: &[u8], t: &mut Decoded| {
-            let (hmask, qs) = (&wb[..32], &wb[32..96]);
-            for j in 0..2 {
-                for s in 0..4 {
-                    for i in 0..32 {
-                        let low = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
-                        let high = (((hmask[i] >> (4 * j + s)) & 1) ^ 1) as i8;
-                        t.q[128 * j + 32 * s + i] = low - 4 * high;
-                    }
-                }
-            }
+            q3k_codes(wb, &mut t.q);
             t.sc = q3k_scales(&wb[96..108]);
             t.d = f16_at(wb, 108);
         }
     );
+});
+
+/// What Q4_K and Q5_K take from a super-block and its q8_K block besides the codes: `d` and
+/// `-dmin` times the activation scale, the scales and mins, the q8 codes, the sums of 32 codes.
+struct K4Block<'a> {
+    d: f32,
+    dmin: f32,
+    sc: [i32; 8],
+    mn: [i32; 8],
+    q8: &'a [u8],
+    s32: [i32; 8],
 }
 
-pub struct Q4K;
-impl RowDot for Q4K {
-    const BLOCK: usize = 256;
-    const BLOCK_BYTES: usize = 144;
-    const ACT: ActFormat = ActFormat::Q8K;
+impl<'a> K4Block<'a> {
+    #[inline(always)]
+    fn new(wb: &[u8], yb: &'a [u8]) -> Self {
+        let (yd, q8, bs) = q8k(yb);
+        let (sc, mn) = scale_min_k4(&wb[4..16]);
+        Self {
+            d: yd * f16_at(wb, 0),
+            dmin: -yd * f16_at(wb, 2),
+            sc,
+            mn,
+            q8,
+            s32: bsums32(&bs),
+        }
+    }
+}
+
+/// The tiled decode of a Q4_K/Q5_K super-block; `codes` unpacks its codes.
+#[inline(always)]
+fn k4_decode(wb: &[u8], t: &mut Decoded, codes: impl Fn(&[u8], &mut [i8; 256])) {
+    let (sc, mn) = scale_min_k4(&wb[4..16]);
+    (t.sc, t.mn) = (per16(&sc), per16(&mn));
+    codes(wb, &mut t.q);
+    (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+}
+
+row_dot!(Q4K, 256, 144, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let mut acc = [0.0f32; 8];
         let mut acc_m = [0.0f32; 4];
         let mut q = [0i8; 256];
-        for (wb, yb) in w.chunks_exact(144).zip(x.chunks_exact(292)).take(k / 256) {
-            let (yd, q8, bs) = q8k(yb);
-            let d = yd * f16_at(wb, 0);
-            let dmin = -yd * f16_at(wb, 2);
-            let (sc, mn) = scale_min_k4(&wb[4..16]);
-            let s32 = bsums32(&bs);
+        for (wb, yb) in superblocks(w, x, k, 144) {
+            let b = K4Block::new(wb, yb);
             for (t, m) in acc_m.iter_mut().enumerate() {
-                let prod = mn[2 * t] * s32[2 * t] + mn[2 * t + 1] * s32[2 * t + 1];
-                *m = dmin.mul_add(prod as f32, *m);
+                let prod = b.mn[2 * t] * b.s32[2 * t] + b.mn[2 * t + 1] * b.s32[2 * t + 1];
+                *m = b.dmin.mul_add(prod as f32, *m);
             }
             k4_nibbles(&wb[16..144], &mut q);
-            fma_lanes(&mut acc, d, &superblock_lanes(&q, &per16(&sc), q8));
+            fma_lanes(&mut acc, b.d, &superblock_lanes(&q, &per16(&b.sc), b.q8));
         }
         hsum8(&acc) + hsum4(&acc_m)
     }
     simd_dot!(q4_k);
     simd_dot4!(q4_k_x4);
     tiled_dot!(144, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        let (sc, mn) = scale_min_k4(&wb[4..16]);
-        (t.sc, t.mn) = (per16(&sc), per16(&mn));
-        k4_nibbles(&wb[16..144], &mut t.q);
-        (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+        k4_decode(wb, t, |wb, q| k4_nibbles(&wb[16..144], q))
     });
-}
+});
 
-pub struct Q5K;
-impl RowDot for Q5K {
-    const BLOCK: usize = 256;
-    const BLOCK_BYTES: usize = 176;
-    const ACT: ActFormat = ActFormat::Q8K;
+row_dot!(Q5K, 256, 176, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let mut acc = [0.0f32; 8];
         let mut summs = 0.0f32;
         let mut q = [0i8; 256];
-        for (wb, yb) in w.chunks_exact(176).zip(x.chunks_exact(292)).take(k / 256) {
-            let (yd, q8, bs) = q8k(yb);
-            let d = yd * f16_at(wb, 0);
-            let dmin = -yd * f16_at(wb, 2);
-            let (sc, mn) = scale_min_k4(&wb[4..16]);
-            let s32 = bsums32(&bs);
-            let mins: i32 = (0..8).map(|j| mn[j] * s32[j]).sum();
-            summs = dmin.mul_add(mins as f32, summs);
+        for (wb, yb) in superblocks(w, x, k, 176) {
+            let b = K4Block::new(wb, yb);
+            let mins: i32 = (0..8).map(|j| b.mn[j] * b.s32[j]).sum();
+            summs = b.dmin.mul_add(mins as f32, summs);
             q5k_codes(wb, &mut q);
-            fma_lanes(&mut acc, d, &superblock_lanes(&q, &per16(&sc), q8));
+            fma_lanes(&mut acc, b.d, &superblock_lanes(&q, &per16(&b.sc), b.q8));
         }
         hsum8(&acc) + summs
     }
     simd_dot!(q5_k);
     tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        let (sc, mn) = scale_min_k4(&wb[4..16]);
-        (t.sc, t.mn) = (per16(&sc), per16(&mn));
-        q5k_codes(wb, &mut t.q);
-        (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+        k4_decode(wb, t, q5k_codes)
     });
-}
+});
 
-pub struct Q6K;
-impl RowDot for Q6K {
-    const BLOCK: usize = 256;
-    const BLOCK_BYTES: usize = 210;
-    const ACT: ActFormat = ActFormat::Q8K;
+row_dot!(Q6K, 256, 210, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let mut acc = [0.0f32; 8];
         let mut q = [0i8; 256];
-        for (wb, yb) in w.chunks_exact(210).zip(x.chunks_exact(292)).take(k / 256) {
+        for (wb, yb) in superblocks(w, x, k, 210) {
             let (yd, q8, bs) = q8k(yb);
             let d = yd * f16_at(wb, 208);
             let sc: [i32; 16] = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
@@ -439,59 +448,52 @@ impl RowDot for Q6K {
             t.d = f16_at(wb, 208);
         }
     );
+});
+
+/// IQ4_XS's eight 6-bit sub-block scales of one super-block, less 32.
+#[inline(always)]
+fn iq4xs_scales(wb: &[u8]) -> [i32; 8] {
+    let sh = u16::from_le_bytes([wb[2], wb[3]]) as i32;
+    std::array::from_fn(|ib| {
+        let low = ((wb[4 + ib / 2] >> (4 * (ib % 2))) & 15) as i32;
+        (low | (((sh >> (2 * ib)) & 3) << 4)) - 32
+    })
 }
 
-pub struct IQ4XS;
-impl RowDot for IQ4XS {
-    const BLOCK: usize = 256;
-    const BLOCK_BYTES: usize = 136;
-    const ACT: ActFormat = ActFormat::Q8K;
+/// IQ4_XS's codes (IQ4_NL values) of one super-block, in element order.
+#[inline(always)]
+fn iq4xs_codes(wb: &[u8], q: &mut [i8; 256]) {
+    for ib in 0..8 {
+        let qs = &wb[8 + 16 * ib..24 + 16 * ib];
+        for i in 0..16 {
+            q[32 * ib + i] = KVALUES_IQ4NL[(qs[i] & 15) as usize];
+            q[32 * ib + 16 + i] = KVALUES_IQ4NL[(qs[i] >> 4) as usize];
+        }
+    }
+}
+
+row_dot!(IQ4XS, 256, 136, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let mut acc = [0.0f32; 8];
         let mut q = [0i8; 256];
-        for (wb, yb) in w.chunks_exact(136).zip(x.chunks_exact(292)).take(k / 256) {
+        for (wb, yb) in superblocks(w, x, k, 136) {
             let (yd, q8, _) = q8k(yb);
-            let sh = u16::from_le_bytes([wb[2], wb[3]]) as i32;
-            let sc8: [i32; 8] = std::array::from_fn(|ib| {
-                let low = ((wb[4 + ib / 2] >> (4 * (ib % 2))) & 15) as i32;
-                (low | (((sh >> (2 * ib)) & 3) << 4)) - 32
-            });
-            for ib in 0..8 {
-                let n = nibbles(&wb[8 + 16 * ib..24 + 16 * ib]);
-                for i in 0..32 {
-                    q[32 * ib + i] = KVALUES_IQ4NL[n[i] as usize];
-                }
-            }
-            let lanes = superblock_lanes(&q, &per16(&sc8), q8);
+            iq4xs_codes(wb, &mut q);
+            let lanes = superblock_lanes(&q, &per16(&iq4xs_scales(wb)), q8);
             fma_lanes(&mut acc, f16_at(wb, 0) * yd, &lanes);
         }
         hsum8(&acc)
     }
     simd_dot!(iq4_xs);
     tiled_dot!(136, false, Codes::Signed, |wb: &[u8], t: &mut Decoded| {
-        let sh = u16::from_le_bytes([wb[2], wb[3]]) as i32;
-        let sc8: [i32; 8] = std::array::from_fn(|ib| {
-            let low = ((wb[4 + ib / 2] >> (4 * (ib % 2))) & 15) as i32;
-            (low | (((sh >> (2 * ib)) & 3) << 4)) - 32
-        });
-        t.sc = per16(&sc8);
-        for ib in 0..8 {
-            let qs = &wb[8 + 16 * ib..24 + 16 * ib];
-            for i in 0..16 {
-                t.q[32 * ib + i] = KVALUES_IQ4NL[(qs[i] & 15) as usize];
-                t.q[32 * ib + 16 + i] = KVALUES_IQ4NL[(qs[i] >> 4) as usize];
-            }
-        }
+        t.sc = per16(&iq4xs_scales(wb));
+        iq4xs_codes(wb, &mut t.q);
         t.d = f16_at(wb, 0);
     });
-}
+});
 
-pub struct F16;
-impl RowDot for F16 {
-    const BLOCK: usize = 1;
-    const BLOCK_BYTES: usize = 2;
-    const ACT: ActFormat = ActFormat::F16;
+row_dot!(F16, 1, 2, F16, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let get = |i: usize| (f16_at(w, 2 * i), f16_at(x, 2 * i));
@@ -514,13 +516,9 @@ impl RowDot for F16 {
     fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
         tinyblas_order(k, |i| (f16_at(w, 2 * i), f16_at(x, 2 * i)))
     }
-}
+});
 
-pub struct BF16;
-impl RowDot for BF16 {
-    const BLOCK: usize = 1;
-    const BLOCK_BYTES: usize = 2;
-    const ACT: ActFormat = ActFormat::BF16;
+row_dot!(BF16, 1, 2, BF16, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let c = four_acc(k, |i| (bf16_at(w, i), bf16_at(x, i)));
@@ -537,13 +535,9 @@ impl RowDot for BF16 {
     fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
         tinyblas_order(k, |i| (bf16_at(w, i), bf16_at(x, i)))
     }
-}
+});
 
-pub struct F32;
-impl RowDot for F32 {
-    const BLOCK: usize = 1;
-    const BLOCK_BYTES: usize = 4;
-    const ACT: ActFormat = ActFormat::F32;
+row_dot!(F32, 1, 4, F32, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         let get = |i: usize| (f32_at(w, 4 * i), f32_at(x, 4 * i));
@@ -569,4 +563,4 @@ impl RowDot for F32 {
     fn dot_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
         tinyblas_order(k, |i| (f32_at(w, 4 * i), f32_at(x, 4 * i)))
     }
-}
+});

@@ -197,14 +197,47 @@ pub fn rows_portable(
     out: &mut [f32],
     decode: impl Fn(&[u8], &mut Decoded),
 ) {
+    walk(
+        w,
+        block_bytes,
+        has_min,
+        xs,
+        k,
+        out,
+        decode,
+        |_| (),
+        |_, dec, y| {
+            let s2 = if has_min { mins_dot(dec, y) } else { 0 };
+            (codes_dot(dec, y), s2)
+        },
+    )
+}
+
+/// The super-block walk of both builds of the tiled order: each weight super-block decoded,
+/// `prepare` run once on it, then `ints(prepared, decoded, y)` gives each activation block's
+/// integer sums `(s1, s2)`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn walk<P>(
+    w: &[u8],
+    block_bytes: usize,
+    has_min: bool,
+    xs: &[&[u8]],
+    k: usize,
+    out: &mut [f32],
+    decode: impl Fn(&[u8], &mut Decoded),
+    prepare: impl Fn(&Decoded) -> P,
+    ints: impl Fn(&P, &Decoded, &[u8]) -> (i32, i32),
+) {
     out.fill(0.0);
     let mut dec = Decoded::default();
     for b in 0..k / 256 {
         decode(&w[b * block_bytes..(b + 1) * block_bytes], &mut dec);
+        let prepared = prepare(&dec);
         for (x, o) in xs.iter().zip(out.iter_mut()) {
             let y = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
-            let s2 = if has_min { mins_dot(&dec, y) } else { 0 };
-            *o = step(*o, q8k_d(y), &dec, codes_dot(&dec, y), s2, has_min);
+            let (s1, s2) = ints(&prepared, &dec, y);
+            *o = step(*o, q8k_d(y), &dec, s1, s2, has_min);
         }
     }
 }
@@ -226,17 +259,9 @@ pub unsafe fn rows_avx2(
     out: &mut [f32],
     decode: impl Fn(&[u8], &mut Decoded),
 ) {
-    out.fill(0.0);
-    let mut dec = Decoded::default();
-    for b in 0..k / 256 {
-        decode(&w[b * block_bytes..(b + 1) * block_bytes], &mut dec);
-        let regs = slab_regs(&dec, codes, has_min);
-        for (x, o) in xs.iter().zip(out.iter_mut()) {
-            let y = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
-            let (s1, s2) = ints_avx2(&regs, codes, has_min, y);
-            *o = step(*o, q8k_d(y), &dec, s1, s2, has_min);
-        }
-    }
+    let prepare = |dec: &Decoded| slab_regs(dec, codes, has_min);
+    let ints = |regs: &_, _: &Decoded, y: &[u8]| ints_avx2(regs, codes, has_min, y);
+    walk(w, block_bytes, has_min, xs, k, out, decode, prepare, ints)
 }
 
 /// A format as the many-row kernel ([`super::kquant_gemm`]) needs it.

@@ -118,6 +118,22 @@ pub(crate) fn q2k_codes(wb: &[u8], q: &mut [i8; 256]) {
     }
 }
 
+/// Q3_K's signed 3-bit codes (-4..3) of one super-block, in element order: the two low bits,
+/// less 4 where the high bit is clear.
+#[inline(always)]
+pub(crate) fn q3k_codes(wb: &[u8], q: &mut [i8; 256]) {
+    let (hmask, qs) = (&wb[..32], &wb[32..96]);
+    for j in 0..2 {
+        for s in 0..4 {
+            for i in 0..32 {
+                let low = ((qs[32 * j + i] >> (2 * s)) & 3) as i8;
+                let high = (((hmask[i] >> (4 * j + s)) & 1) ^ 1) as i8;
+                q[128 * j + 32 * s + i] = low - 4 * high;
+            }
+        }
+    }
+}
+
 /// Q5_K's 5-bit codes (0..31) of one super-block: the 4-bit nibbles plus the high bits.
 #[inline(always)]
 pub(crate) fn q5k_codes(wb: &[u8], q: &mut [i8; 256]) {

@@ -10,8 +10,7 @@
 //! lane still holds ggml's lane sum and every FMA is ggml's (`vec_dot_q4_K_q8_K`): same bits.
 
 use crate::kernels::cpu::avx512_vnni_active;
-use crate::kernels::dot::{by_type::Q4K, row_dot::RowDot};
-use crate::kernels::formats::ActFormat;
+use crate::kernels::dot::by_type::{row_dot, Q4K};
 use crate::kernels::operand::Converted;
 
 /// Bytes of one activation block in this layout: 256 codes, 8 i16 pair sums, `d` (f32), pad.
@@ -82,14 +81,9 @@ fn unpack_row(x: &[u8], k: usize) -> Vec<u8> {
     out
 }
 
-/// Q4_K weights · activations in this layout.
-pub struct Q4KPaired;
-
-impl RowDot for Q4KPaired {
-    const BLOCK: usize = 256;
-    const BLOCK_BYTES: usize = 144;
-    const ACT: ActFormat = ActFormat::Q8K;
-
+row_dot!(
+    /// Q4_K weights · activations in this layout.
+    Q4KPaired, 256, 144, Q8K, {
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
         Q4K::dot(w, &unpack_row(x, k), k)
     }
@@ -104,7 +98,7 @@ impl RowDot for Q4KPaired {
             Self::dot(w, x, k)
         }
     }
-}
+});
 
 #[cfg(target_arch = "x86_64")]
 mod wide {
@@ -181,6 +175,8 @@ mod wide {
 mod tests {
     use super::*;
     use crate::kernels::cpu::avx512_vnni_active;
+    use crate::kernels::dot::row_dot::RowDot;
+    use crate::kernels::formats::ActFormat;
     use crate::kernels::test_util::{noise, weights};
 
     /// The packed layout, on every build, gives the standard layout's bits.

@@ -86,6 +86,27 @@ pub(crate) unsafe fn q4k_start(wb: *const u8, yb: *const u8, acc_m: &mut __m128)
     (d, sc)
 }
 
+/// The super-block loop of both builds of [`q4_k`]: [`q4k_start`], then `block(qs, q8, sc, d,
+/// acc)` returns `acc` plus the block's scaled sums (codes at `qs`, activations at `q8`), then
+/// [`q4k_finish`].
+#[inline(always)]
+pub(crate) unsafe fn q4k_blocks(
+    w: &[u8],
+    x: &[u8],
+    nb: usize,
+    mut block: impl FnMut(*const u8, *const u8, __m128i, f32, __m256) -> __m256,
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for i in 0..nb {
+        let wb = w.as_ptr().add(144 * i);
+        let yb = x.as_ptr().add(292 * i);
+        let (d, sc) = q4k_start(wb, yb, &mut acc_m);
+        acc = block(wb.add(16), yb.add(4), sc, d, acc);
+    }
+    q4k_finish(acc, acc_m)
+}
+
 /// [`q4_k`]'s end: the `hsum` of the scaled sums plus the mins term's four lanes.
 #[inline(always)]
 pub(crate) unsafe fn q4k_finish(acc: __m256, acc_m: __m128) -> f32 {

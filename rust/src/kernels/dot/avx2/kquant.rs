@@ -22,14 +22,8 @@ pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     // i16 lane j of scale_at[j] picks scale j of a `scales` vector (get_scale_shuffle_k4)
     let scale_at: [__m256i; 8] =
         std::array::from_fn(|j| _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16));
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for i in 0..nb {
-        let wb = w.as_ptr().add(144 * i);
-        let yb = x.as_ptr().add(292 * i);
-        let (d, sc) = q4k_start(wb, yb, &mut acc_m);
+    q4k_blocks(w, x, nb, |qs, q8, sc, d, acc| {
         let scales = _mm256_set_m128i(sc, sc);
-        let (qs, q8) = (wb.add(16), yb.add(4));
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
             let bits = load32(qs.add(32 * j));
@@ -41,9 +35,33 @@ pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
             let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_at[2 * j + 1]), ph);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    q4k_finish(acc, acc_m)
+        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc)
+    })
+}
+
+/// The 128 six-bit codes of half `j` of a Q6_K super-block (low bits at `ql`, high bits at
+/// `qh`), as four registers of 32 unsigned bytes in element order.
+#[inline(always)]
+unsafe fn q6k_codes(
+    ql: *const u8,
+    qh: *const u8,
+    j: usize,
+    m15: __m256i,
+    m3: __m256i,
+) -> [__m256i; 4] {
+    let b1 = load32(ql.add(64 * j));
+    let b2 = load32(ql.add(64 * j + 32));
+    let h = load32(qh.add(32 * j));
+    let h0 = _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
+    let h1 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(12)), 2);
+    let h2 = _mm256_and_si256(h, _mm256_set1_epi8(48));
+    let h3 = _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(-64)), 2);
+    [
+        _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
+        _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15), h2),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15), h3),
+    ]
 }
 
 /// Q6_K weights · q8_K activations.
@@ -78,19 +96,7 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
         let (ql, qh, q8) = (wb, wb.add(128), yb.add(4));
         let mut sumi = _mm256_setzero_si256();
         for j in 0..2 {
-            let b1 = load32(ql.add(64 * j));
-            let b2 = load32(ql.add(64 * j + 32));
-            let h = load32(qh.add(32 * j));
-            let h0 = _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
-            let h1 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(12)), 2);
-            let h2 = _mm256_and_si256(h, _mm256_set1_epi8(48));
-            let h3 = _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(-64)), 2);
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
-                _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15), h2),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15), h3),
-            ];
+            let q = q6k_codes(ql, qh, j, m15, m3);
             for (c, qc) in q.iter().enumerate() {
                 let p = _mm256_maddubs_epi16(*qc, load32(q8.add(128 * j + 32 * c)));
                 let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair_at[4 * j + c]));
@@ -331,19 +337,7 @@ pub unsafe fn q6_k_x4(w: &[u8], xs: [&[u8]; ROWS4], k: usize) -> [f32; ROWS4] {
         let (ql, qh) = (wb, wb.add(128));
         let mut sumi = [_mm256_setzero_si256(); ROWS4];
         for j in 0..2 {
-            let b1 = load32(ql.add(64 * j));
-            let b2 = load32(ql.add(64 * j + 32));
-            let h = load32(qh.add(32 * j));
-            let h0 = _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
-            let h1 = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(12)), 2);
-            let h2 = _mm256_and_si256(h, _mm256_set1_epi8(48));
-            let h3 = _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(-64)), 2);
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
-                _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15), h2),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15), h3),
-            ];
+            let q = q6k_codes(ql, qh, j, m15, m3);
             for (c, qc) in q.iter().enumerate() {
                 let s = split_scale(sc[8 * j + 2 * c], sc[8 * j + 2 * c + 1]);
                 for (sr, x) in sumi.iter_mut().zip(&xs) {

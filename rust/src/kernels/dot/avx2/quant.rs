@@ -5,24 +5,39 @@ use std::arch::x86_64::*;
 use super::common::*;
 use crate::kernels::blocks::tables::{e8m0_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 
+/// Σ over the `k / 32` blocks of `d · lanes` in one float register, then its `hsum`:
+/// `block(wb, yb)` gives `d` and the lanes of a weight block (`w_bytes`) and an activation block
+/// (`x_bytes`).
+#[inline(always)]
+unsafe fn one_acc(
+    w: &[u8],
+    x: &[u8],
+    k: usize,
+    (w_bytes, x_bytes): (usize, usize),
+    mut block: impl FnMut(*const u8, *const u8) -> (__m256, __m256i),
+) -> f32 {
+    let nb = k / 32;
+    assert!(w.len() >= nb * w_bytes && x.len() >= nb * x_bytes);
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let (d, q) = block(wp.add(w_bytes * i), xp.add(x_bytes * i));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
+    }
+    hsum(acc)
+}
+
 /// q8_0 weights · q8_0 activations.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q8_0(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 32;
-    assert!(w.len() >= nb * 34 && x.len() >= nb * 34);
-    let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (wb, yb) = (wp.add(34 * i), xp.add(34 * i));
+    one_acc(w, x, k, (34, 34), |wb, yb| {
         prefetch_ahead(wb);
         let d = _mm256_set1_ps(f16_at(wb) * f16_at(yb));
-        let q = dot_i8(load32(wb.add(2)), load32(yb.add(2)));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
-    }
-    hsum(acc)
+        (d, dot_i8(load32(wb.add(2)), load32(yb.add(2))))
+    })
 }
 
 /// q4_0 weights · q8_0 activations.
@@ -31,18 +46,11 @@ pub unsafe fn q8_0(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_0(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 32;
-    assert!(w.len() >= nb * 18 && x.len() >= nb * 34);
-    let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (wb, yb) = (wp.add(18 * i), xp.add(34 * i));
+    one_acc(w, x, k, (18, 34), |wb, yb| {
         let d = _mm256_set1_ps(f16_at(wb) * f16_at(yb));
         let qx = _mm256_sub_epi8(nibbles32(wb.add(2)), _mm256_set1_epi8(8));
-        let q = dot_i8(qx, load32(yb.add(2)));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
-    }
-    hsum(acc)
+        (d, dot_i8(qx, load32(yb.add(2))))
+    })
 }
 
 /// q5_0 weights · q8_0 activations.
@@ -51,18 +59,12 @@ pub unsafe fn q4_0(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_0(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 32;
-    assert!(w.len() >= nb * 22 && x.len() >= nb * 34);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (wb, yb) = (w.as_ptr().add(22 * i), x.as_ptr().add(34 * i));
+    one_acc(w, x, k, (22, 34), |wb, yb| {
         let d = _mm256_set1_ps(f16_at(wb) * f16_at(yb));
         let hi = _mm256_andnot_si256(bytes_from_bits(wb.add(2)), _mm256_set1_epi8(-16));
         let qx = _mm256_or_si256(nibbles32(wb.add(6)), hi);
-        let q = dot_i8(qx, load32(yb.add(2)));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
-    }
-    hsum(acc)
+        (d, dot_i8(qx, load32(yb.add(2))))
+    })
 }
 
 /// q4_1 weights · q8_1 activations.
@@ -71,18 +73,13 @@ pub unsafe fn q5_0(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_1(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 32;
-    assert!(w.len() >= nb * 20 && x.len() >= nb * 36);
-    let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    for i in 0..nb {
-        let (wb, yb) = (w.as_ptr().add(20 * i), x.as_ptr().add(36 * i));
+    let sum = one_acc(w, x, k, (20, 36), |wb, yb| {
         summs = f16_at(wb.add(2)).mul_add(f16_at(yb.add(2)), summs);
         let d = _mm256_set1_ps(f16_at(wb) * f16_at(yb));
-        let q = dot_u8(nibbles32(wb.add(4)), load32(yb.add(4)));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
-    }
-    hsum(acc) + summs
+        (d, dot_u8(nibbles32(wb.add(4)), load32(yb.add(4))))
+    });
+    sum + summs
 }
 
 /// q5_1 weights · q8_1 activations.
@@ -91,20 +88,18 @@ pub unsafe fn q4_1(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_1(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 32;
-    assert!(w.len() >= nb * 24 && x.len() >= nb * 36);
-    let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    for i in 0..nb {
-        let (wb, yb) = (w.as_ptr().add(24 * i), x.as_ptr().add(36 * i));
+    let sum = one_acc(w, x, k, (24, 36), |wb, yb| {
         summs = f16_at(wb.add(2)).mul_add(f16_at(yb.add(2)), summs);
         let hi = _mm256_and_si256(bytes_from_bits(wb.add(4)), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(nibbles32(wb.add(8)), hi);
-        let q = dot_u8(qx, load32(yb.add(4)));
-        let d = _mm256_set1_ps(f16_at(wb) * f16_at(yb));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, acc);
-    }
-    hsum(acc) + summs
+        // fma(d, lanes) = fma(lanes, d): ggml's operand order, same product
+        (
+            _mm256_set1_ps(f16_at(wb) * f16_at(yb)),
+            dot_u8(qx, load32(yb.add(4))),
+        )
+    });
+    sum + summs
 }
 
 /// IQ4_NL / MXFP4 (`bytes` per block, codes at `qs`, scale from `scale`) · q8_0.
@@ -161,17 +156,11 @@ pub unsafe fn iq4_nl(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq4_nl_gemm(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 32;
-    assert!(w.len() >= nb * 18 && x.len() >= nb * 34);
     let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (wb, yb) = (w.as_ptr().add(18 * i), x.as_ptr().add(34 * i));
+    one_acc(w, x, k, (18, 34), |wb, yb| {
         let q = dot_i8(table32(table, wb.add(2)), load32(yb.add(2)));
-        let d = _mm256_set1_ps(f16_at(yb) * f16_at(wb));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc);
-    }
-    hsum(acc)
+        (_mm256_set1_ps(f16_at(yb) * f16_at(wb)), q)
+    })
 }
 
 /// MXFP4 weights · q8_0 activations.
