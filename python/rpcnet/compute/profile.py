@@ -54,11 +54,7 @@ def timed(
         step()
         if sync is not None:
             sync()
-        elapsed = time.perf_counter() - t0
-        with _lock:
-            entry = _totals[label]
-            entry[0] += elapsed
-            entry[1] += 1
+        _add(label, time.perf_counter() - t0)
 
     return run
 
@@ -71,9 +67,12 @@ def timed_plan(steps: list[Callable[[], None]]) -> None:
     t0 = time.perf_counter()
     for step in steps:
         step()
-    elapsed = time.perf_counter() - t0
+    _add(PLAN_LABEL, time.perf_counter() - t0)
+
+
+def _add(label: str, elapsed: float) -> None:
     with _lock:
-        entry = _totals[PLAN_LABEL]
+        entry = _totals[label]
         entry[0] += elapsed
         entry[1] += 1
 

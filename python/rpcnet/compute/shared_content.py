@@ -186,14 +186,12 @@ class SharedStore:
         sample = sample_key(array)
         with self._lock:
             found = self._find(array, sample, strong)
-            named = self._by_fnv.get(fnv) if fnv is not None else None
-            if named is not None and named is not found:
-                self.collisions += 1
-                log.warning(
-                    "shared weights: FNV-1a collision on %016x: content with this hash but other "
-                    "bytes than the content held under it; never shared under this hash",
-                    fnv,
-                )
+            if fnv is not None and self._names_other(
+                fnv,
+                found,
+                "content with this hash but other bytes than the content held under it; never "
+                "shared under this hash",
+            ):
                 fnv = None
             if found is None:
                 array.flags.writeable = False
@@ -207,6 +205,16 @@ class SharedStore:
             if fnv is not None and origin is not None:
                 self._name(found, fnv, origin)
             return found
+
+    def _names_other(self, fnv: int, content: SharedContent | None, what: str) -> bool:
+        """True (a collision, counted and logged) when `fnv` names held content other than
+        `content`."""
+        named = self._by_fnv.get(fnv)
+        if named is None or named is content:
+            return False
+        self.collisions += 1
+        log.warning("shared weights: FNV-1a collision on %016x: %s", fnv, what)
+        return True
 
     def _find(self, array: Any, sample: bytes, strong: bytes | None) -> SharedContent | None:
         """The held content equal to `array`: by a verified SHA-256, else compared byte for
@@ -229,14 +237,9 @@ class SharedStore:
             if content.strong is None:
                 content.strong = strong
                 self._by_strong.setdefault(strong, content)
-            named = self._by_fnv.get(fnv)
-            if named is not None and named is not content:
-                self.collisions += 1
-                log.warning(
-                    "shared weights: FNV-1a collision on %016x: two held contents have this "
-                    "hash; the second is not named by it",
-                    fnv,
-                )
+            if self._names_other(
+                fnv, content, "two held contents have this hash; the second is not named by it"
+            ):
                 return
             self._name(content, fnv, origin)
 

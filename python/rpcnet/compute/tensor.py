@@ -56,6 +56,12 @@ class Tensor:
     def is_computed(self) -> bool:
         return bool(self.flags & FLAG_COMPUTE)
 
+    def first_two_sources(self) -> tuple[Tensor, Tensor]:
+        """src[0] and src[1], for builders whose support rule has checked both are there."""
+        a, b = self.src[0], self.src[1]
+        assert a is not None and b is not None
+        return a, b
+
     def i32(self, slot: int) -> int:
         return struct.unpack_from("<i", self.op_params, 4 * slot)[0]
 

@@ -47,11 +47,10 @@ def _get_rows_shapes(node: Tensor) -> tuple[Tensor, Tensor] | None:
     a, b = node.src[0], node.src[1]
     if a is None or b is None or b.type != GgmlType.I32:
         return None
-    if tuple(node.ne) != (a.ne[0], b.ne[0], b.ne[1], b.ne[2]):
-        return None
-    if a.ne[2] != b.ne[1] or a.ne[3] != b.ne[2] or b.ne[3] != 1:
-        return None
-    return a, b
+    fits = tuple(node.ne) == (a.ne[0], b.ne[0], b.ne[1], b.ne[2]) and (
+        a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1
+    )
+    return (a, b) if fits else None
 
 
 def _get_rows_supported(node: Tensor) -> bool:
@@ -130,10 +129,12 @@ def _set_rows_shapes(node: Tensor) -> tuple[Tensor, Tensor] | None:
 
 def _set_rows_supported(node: Tensor) -> bool:
     operands = _set_rows_shapes(node)
-    if operands is None:
-        return False
-    rows = operands[0]
-    return convert.can_load(rows.type) and convert.can_store(node.type) and blocks_ok(node)
+    return (
+        operands is not None
+        and convert.can_load(operands[0].type)
+        and convert.can_store(node.type)
+        and blocks_ok(node)
+    )
 
 
 @FAMILY.kernel(
@@ -198,8 +199,7 @@ def _get_rows_native_supported(node: Tensor) -> bool:
     FAMILY, Op.GET_ROWS, "f32/f16 rows x i32 ids -> f32 (native)", _get_rows_native_supported
 )
 def get_rows_native(node: Tensor, context: BuildContext) -> Step:
-    a, b = node.src[0], node.src[1]
-    assert a is not None and b is not None
+    a, b = node.first_two_sources()
     return _native.get_rows_step(
         tensor_arg(a), a.type, tensor_arg(b), tensor_arg(node), context.threads
     )
@@ -219,8 +219,7 @@ def _set_rows_native_supported(node: Tensor) -> bool:
     FAMILY, Op.SET_ROWS, "f32 rows x i32/i64 ids -> f32/f16 (native)", _set_rows_native_supported
 )
 def set_rows_native(node: Tensor, context: BuildContext) -> Step:
-    rows, idx = node.src[0], node.src[1]
-    assert rows is not None and idx is not None
+    rows, idx = node.first_two_sources()
     return _native.set_rows_step(
         tensor_arg(rows),
         tensor_arg(idx),
