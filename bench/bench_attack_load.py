@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import report
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support.attack_load import attack_load  # noqa: E402
@@ -29,10 +31,7 @@ def main() -> int:
     r = attack_load(
         model, args.minutes * 60, clients=args.clients, attackers=args.attackers, workdir=tmp
     )
-    free, total = r.free_total
-    state = "baseline" if free == total else "LEAK"
-    rss = f"{r.baseline_rss >> 20} / {r.peak_rss >> 20} / {r.final_rss >> 20}"
-    text = "\n".join(
+    report.print_table(
         [
             f"| run | {r.duration:.0f} s, {args.clients} clients, {args.attackers} attackers |",
             "|---|---|",
@@ -40,18 +39,13 @@ def main() -> int:
             f"| failed honest runs | {len(r.failures)} |",
             f"| amplification frames | {r.attacks} ({r.attacks_closed} connections closed) |",
             f"| refusals logged | {r.refusals_logged} |",
-            f"| server restarts | {0 if r.server_alive else 'server died'} |",
-            f"| reported free memory after | {free} of {total} ({state}) |",
-            f"| RSS baseline / peak / final | {rss} MiB |",
-        ]
+            *r.table_rows(),
+        ],
+        args.out,
     )
-    print(text)
     for failure in r.failures[:5]:
         print("failure:", failure)
-    if args.out:
-        args.out.write_text(text + "\n")
-    ok = r.server_alive and not r.failures and r.attacks == r.attacks_closed and free == total
-    return 0 if ok else 1
+    return 0 if r.recovered and not r.failures and r.attacks == r.attacks_closed else 1
 
 
 if __name__ == "__main__":

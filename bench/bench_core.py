@@ -24,8 +24,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import report
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import raw_upload  # noqa: E402
 from rpcnet import _native  # noqa: E402
 from support import (
     refenv,  # noqa: E402
@@ -44,31 +47,21 @@ def start_reference(port: int, cache: Path | None) -> subprocess.Popen:
     return refenv.start_reference_server("v8", port=port, cache_dir=cache)
 
 
-def sync(conn: RawConn) -> None:
-    conn.call(15, b"", 4)
-
-
 def transfer_rates(port: int, size: int, reps: int) -> tuple[float, float]:
     """(SET GB/s, GET GB/s), best of `reps`."""
     conn = RawConn(port)
     try:
-        handle, _ = struct.unpack("<QQ", conn.call(0, struct.pack("<IQ", 0, size), 16))
-        base = struct.unpack("<Q", conn.call(3, struct.pack("<Q", handle), 8))[0]
-        t = _native.RpcTensor(id=1, type=24, buffer=handle, data=base, ne=(size, 1, 1, 1))
-        payload = bytes(size)
-        head = frame(6, size=305 + size) + t.to_bytes() + b"\0" + struct.pack("<Q", 0)
+        up = raw_upload.prepare(conn, size)
+        get = up.tensor.to_bytes() + struct.pack("<QQ", 0, size)
         set_best = get_best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
-            conn.send(head)
-            conn.sock.sendall(payload)
-            sync(conn)
+            raw_upload.upload(conn, up)
             set_best = min(set_best, time.perf_counter() - t0)
             t0 = time.perf_counter()
-            conn.call(8, t.to_bytes() + struct.pack("<QQ", 0, size), size)
+            conn.call(8, get, size)
             get_best = min(get_best, time.perf_counter() - t0)
-        conn.send(frame(4, struct.pack("<Q", handle)))
-        sync(conn)
+        raw_upload.free(conn, up)
         return size / set_best / 1e9, size / get_best / 1e9
     finally:
         conn.close()
@@ -198,10 +191,7 @@ def main() -> int:
     for name, ref_v, our_v, better in rows:
         ratio = our_v / ref_v if better == "higher" else ref_v / our_v
         lines.append(f"| {name} | {ref_v:.3f} | {our_v:.3f} | {ratio:.2f}× |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report.print_table(lines, args.out)
     return 0
 
 

@@ -12,10 +12,10 @@ import argparse
 import ctypes
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from engine_machine import best_seconds
 from rpcnet import _native
 
 C_SOURCE = r"""
@@ -42,15 +42,6 @@ def build_c(tmp: Path) -> ctypes.CDLL:
     dll.fnv1a64.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     dll.fnv1a64.restype = ctypes.c_uint64
     return dll
-
-
-def best_seconds(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:

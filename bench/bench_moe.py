@@ -36,7 +36,7 @@ import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from support import refenv, serve  # noqa: E402
+from support import refenv  # noqa: E402
 from support.models import ModelSpec, ensure_model  # noqa: E402
 
 PROBE = Path(__file__).resolve().parent / "probes" / "engine_speed.py"
@@ -91,18 +91,7 @@ def start(side: str, threads: int, before: Path | None) -> engine_servers.Server
     if side == "before":
         assert before is not None
         env["PYTHONPATH"] = f"{before}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        port = refenv.free_port()
-        proc = serve.start_rpcnet(port, "--threads", str(threads))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return engine_servers.Server(side, proc, port)
+    return engine_servers.start(side, threads, env)
 
 
 def probe(path: Path, server: engine_servers.Server, turns: str, turn_id: int, args) -> dict:
@@ -187,17 +176,6 @@ def table(results: dict, args: argparse.Namespace) -> dict:
     return {"columns": columns, "rows": rows}
 
 
-def load_note(before: float) -> str:
-    """The host's load while the benchmark ran (5-minute load averages at start and end)."""
-    after = os.getloadavg()[1]
-    cores = os.cpu_count() or 1
-    return (
-        f"Host load average {before:.1f} at the start and {after:.1f} at the end on {cores} "
-        "cores: other work shared the CPUs, so absolute speeds are low and noisy; the sides "
-        "alternate so that ratios compare like with like."
-    )
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="32x4,64x8")
@@ -249,7 +227,7 @@ def main(argv: list[str]) -> int:
             "model.",
         ],
         "tables": [table(results, args)],
-        "notes": [n for n in [args.before_label, load_note(load_before)] if n],
+        "notes": [n for n in [args.before_label, report.load_note(load_before)] if n],
         "raw": raw,
     }
     args.json.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")

@@ -95,17 +95,6 @@ def case(type_id, k, m, n_exp, used, tokens, threads, reps, rng) -> tuple[float,
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def load_note(before: float) -> str:
-    """The host's load while the benchmark ran (5-minute load averages at start and end)."""
-    after = os.getloadavg()[1]
-    cores = os.cpu_count() or 1
-    return (
-        f"Host load average {before:.1f} at the start and {after:.1f} at the end on {cores} "
-        "cores: other work shared the CPUs, so absolute speeds are low and noisy; the sides "
-        "alternate so that ratios compare like with like."
-    )
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -162,7 +151,7 @@ def main(argv: list[str]) -> int:
                 "rows": rows,
             }
         ],
-        "notes": [load_note(load_before)],
+        "notes": [report.load_note(load_before)],
     }
     args.json.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     if not args.no_doc:

@@ -33,6 +33,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import report
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -194,10 +196,7 @@ def main() -> int:
         f"(expected 2 × {spec.n_layer} layers × {spec.n_embd} × 4 B = {expected} B: f32, "
         "below the bf16 threshold of 32768 elements)",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report.print_table(lines, args.out)
     return 0
 
 

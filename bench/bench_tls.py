@@ -33,7 +33,6 @@ import os
 import platform
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tarfile
@@ -44,10 +43,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from rpcnet import _native  # noqa: E402
+import raw_upload  # noqa: E402
 from rpcnet.transport import tls  # noqa: E402
 from support import refenv  # noqa: E402
-from support.raw import RawConn, frame  # noqa: E402
+from support.raw import RawConn  # noqa: E402
 from support.serve import wait_listening  # noqa: E402
 
 MiB = 1 << 20
@@ -147,18 +146,10 @@ def set_rate(port: int, size: int) -> float:
     """GB/s of one SET_TENSOR of `size` bytes (+ a DEVICE_COUNT round trip)."""
     conn = RawConn(port)
     try:
-        handle, _ = struct.unpack("<QQ", conn.call(0, struct.pack("<IQ", 0, size), 16))
-        base = struct.unpack("<Q", conn.call(3, struct.pack("<Q", handle), 8))[0]
-        t = _native.RpcTensor(id=1, type=24, buffer=handle, data=base, ne=(size, 1, 1, 1))
-        payload = bytes(size)
-        head = frame(6, size=305 + size) + t.to_bytes() + b"\0" + struct.pack("<Q", 0)
-        conn.send(head)  # warm: pages of the buffer touched once
-        conn.sock.sendall(payload)
-        conn.call(15, b"", 4)
+        up = raw_upload.prepare(conn, size)
+        raw_upload.upload(conn, up)  # warm: pages of the buffer touched once
         t0 = time.perf_counter()
-        conn.send(head)
-        conn.sock.sendall(payload)
-        conn.call(15, b"", 4)
+        raw_upload.upload(conn, up)
         return size / (time.perf_counter() - t0) / 1e9
     finally:
         conn.close()

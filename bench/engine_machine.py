@@ -27,7 +27,8 @@ COPY_BYTES = 256 << 20
 FLOPS_PER_CYCLE_AVX2 = 2 * 8 * 2
 
 
-def _best_seconds(run, repeats: int) -> float:
+def best_seconds(run, repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``run``, in seconds (noise only adds)."""
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -51,7 +52,7 @@ def copy_bandwidth(threads: int, nbytes: int = COPY_BYTES, repeats: int = 5) -> 
             w.join()
 
     run()  # first touch
-    return 2 * src.nbytes / _best_seconds(run, repeats) / 1e9
+    return 2 * src.nbytes / best_seconds(run, repeats) / 1e9
 
 
 def cpu_times() -> tuple[int, int, int]:
@@ -135,7 +136,7 @@ def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = a.T.copy()
     a @ b
-    return 2 * n**3 / _best_seconds(lambda: a @ b, repeats) / 1e9
+    return 2 * n**3 / best_seconds(lambda: a @ b, repeats) / 1e9
 
 
 @dataclass

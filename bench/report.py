@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -61,6 +62,25 @@ def host_cpu() -> dict[str, str]:
         "cpu": fields.get("model name", "unknown"),
         "flags": ", ".join(f.upper() for f in wanted if f in flags) or "no AVX2",
     }
+
+
+def load_note(before: float) -> str:
+    """The host's load while the benchmark ran (5-minute load averages at start and end)."""
+    after = os.getloadavg()[1]
+    cores = os.cpu_count() or 1
+    return (
+        f"Host load average {before:.1f} at the start and {after:.1f} at the end on {cores} "
+        "cores: other work shared the CPUs, so absolute speeds are low and noisy; the sides "
+        "alternate so that ratios compare like with like."
+    )
+
+
+def print_table(lines: list[str], out: Path | None) -> None:
+    """Print a benchmark's Markdown table, and write it to ``out`` (a docs page's table) too."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        out.write_text(text + "\n")
 
 
 def machine_line(machine: dict) -> str:

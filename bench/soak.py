@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import report
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support.models import ZOO, ensure_model  # noqa: E402
@@ -26,24 +28,17 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="rpcnet-soak-"))
     model = ensure_model(ZOO["llama-gqa-f32"], tmp / "zoo")
     r = soak(model, duration=args.minutes * 60, clients=args.clients, workdir=tmp)
-    free, total = r.free_total
-    state = "baseline" if free == total else "LEAK"
-    rss = f"{r.baseline_rss >> 20} / {r.peak_rss >> 20} / {r.final_rss >> 20}"
-    text = "\n".join(
+    report.print_table(
         [
             f"| duration | {args.minutes} min, {args.clients} clients |",
             "|---|---|",
             f"| client runs | {r.runs} ({r.completed} completed, {r.killed} killed at random) |",
             f"| failed runs | {len(r.failed)} |",
-            f"| server restarts | {0 if r.server_alive else 'server died'} |",
-            f"| reported free memory after | {free} of {total} ({state}) |",
-            f"| RSS baseline / peak / final | {rss} MiB |",
-        ]
+            *r.table_rows(),
+        ],
+        args.out,
     )
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    return 0 if r.server_alive and not r.failed and free == total else 1
+    return 0 if r.recovered and not r.failed else 1
 
 
 if __name__ == "__main__":

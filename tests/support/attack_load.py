@@ -22,7 +22,7 @@ from rpcnet import _native
 from support import refenv
 from support.raw import RawConn
 from support.serve import start_rpcnet
-from support.soak import client_argv, device_memory, rss_bytes
+from support.soak import ServerHealth, client_argv, rss_bytes
 
 TOKENS = "1,5,9,13,17,21,25,29,33,37,41,45"
 REL_TOL = 2e-3  # f32 model: the e2e suite's tolerance class
@@ -30,18 +30,13 @@ MUL_MAT, F32, ALLOC, BASE, GRAPH_COMPUTE, GET_DEVICE_MEMORY = 29, 0, 0, 3, 10, 1
 
 
 @dataclass
-class AttackLoadResult:
+class AttackLoadResult(ServerHealth):
     honest_runs: int = 0
     honest_ok: int = 0
     failures: list[str] = field(default_factory=list)
     attacks: int = 0
     attacks_closed: int = 0
     refusals_logged: int = 0
-    baseline_rss: int = 0
-    peak_rss: int = 0
-    final_rss: int = 0
-    free_total: tuple[int, int] = (0, 0)
-    server_alive: bool = True
     duration: float = 0.0
 
 
@@ -183,22 +178,9 @@ def attack_load(
         for t in threads:
             t.join()
         result.duration = time.monotonic() - start
-        for _ in range(200):
-            free, total = device_memory(port)
-            if free == total:
-                break
-            time.sleep(0.05)
-        result.free_total = device_memory(port)
-        time.sleep(0.5)
-        result.final_rss = rss_bytes(server.pid)
-        result.server_alive = server.poll() is None
+        result.settle(server, port, tries=200, pause=0.5)
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        refenv.stop_process(server, timeout=30)
         drain.join(5)
     result.refusals_logged = sum("compute scratch" in line for line in log_lines)
     return result

@@ -34,16 +34,54 @@ def device_memory(port: int) -> tuple[int, int]:
 
 
 @dataclass
-class SoakResult:
+class ServerHealth:
+    """What a run leaves in the server: its RSS before, at the peak of and after the run, its
+    free and total device memory once the clients have left, and whether it stayed up."""
+
+    baseline_rss: int = 0
+    peak_rss: int = 0
+    final_rss: int = 0
+    free_total: tuple[int, int] = (0, 0)
+    server_alive: bool = True
+
+    def settle(self, server: subprocess.Popen, port: int, tries: int, pause: float) -> None:
+        """After the last client: wait (``tries`` x 50 ms at most) for every byte of device
+        memory to be free, record it, then RSS after ``pause`` seconds and whether the server
+        is up."""
+        for _ in range(tries):
+            free, total = device_memory(port)
+            if free == total:
+                break
+            time.sleep(0.05)
+        self.free_total = device_memory(port)
+        time.sleep(pause)
+        self.final_rss = rss_bytes(server.pid)
+        self.server_alive = server.poll() is None
+
+    @property
+    def recovered(self) -> bool:
+        """The server stayed up and holds no device memory any more."""
+        free, total = self.free_total
+        return self.server_alive and free == total
+
+    def table_rows(self) -> list[str]:
+        """The Markdown rows of bench/soak.py's and bench/bench_attack_load.py's tables."""
+        free, total = self.free_total
+        state = "baseline" if free == total else "LEAK"
+        rss = f"{self.baseline_rss >> 20} / {self.peak_rss >> 20} / {self.final_rss >> 20}"
+        return [
+            f"| server restarts | {0 if self.server_alive else 'server died'} |",
+            f"| reported free memory after | {free} of {total} ({state}) |",
+            f"| RSS baseline / peak / final | {rss} MiB |",
+        ]
+
+
+@dataclass
+class SoakResult(ServerHealth):
     runs: int = 0
     completed: int = 0
     killed: int = 0
     failed: list[str] = field(default_factory=list)
-    baseline_rss: int = 0
-    final_rss: int = 0
-    peak_rss: int = 0
-    free_total: tuple[int, int] = (0, 0)
-    server_alive: bool = True
 
 
 def client_argv(model: Path, endpoint: str, out: Path, tokens: str) -> tuple[list[str], dict]:
@@ -128,19 +166,7 @@ def soak(
         for t in threads:
             t.join()
         # Give the server a moment to notice the last disconnects.
-        for _ in range(100):
-            free, total = device_memory(port)
-            if free == total:
-                break
-            time.sleep(0.05)
-        result.free_total = device_memory(port)
-        result.final_rss = rss_bytes(server.pid)
-        result.server_alive = server.poll() is None
+        result.settle(server, port, tries=100, pause=0.0)
         return result
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        refenv.stop_process(server, timeout=30)
