@@ -151,11 +151,7 @@ class PeerLink:
     def __init__(
         self, hub: CommHub, sock: socket.socket, device: int, rank: int, peer: str
     ) -> None:
-        self.hub = hub
-        self.sock = sock
-        self.device = device
-        self.rank = rank
-        self.peer = peer
+        self.hub, self.sock, self.device, self.rank, self.peer = hub, sock, device, rank, peer
         self.stats = CommStats(links=1)
         self.chunk = TLS_SEND_CHUNK if isinstance(sock, ssl.SSLSocket) else None
         self._scratch = np.empty(0, dtype=np.uint8)
@@ -438,16 +434,7 @@ class CommHub:
         loop = asyncio.get_running_loop()
         # one peer's set-up may not take rank 0's whole wait
         until = time.monotonic() + min(max(deadline - loop.time(), 1.0), self.timeout)
-        try:
-            tls, caps = await asyncio.to_thread(
-                self.security.accept, sock, tenant, PEER_CAPS, until
-            )
-        except BaseException:
-            sock.close()
-            raise
-        _prepare(tls)
-        _note_caps(peer, caps)
-        return tls, peer
+        return await _secured(sock, peer, self.security.accept, tenant, PEER_CAPS, until)
 
     async def _connect(
         self, host: str, port: int, token: bytes | None = None
@@ -483,16 +470,8 @@ class CommHub:
         peer = _name(sock.getpeername())
         if self.security is not None:
             until = time.monotonic() + self.timeout
-            try:
-                tls, caps = await asyncio.to_thread(
-                    self.security.connect, sock, host, token, PEER_CAPS, until
-                )
-            except BaseException:
-                sock.close()
-                raise
-            _prepare(tls)
-            _note_caps(peer, caps)
-            return tls, peer
+            connect = self.security.connect
+            return await _secured(sock, peer, connect, host, token, PEER_CAPS, until)
         try:
             _prepare(sock)
             await loop.sock_sendall(sock, PEER_CAPS)
@@ -502,6 +481,21 @@ class CommHub:
             raise
         _note_caps(peer, caps)
         return sock, peer
+
+
+async def _secured(
+    sock: socket.socket, peer: str, handshake: Callable[..., tuple[Any, bytes]], *args: Any
+) -> tuple[socket.socket, str]:
+    """The peer handshake (`PeerSecurity.accept` or `connect`) on a thread; its TLS socket,
+    made ready for exchanges. The plain socket is closed if it fails."""
+    try:
+        tls, caps = await asyncio.to_thread(handshake, sock, *args)
+    except BaseException:
+        sock.close()
+        raise
+    _prepare(tls)
+    _note_caps(peer, caps)
+    return tls, peer
 
 
 def _prepare(sock: socket.socket) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import socket
 import ssl
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +79,7 @@ class PeerSecurity:
             tls = self.server.wrap_socket(sock, server_side=True)
         except (OSError, ssl.SSLError) as exc:
             raise PeerRefused(f"TLS handshake failed: {_why(exc)}") from exc
-        try:
+        with _closed_on_failure(tls):
             head = _recv_exactly(tls, REQUEST_HEAD.size, deadline)
             token = _recv_exactly(tls, parse_request_head(head), deadline)
             if self.tenants is not None:
@@ -89,12 +91,6 @@ class PeerSecurity:
             tls.sendall(encode_answer(ACCEPTED, tenant or ""))
             peer_caps = _recv_exactly(tls, HELLO_CAPS_SIZE, deadline)
             tls.sendall(caps)
-        except PreambleError as exc:
-            tls.close()
-            raise PeerRefused(str(exc)) from exc
-        except BaseException:
-            tls.close()
-            raise
         tls.setblocking(False)
         return tls, peer_caps
 
@@ -110,7 +106,7 @@ class PeerSecurity:
             tls = self.client.wrap_socket(sock, server_hostname=name)
         except (OSError, ssl.SSLError) as exc:
             raise PeerRefused(f"TLS handshake failed: {_why(exc)}") from exc
-        try:
+        with _closed_on_failure(tls):
             if self.ca is None:
                 got = tlsmod.fingerprint(tls.getpeercert(binary_form=True) or b"")
                 if got not in self.pins:  # checked before the token leaves
@@ -125,14 +121,22 @@ class PeerSecurity:
                 raise PeerRefused("rank 0 refused the tenant's token")
             tls.sendall(caps)
             peer_caps = _recv_exactly(tls, HELLO_CAPS_SIZE, deadline)
-        except PreambleError as exc:
-            tls.close()
-            raise PeerRefused(str(exc)) from exc
-        except BaseException:
-            tls.close()
-            raise
         tls.setblocking(False)
         return tls, peer_caps
+
+
+@contextmanager
+def _closed_on_failure(tls: ssl.SSLSocket) -> Iterator[None]:
+    """The peer handshake's steps after TLS: any failure closes the socket; a bad preamble
+    is the peer's refusal."""
+    try:
+        yield
+    except PreambleError as exc:
+        tls.close()
+        raise PeerRefused(str(exc)) from exc
+    except BaseException:
+        tls.close()
+        raise
 
 
 def _blocking_until(sock: socket.socket, deadline: float) -> None:
