@@ -340,6 +340,27 @@ def parse_profile(text: str) -> list[dict]:
     return rows
 
 
+#: the integer options: flag, default, help
+INT_OPTIONS: tuple[tuple[str, int, str | None], ...] = (
+    ("--tg", 32, None),
+    ("--reps", 3, "runs of each pp/tg measurement inside a probe (median kept; multi's solo too)"),
+    ("--depth", 1536, None),
+    ("--clients", 3, None),
+    (
+        "--multi-runs",
+        3,
+        "shared runs of the multi section, each between two solo runs; the median is shown",
+    ),
+    (
+        "--multi-tg",
+        128,
+        "decodes per client in the multi section (steady sharing, not start/stop skew)",
+    ),
+    ("--profile-steps", 64, None),
+    ("--threads", 2, None),
+)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -352,29 +373,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sections", default=None, help=f"comma list of {', '.join(SECTIONS)}")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--pp", default=None, help="prefill batch sizes (default 64,256)")
-    p.add_argument("--tg", type=int, default=32)
-    p.add_argument(
-        "--reps",
-        type=int,
-        default=3,
-        help="runs of each pp/tg measurement inside a probe (median kept; multi's solo too)",
-    )
-    p.add_argument("--depth", type=int, default=1536)
-    p.add_argument("--clients", type=int, default=3)
-    p.add_argument(
-        "--multi-runs",
-        type=int,
-        default=3,
-        help="shared runs of the multi section, each between two solo runs; the median is shown",
-    )
-    p.add_argument(
-        "--multi-tg",
-        type=int,
-        default=128,
-        help="decodes per client in the multi section (steady sharing, not start/stop skew)",
-    )
-    p.add_argument("--profile-steps", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
+    for flag, default, text in INT_OPTIONS:
+        p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument(
         "--model-cache", type=Path, default=Path.home() / ".cache" / "rpcnet" / "bench-models"
     )

