@@ -24,20 +24,8 @@ def generate(
     port on 127.0.0.1, or "local": llama.cpp's own CPU backend), written under ``out``;
     ``args`` are further probe options (``--prefill 4``...)."""
     endpoint = server if isinstance(server, str) else f"127.0.0.1:{server}"
-    return refenv.run_probe(
-        "v8",
-        "generate",
-        "--model",
-        model,
-        "--endpoint",
-        endpoint,
-        "--tokens",
-        tokens,
-        *args,
-        "--out",
-        out,
-        timeout=timeout,
-    )
+    options = ["--model", model, "--endpoint", endpoint, "--tokens", tokens, *args, "--out", out]
+    return refenv.run_probe("v8", "generate", *options, timeout=timeout)
 
 
 def logits(result: dict) -> np.ndarray:

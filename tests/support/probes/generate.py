@@ -95,14 +95,8 @@ def main(argv: list[str]) -> int:
 
     ffi, lib = llama_api.open_llama(verbose=args.verbose)
     rpc = get_rpc_lib()
-    model_params, n_devices = llama_api.model_params(
-        ffi,
-        lib,
-        args.endpoint,
-        n_gpu_layers=args.n_gpu_layers,
-        tensor_split=args.tensor_split,
-        split_mode=args.split_mode,
-    )
+    model_params, n_devices = llama_api.model_params(ffi, lib, args.endpoint, args.n_gpu_layers)
+    llama_api.split_model(ffi, lib, model_params, args.tensor_split, args.split_mode)
     device_name = f"RPC x{n_devices}" if args.endpoint != "local" else "CPU"
 
     t0 = time.perf_counter()

@@ -37,36 +37,34 @@ def open_llama(verbose: bool = False) -> tuple[Any, Any]:
     return ffi, lib
 
 
-def model_params(
-    ffi: Any,
-    lib: Any,
-    endpoint: str,
-    n_gpu_layers: int = 999,
-    tensor_split: str | None = None,
-    split_mode: str | None = None,
-) -> tuple[Any, int]:
+def model_params(ffi: Any, lib: Any, endpoint: str, n_gpu_layers: int = 999) -> tuple[Any, int]:
     """(llama_model_params, number of RPC devices): ``n_gpu_layers`` on the RPC servers of
-    ``endpoint`` (HOST:PORT, several comma-separated, or "local": no device given);
-    ``tensor_split`` ("1,1") and ``split_mode`` (a :data:`SPLIT_MODES` name) when given."""
+    ``endpoint`` (HOST:PORT, several comma-separated, or "local": no device given)."""
     params = lib.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
-    n_devices = 0
-    if endpoint != "local":
-        from llama_cpp_py_sync.rpc import rpc_devices
+    if endpoint == "local":
+        return params, 0
+    from llama_cpp_py_sync.rpc import rpc_devices
 
-        endpoints = [e.strip() for e in endpoint.split(",") if e.strip()]
-        devices = rpc_devices(endpoints, include_local=False)
-        _KEEP.append(ffi.new("ggml_backend_dev_t[]", [*devices, ffi.NULL]))
-        params.devices = _KEEP[-1]
-        n_devices = len(devices)
+    endpoints = [e.strip() for e in endpoint.split(",") if e.strip()]
+    devices = rpc_devices(endpoints, include_local=False)
+    _KEEP.append(ffi.new("ggml_backend_dev_t[]", [*devices, ffi.NULL]))
+    params.devices = _KEEP[-1]
+    return params, len(devices)
+
+
+def split_model(
+    ffi: Any, lib: Any, params: Any, tensor_split: str | None, mode: str | None
+) -> None:
+    """How the model is placed across several devices: ``tensor_split`` proportions ("1,1")
+    and the split ``mode`` (a :data:`SPLIT_MODES` name), each when given."""
     if tensor_split:
         split = [float(x) for x in tensor_split.split(",")]
         n_max = max(int(lib.llama_max_devices()), len(split))
         _KEEP.append(ffi.new("float[]", split + [0.0] * (n_max - len(split))))
         params.tensor_split = _KEEP[-1]
-    if split_mode is not None:
-        params.split_mode = SPLIT_MODES[split_mode]
-    return params, n_devices
+    if mode is not None:
+        params.split_mode = SPLIT_MODES[mode]
 
 
 def load_model(ffi: Any, lib: Any, path: str, params: Any) -> Any:

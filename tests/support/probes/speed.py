@@ -37,14 +37,9 @@ def main(argv: list[str]) -> int:
     pp_sizes = [int(x) for x in args.pp.split(",") if x]
 
     ffi, lib = llama_api.open_llama()
-    params, _ = llama_api.model_params(
-        ffi,
-        lib,
-        args.endpoint,
-        n_gpu_layers=0 if args.endpoint == "local" else 999,
-        tensor_split=args.tensor_split,
-        split_mode=args.split_mode,
-    )
+    n_gpu_layers = 0 if args.endpoint == "local" else 999
+    params, _ = llama_api.model_params(ffi, lib, args.endpoint, n_gpu_layers)
+    llama_api.split_model(ffi, lib, params, args.tensor_split, args.split_mode)
     t0 = time.perf_counter()
     model = llama_api.load_model(ffi, lib, args.model, params)
     batch = max(pp_sizes + [8] + ([256] if args.depth else []))
