@@ -42,6 +42,14 @@ def writer(t: Tensor) -> Writer:
     return lambda values: convert.store(t, values)
 
 
+def source_io(node: Tensor) -> tuple[Tensor, Reader, Writer]:
+    """A one-source op's source (its support rule checked it is there), a reader of it and a
+    writer of `node`."""
+    a = node.src[0] if node.src else None
+    assert a is not None
+    return a, reader(a), writer(node)
+
+
 def float_io(node: Tensor, *srcs: Tensor | None) -> bool:
     """Every given source and the node are f32/f16/bf16 tensors."""
     return node.type in FLOAT_TYPES and all(s is not None and s.type in FLOAT_TYPES for s in srcs)

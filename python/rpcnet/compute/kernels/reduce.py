@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rpcnet import _native
-from rpcnet.compute.kernels.common import F32, FLOAT_TYPES, float_io, reader, same_shape, writer
+from rpcnet.compute.kernels.common import F32, FLOAT_TYPES, float_io, same_shape, source_io, writer
 from rpcnet.compute.kernels.kernel_table import BuildContext, OpFamily, Step
 from rpcnet.compute.kernels.native_args import apart, f32_rows, native_row, tensor_arg
 from rpcnet.compute.ops import Op
@@ -44,9 +44,7 @@ def _sum_ok(node: Tensor) -> bool:
 
 @FAMILY.kernel(Op.SUM, "f32|f16|bf16 -> scalar", _sum_ok)
 def sum_all(node: Tensor, context: BuildContext) -> Step:
-    a_t = _src(node)
-    assert a_t is not None
-    load, store = reader(a_t), writer(node)
+    a_t, load, store = source_io(node)
     if a_t.type == GgmlType.F32:
 
         def run_f32() -> None:
@@ -75,9 +73,7 @@ def _rows_ok(node: Tensor) -> bool:
 
 @FAMILY.kernel(Op.SUM_ROWS, "f32|f16|bf16", _rows_ok)
 def sum_rows(node: Tensor, context: BuildContext) -> Step:
-    a_t = _src(node)
-    assert a_t is not None
-    load, store = reader(a_t), writer(node)
+    a_t, load, store = source_io(node)
 
     def run() -> None:
         store(np.sum(load(), axis=-1, dtype=F64, keepdims=True).astype(F32))
@@ -87,9 +83,7 @@ def sum_rows(node: Tensor, context: BuildContext) -> Step:
 
 @FAMILY.kernel(Op.MEAN, "f32|f16|bf16", _rows_ok)
 def mean(node: Tensor, context: BuildContext) -> Step:
-    a_t = _src(node)
-    assert a_t is not None
-    load, store = reader(a_t), writer(node)
+    a_t, load, store = source_io(node)
     n = F32(a_t.ne[0])
 
     def run() -> None:
@@ -105,9 +99,7 @@ def _same_float_ok(node: Tensor) -> bool:
 
 @FAMILY.kernel(Op.CUMSUM, "f32|f16|bf16 along ne0", _same_float_ok)
 def cumsum(node: Tensor, context: BuildContext) -> Step:
-    a_t = _src(node)
-    assert a_t is not None
-    load, store = reader(a_t), writer(node)
+    a_t, load, store = source_io(node)
 
     def run() -> None:
         store(np.cumsum(load(), axis=-1, dtype=F32))
@@ -115,21 +107,20 @@ def cumsum(node: Tensor, context: BuildContext) -> Step:
     return run
 
 
-def _argmax_ok(node: Tensor) -> bool:
+def _float_to_index(node: Tensor) -> Tensor | None:
+    """The source of an op from floats to i32 indices, when both types fit."""
     a = _src(node)
-    return (
-        a is not None
-        and a.type in FLOAT_TYPES
-        and node.type == GgmlType.I32
-        and node.nelements == a.ne[1] * a.ne[2] * a.ne[3]
-    )
+    return a if a is not None and a.type in FLOAT_TYPES and node.type == GgmlType.I32 else None
+
+
+def _argmax_ok(node: Tensor) -> bool:
+    a = _float_to_index(node)
+    return a is not None and node.nelements == a.ne[1] * a.ne[2] * a.ne[3]
 
 
 @FAMILY.kernel(Op.ARGMAX, "f32|f16|bf16 -> i32", _argmax_ok)
 def argmax(node: Tensor, context: BuildContext) -> Step:
-    a_t = _src(node)
-    assert a_t is not None
-    load, store = reader(a_t), writer(node)
+    a_t, load, store = source_io(node)
     last = a_t.ne[0] - 1
     shape = (node.ne[3], node.ne[2], node.ne[1], node.ne[0])
 
@@ -142,14 +133,8 @@ def argmax(node: Tensor, context: BuildContext) -> Step:
 
 
 def _argsort_ok(node: Tensor) -> bool:
-    a = _src(node)
-    return (
-        a is not None
-        and a.type in FLOAT_TYPES
-        and node.type == GgmlType.I32
-        and same_shape(a, node)
-        and node.i32(0) in (0, 1)
-    )
+    a = _float_to_index(node)
+    return a is not None and same_shape(a, node) and node.i32(0) in (0, 1)
 
 
 def _descending(x: Any) -> Any:
@@ -159,9 +144,7 @@ def _descending(x: Any) -> Any:
 
 @FAMILY.kernel(Op.ARGSORT, "f32|f16|bf16 -> i32 (p0: 0 asc, 1 desc)", _argsort_ok)
 def argsort(node: Tensor, context: BuildContext) -> Step:
-    a_t = _src(node)
-    assert a_t is not None
-    load, store = reader(a_t), writer(node)
+    a_t, load, store = source_io(node)
     desc = node.i32(0) == 1
 
     def run() -> None:
@@ -173,21 +156,13 @@ def argsort(node: Tensor, context: BuildContext) -> Step:
 
 
 def _top_k_ok(node: Tensor) -> bool:
-    a = _src(node)
-    return (
-        a is not None
-        and a.type in FLOAT_TYPES
-        and node.type == GgmlType.I32
-        and 0 < node.ne[0] <= a.ne[0]
-        and tuple(node.ne[1:]) == tuple(a.ne[1:])
-    )
+    a = _float_to_index(node)
+    return a is not None and 0 < node.ne[0] <= a.ne[0] and tuple(node.ne[1:]) == tuple(a.ne[1:])
 
 
 @FAMILY.kernel(Op.TOP_K, "f32|f16|bf16 -> i32 (k = ne0, descending)", _top_k_ok)
 def top_k(node: Tensor, context: BuildContext) -> Step:
-    a_t = _src(node)
-    assert a_t is not None
-    load, store = reader(a_t), writer(node)
+    a_t, load, store = source_io(node)
     k, n = node.ne[0], a_t.ne[0]
 
     def run_small_k() -> None:
