@@ -1,9 +1,13 @@
-"""The per-connection task: reads frames, runs them through the session, writes responses.
+"""The per-connection task: reads frames, runs them through the session, executes its effects.
 
-Byte movement, ordering and every other I/O of a connection live here: HELLO's transport
-activation, the direct receive of SET_TENSOR, cache-file reads and writes, the COMM_* peer links.
-The session (sans-I/O) decides; this module does. Every client error ends in one log line naming
-the client, command and reason, and the session is freed; other connections never notice.
+Each frame goes: header -> `_admit` (the codec's check) -> its row of the command table
+(`rpcnet.server.command_table`: wait for this connection's graphs? how is the payload received?)
+-> the row's session handler -> the `Effect` it returns (`rpcnet.server.effects`) -> the one
+executor of that effect kind. Byte movement, ordering and every other I/O of a connection live
+here: HELLO's transport activation, the direct receive of SET_TENSOR, cache-file reads and writes,
+the COMM_* peer links, launching plans. The session (sans-I/O) decides; this module does. Every
+client error ends in one log line naming the client, command and reason, and the session is
+freed; other connections never notice.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import functools
 import logging
 import ssl
 import struct
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -23,18 +28,21 @@ from rpcnet.compute.errors import ComputeError
 from rpcnet.compute.shared_content import SHARE_MIN
 from rpcnet.compute.shared_content import enabled as sharing_enabled
 from rpcnet.protocol import messages as msg
-from rpcnet.protocol.commands import HEADER_SIZE, WAITS_FOR_GRAPH, Cmd
+from rpcnet.protocol.commands import HEADER_SIZE, Cmd
 from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommError, CommHub, Exchange, PeerLink
+from rpcnet.server.command_table import Command, Payload, rows
 from rpcnet.server.config import ServerConfig
-from rpcnet.server.session import (
-    SIMPLE_HANDLERS,
-    Allreduce,
-    CacheLookup,
-    ProtocolViolation,
-    Session,
-    SessionLimits,
+from rpcnet.server.effects import (
+    CacheRead,
+    Effect,
+    LaunchPlan,
+    PeerAllreduce,
+    PeerClose,
+    PeerOpen,
+    ReceiveInto,
 )
+from rpcnet.server.session import ProtocolViolation, Session, SessionLimits
 from rpcnet.server.stats import ConnectionStats, ServerStats
 from rpcnet.server.tenants import Tenants
 from rpcnet.server.tokens import (
@@ -57,7 +65,7 @@ class AllreduceWork:
     """The exchange and add of one COMM_ALLREDUCE, for `PeerLink.submit`: `attempt_inline` may
     start it on the device worker; called, it runs (or resumes) to the end on the link's thread."""
 
-    def __init__(self, link: PeerLink, job: Allreduce) -> None:
+    def __init__(self, link: PeerLink, job: PeerAllreduce) -> None:
         self.link, self.job = link, job
         self.exchange: Exchange | None = None
 
@@ -97,14 +105,7 @@ LARGE_WRITE = 64 * 1024
 # A GPU's SET_TENSOR payloads up to this size are received whole in the protocol callback
 # (a decode step's inputs), larger ones piece by piece through the bounded staging slots.
 SMALL_STAGED_SET = 256 * 1024
-HELLO, SET_TENSOR, SET_TENSOR_HASH = int(Cmd.HELLO), int(Cmd.SET_TENSOR), int(Cmd.SET_TENSOR_HASH)
-COMM_INIT, COMM_ALLREDUCE = int(Cmd.COMM_INIT), int(Cmd.COMM_ALLREDUCE)
-COMM_FREE = int(Cmd.COMM_FREE)
-
-
-# By plain int: building an IntEnum per frame costs more than most handlers.
-HANDLERS = {int(cmd): handler for cmd, handler in SIMPLE_HANDLERS.items()}
-WAITS = frozenset(int(cmd) for cmd in WAITS_FOR_GRAPH)
+HELLO = int(Cmd.HELLO)
 
 
 class Host(Protocol):
@@ -143,6 +144,7 @@ class Connection:
         self.negotiation = server.negotiation.connection(stream, peer)  # HELLO caps, spec §12
         self.cache: Any = server.cache  # HashCache-like; a tenant's namespace once known
         self.session = Session(config.proto, server.devices, limits, caching=self.cache is not None)
+        self.rows = rows(config.proto)  # the command table by plain int id
         self.links: dict[int, PeerLink] = {}  # COMM_INIT peer links by device (spec §11)
         self.tenant: Tenant | None = None  # who presented which token (--tokens)
         self._gated = server.tls is not None or server.tenants is not None
@@ -295,8 +297,12 @@ class Connection:
 
     async def _serve(self) -> None:
         client_caps = await asyncio.wait_for(self._read_hello(), self.server.config.hello_timeout)
-        # Transport activation happens here, before answering (see transport/negotiate.py).
-        self._respond(self.session.hello(self.negotiation.answer(client_caps)))
+        session, table = self.session, self.rows
+        # Transport activation happens here: the handler answers with what it decided (see
+        # transport/negotiate.py), and the reply goes out before the transport changes.
+        hello = table[HELLO]
+        assert hello is not None
+        self._execute(hello.handler(session, self.negotiation.answer(client_caps)))
         self.stats.end()
         stream = self.stream = await self.negotiation.after_hello(self.stream)  # RDMA or same
         stream.fast_path = self._fast_path
@@ -315,16 +321,20 @@ class Connection:
             await stream.drain()
             cmd, size = await self._header()
             self._admit(cmd, size)
-            if cmd in WAITS and cmd != COMM_ALLREDUCE:  # that one queues behind the graphs
+            row = table[cmd]
+            assert row is not None  # admitted: a command of this dialect
+            if row.waits:
                 await self._wait_graphs()
-            handler = HANDLERS.get(cmd)
-            if handler is not None:
-                with self.session.staging(size):  # counted against --mem and --client-mem
-                    payload = await stream.readexactly(size)
-                    self._respond(handler(self.session, payload))
-                del payload
-            else:
-                await self._io_command(cmd, size)
+            if row.payload is Payload.FIXED:
+                work = self._execute(row.handler(session, await stream.readexactly(size)))
+            elif row.payload is Payload.STAGED:
+                with session.staging(size):  # counted against --mem and --client-mem
+                    work = self._execute(row.handler(session, await stream.readexactly(size)))
+            else:  # streamed: the data goes where it belongs, not into a payload
+                head = await stream.readexactly(row.prefix)
+                work = self._execute(row.handler(session, head, size - row.prefix))
+            if work is not None:
+                await work
             self.stats.end()
 
     async def _read_hello(self) -> bytes:
@@ -343,57 +353,52 @@ class Connection:
         Same semantics as the coroutine loop; anything that must wait (payload not all here,
         a command that needs I/O, an unfinished graph, a full socket) is left for it.
         """
-        stream, session = self.stream, self.session
+        stream, session, table = self.stream, self.session, self.rows
         while stream.write_ready and self._failure is None:
             data = stream.staged()
             if len(data) < HEADER_SIZE:
                 return
             cmd, size = _HEADER.unpack_from(data)
-            if cmd == COMM_ALLREDUCE:  # launched, not waited for: see _launch_allreduce
-                if len(data) - HEADER_SIZE < size:
-                    return
-                self._admit(cmd, size)
-                payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
-                stream.consume(HEADER_SIZE + size)
-                self.stats.begin(cmd, size)
-                self._launch_allreduce(payload)
-                self.stats.end()
-                continue
-            if cmd in WAITS and session.has_pending():
+            row = table[cmd]
+            if row is None or not row.in_callback:
+                return  # the coroutine's (and an unknown command the coroutine's to reject)
+            if row.waits and session.has_pending():
                 return
-            if cmd == SET_TENSOR:
-                if not self._fast_set_tensor(data, size):
+            if row.prefix:  # streamed
+                if not self._fast_receive(row, data, size):
                     return
                 continue
-            handler = HANDLERS.get(cmd)
-            if handler is None or len(data) - HEADER_SIZE < size:
+            if len(data) - HEADER_SIZE < size:
                 return
             self._admit(cmd, size)
             payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
             stream.consume(HEADER_SIZE + size)
             self.stats.begin(cmd, size)
-            self._respond(handler(session, payload))
+            work = self._execute(row.handler(session, payload))
+            assert work is None, "the effects of callback rows need no awaiting"
             self.stats.end()
 
-    def _fast_set_tensor(self, data: memoryview, size: int) -> bool:
+    def _fast_receive(self, row: Command, data: memoryview, size: int) -> bool:
         """SET_TENSOR from the protocol callback once its prefix is staged: the payload goes
         straight into device memory. False: left to the coroutine (or receiving still)."""
-        prefix_end = HEADER_SIZE + msg.SET_TENSOR_HEADER
-        if len(data) < prefix_end or size < msg.SET_TENSOR_HEADER:
+        prefix_end = HEADER_SIZE + row.prefix
+        if len(data) < prefix_end or size < row.prefix:
             return False  # (a too-short frame is the coroutine's to reject)
         cache = self.cache
         if data[HEADER_SIZE + msg.TENSOR] and cache is not None and cache.writable:
             return False  # the cache write runs on a thread: the coroutine does it
         if not self._host_resident and size > SMALL_STAGED_SET:
             return False  # large GPU payloads go through bounded staging, piece by piece
-        if size - msg.SET_TENSOR_HEADER >= SHARE_MIN and sharing_enabled():
+        if size - row.prefix >= SHARE_MIN and sharing_enabled():
             return False  # may be shared: identified on a thread by the coroutine
-        self._admit(SET_TENSOR, size)
+        cmd = int(row.cmd)
+        self._admit(cmd, size)
         prefix = bytes(data[HEADER_SIZE:prefix_end])
         stream = self.stream
         stream.consume(prefix_end)
-        self.stats.begin(SET_TENSOR, size)
-        sink = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER).sink
+        self.stats.begin(cmd, size)
+        target: ReceiveInto = row.handler(self.session, prefix, size - row.prefix)
+        sink = target.sink
         # whole() is the buffer region itself on the CPU; commit() moves staged bytes to a GPU
         if stream.receive_into(sink.whole(), functools.partial(self._fast_set_done, sink)):
             sink.commit()
@@ -410,64 +415,69 @@ class Connection:
         if stop and self._idle and self._task is not None:  # drain, or a failed link
             self._task.cancel()
 
-    # ------------------------------------------------------------ commands that need I/O
+    # ------------------------------------------------------------ effects
 
-    async def _io_command(self, cmd: int, size: int) -> None:
-        stream, session = self.stream, self.session
-        if cmd == SET_TENSOR:
-            await self._set_tensor(size)
-        elif cmd == SET_TENSOR_HASH:
-            lookup = session.begin_set_tensor_hash(await stream.readexactly(size))
-            if isinstance(lookup, CacheLookup):
-                found = await self._cache_lookup(lookup)
-                lookup = session.set_tensor_hash_response(found)
-            self._respond(lookup)
-        elif cmd == COMM_INIT:  # may wait for the peer server; other clients carry on
-            req = session.begin_comm_init(await stream.readexactly(size))
-            if not isinstance(req, bytes):
-                tenant = self.tenant
-                link = await self.server.comm.open(
-                    req.device,
-                    req.rank,
-                    req.port,
-                    req.host,
-                    tenant.name if tenant else None,
-                    tenant.token if tenant else None,
-                )
-                if link is not None:
-                    self.links[req.device] = link
-                req = session.comm_init_done(req.device, link is not None)
-            self._respond(req)
-        elif cmd == COMM_ALLREDUCE:
-            self._launch_allreduce(await stream.readexactly(size))
-        elif cmd == COMM_FREE:
-            link = self.links.pop(session.comm_free(await stream.readexactly(size)), None)
-            if link is not None:
-                link.close()
-        else:  # check_header admits only known commands
-            raise ProtocolViolation(f"no handler for command {cmd}")
+    def _execute(self, effect: Effect) -> Coroutine[Any, Any, None] | None:
+        """Carry out what a handler returned: the awaitable of an effect that waits for I/O."""
+        run = _EXECUTORS.get(type(effect))
+        if run is None:
+            self._respond(effect)  # reply bytes, or None: nothing to send
+            return None
+        return run(self, effect)
 
-    async def _cache_lookup(self, lookup: CacheLookup) -> bool:
+    async def _receive_into(self, target: ReceiveInto) -> None:
+        for piece in target.sink.pieces():  # CPU: one piece, the device memory itself
+            await self.stream.readinto(piece)
+        if target.settle is not None:  # identify (may hash it all) and share, off the loop
+            await asyncio.to_thread(target.settle)
         cache = self.cache
-        assert cache is not None  # the session asks for lookups only when there is a cache
+        if target.cache and cache is not None and cache.writable:
+            # Hash and store straight from device memory on a thread (GIL released while
+            # hashing); this connection waits, so nothing can change those bytes meanwhile.
+            await asyncio.to_thread(target.store_in, cache)
 
+    async def _cache_read(self, lookup: CacheRead) -> None:
+        cache = self.cache
+        assert cache is not None  # the session asks for reads only when there is a cache
         # The file read and the hash check run on a thread; the entry lands in device memory
         # (a GPU backend copies it there after the check), or a held copy is shared.
-        return await asyncio.to_thread(lookup.run, cache)
+        found = await asyncio.to_thread(lookup.run, cache)
+        self._respond(self.session.set_tensor_hash_response(found))
 
-    def _launch_allreduce(self, payload: bytes) -> None:
+    def _launch_plan(self, launch: LaunchPlan) -> None:
+        session, device = self.session, launch.device
+        session.launch(device, device.plan_work(launch.plan, session))
+
+    async def _peer_open(self, effect: PeerOpen) -> None:
+        """COMM_INIT: may wait for the peer server; other clients carry on."""
+        req, tenant = effect.request, self.tenant
+        link = await self.server.comm.open(
+            req.device,
+            req.rank,
+            req.port,
+            req.host,
+            tenant.name if tenant else None,
+            tenant.token if tenant else None,
+        )
+        if link is not None:
+            self.links[req.device] = link
+        self._respond(self.session.comm_init_done(req.device, link is not None))
+
+    def _peer_allreduce(self, job: PeerAllreduce) -> None:
         """Queue the exchange and add on the link's thread, behind this connection's graphs.
 
         A decode step of a tensor split is graph, allreduce, graph, ...: it runs on the device
         worker and the link thread, each handing the next job to the other; the event loop only
         hears of an allreduce if it fails.
         """
-        job = self.session.begin_comm_allreduce(payload)
-        if job is None:
-            return
         link = self.links[job.device]
         future = self.session.launch(link, AllreduceWork(link, job))
         future.add_done_callback(self._exchange_done)
+
+    def _peer_close(self, effect: PeerClose) -> None:
+        link = self.links.pop(effect.device, None)
+        if link is not None:
+            link.close()
 
     def _exchange_done(self, future: Future[None]) -> None:
         """On the link thread: report a failed exchange to the loop (successes stay silent)."""
@@ -506,19 +516,6 @@ class Connection:
         else:
             self.stream.writelines([header, view])  # zero-copy; see the drain() in _serve
 
-    async def _set_tensor(self, size: int) -> None:
-        prefix = await self.stream.readexactly(msg.SET_TENSOR_HEADER)
-        target = self.session.begin_set_tensor(prefix, size - msg.SET_TENSOR_HEADER)
-        for piece in target.sink.pieces():  # CPU: one piece, the device memory itself
-            await self.stream.readinto(piece)
-        if target.settle is not None:  # identify (may hash it all) and share, off the loop
-            await asyncio.to_thread(target.settle)
-        cache = self.cache
-        if target.cache and cache is not None and cache.writable:
-            # Hash and store straight from device memory on a thread (GIL released while
-            # hashing); this connection waits, so nothing can change those bytes meanwhile.
-            await asyncio.to_thread(target.store_in, cache)
-
     async def _wait_graphs(self) -> None:
         pending = self.session.take_pending()
         await _tail_done(pending)
@@ -556,3 +553,14 @@ async def _tail_done(pending: list[Future[None]]) -> None:
             await asyncio.wrap_future(fut)
         except Exception:  # the caller reads every outcome, in launch order
             pass
+
+
+# The one executor of each effect kind that is not a reply (`Connection._execute`).
+_EXECUTORS: dict[type, Callable[[Connection, Any], Coroutine[Any, Any, None] | None]] = {
+    ReceiveInto: Connection._receive_into,
+    CacheRead: Connection._cache_read,
+    LaunchPlan: Connection._launch_plan,
+    PeerOpen: Connection._peer_open,
+    PeerAllreduce: Connection._peer_allreduce,
+    PeerClose: Connection._peer_close,
+}

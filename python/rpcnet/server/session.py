@@ -1,11 +1,12 @@
 """One client's session: its buffers, graph cache and command semantics (spec §7, §8).
 
-Sans-I/O: methods take payload bytes (or the result of I/O the connection did for them) and
-return response payloads (or None). The session never awaits and never touches a socket or a
-file: what needs I/O — HELLO's transport activation, the cache-file read of SET_TENSOR_HASH, the
-peer link of COMM_INIT/COMM_ALLREDUCE — is a `begin_*` that returns what to do, and the
-connection (`rpcnet.server.connection`) does it. Any client error raises `ProtocolViolation` (or
-a narrow native error), which closes this connection only.
+Sans-I/O: each handler takes a request payload and returns an `Effect`
+(`rpcnet.server.effects`): reply bytes, None, or what the connection is to do for it — receive
+SET_TENSOR's data into a buffer, read a cache entry (SET_TENSOR_HASH), launch a plan on the device
+worker, open, reduce over or close a peer link (COMM_*). The session never awaits and never
+touches a socket or a file; `rpcnet.server.command_table` names the handler of each command.
+Any client error raises `ProtocolViolation` (or a narrow native error), which closes this
+connection only.
 """
 
 from __future__ import annotations
@@ -30,10 +31,18 @@ from rpcnet.compute.shared_content import store_of
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import type_name
 from rpcnet.protocol import messages as msg
-from rpcnet.protocol.commands import NO_CAPS, Cmd, version_triple
+from rpcnet.protocol.commands import NO_CAPS, version_triple
 from rpcnet.server.buffers import BufferTable
 from rpcnet.server.chain import Chain, Runner
 from rpcnet.server.comm import ELEMENT_SIZE
+from rpcnet.server.effects import (
+    CacheRead,
+    LaunchPlan,
+    PeerAllreduce,
+    PeerClose,
+    PeerOpen,
+    ReceiveInto,
+)
 from rpcnet.server.shared_weights import (
     UploadSink,
     attach_held,
@@ -42,7 +51,6 @@ from rpcnet.server.shared_weights import (
     settle,
     shareable,
     trusted,
-    vouch,
 )
 
 log = logging.getLogger("rpcnet.session")
@@ -53,64 +61,6 @@ STAGING_FREE = 1 << 20  # frame payloads up to this size are not counted (one at
 
 class ProtocolViolation(Exception):
     """The client sent something the protocol does not allow; close its connection."""
-
-
-@dataclass
-class SetTensorTarget:
-    """Where the data of a SET_TENSOR lands, so the transport can receive straight into it."""
-
-    sink: HostSink  # receive into sink.pieces(); on the CPU the one piece is device memory
-    cache: bool
-    buffer: DeviceBuffer
-    offset: int
-    # after the last piece, on a thread: identify and share the bytes (shared weights)
-    settle: Callable[[], None] | None = None
-
-    def received(self) -> memoryview:
-        """The payload as it now is in the buffer, for the hash cache (zero-copy on the CPU)."""
-        return self.buffer.read(self.offset, self.sink.nbytes)
-
-    def store_in(self, cache: Any) -> None:
-        """Store the payload in the hash cache (on a thread); what the store computed names
-        the shared content the range points at (compute/shared_content.py)."""
-        vouch(self.buffer, self.offset, self.sink.nbytes, cache.store_hashed(self.received()))
-
-
-@dataclass
-class CacheLookup:
-    """SET_TENSOR_HASH with a cache: read entry `digest` into `target(size)` (which validates the
-    destination for that size, and may raise), then answer `set_tensor_hash_response(found)`."""
-
-    digest: int
-    target: Callable[[int], Any]
-    loaded: Callable[[], None] = lambda: None  # after a hit: moves the bytes onto the device
-    # the whole lookup, given the connection's cache (shared weights: memory first)
-    answer: Callable[[Any], bool] | None = None
-
-    def run(self, cache: Any) -> bool:
-        """Look up, load and answer (on a thread): whether the entry was found."""
-        if self.answer is not None:
-            return self.answer(cache)
-        found = bool(cache.load_into(self.digest, self.target))
-        if found:
-            self.loaded()
-        return found
-
-
-@dataclass
-class Allreduce:
-    """COMM_ALLREDUCE: swap `region` with the peer of `device` and add its values; then `done()`."""
-
-    device: int
-    region: Any  # the tensor's bytes (uint8 host array: device memory itself on the CPU)
-    type_id: int
-    ne: int
-    buffer: DeviceBuffer
-    offset: int = 0
-
-    def done(self) -> None:
-        self.buffer.write_back(self.offset, self.region)  # no-op on host memory
-        self.buffer.touched()  # derived caches must not trust what the add changed
 
 
 @dataclass(frozen=True)
@@ -326,7 +276,8 @@ class Session:
         if buf is None:
             log.debug("INIT_TENSOR for tensor %r without buffer ignored", t.name)
 
-    def begin_set_tensor(self, prefix: bytes, data_len: int) -> SetTensorTarget:
+    def set_tensor(self, prefix: bytes, data_len: int) -> ReceiveInto:
+        """SET_TENSOR, given its header: where its `data_len` bytes of data are to land."""
         head = msg.parse_set_tensor_header(prefix)
         buf, rel = self.tensor_with_buffer(head.tensor)
         _native.check_region(
@@ -337,12 +288,12 @@ class Session:
         array = fresh(data_len) if shareable(buf, data_len) else None
         if array is not None:  # held once if another client holds the same bytes
             upload = UploadSink(array, lambda a: settle(buf, start, a))
-            return SetTensorTarget(upload, head.cache and self.caching, buf, start, upload.commit)
+            return ReceiveInto(upload, head.cache and self.caching, buf, start, upload.commit)
         sink = buf.host_sink(start, data_len)
-        return SetTensorTarget(sink, head.cache and self.caching, buf, start)
+        return ReceiveInto(sink, head.cache and self.caching, buf, start)
 
-    def begin_set_tensor_hash(self, payload: bytes) -> CacheLookup | bytes:
-        """The cache lookup to do, or the response right away (no cache: "not found")."""
+    def set_tensor_hash(self, payload: bytes) -> CacheRead | bytes:
+        """The cache read to do, or the response right away (no cache: "not found")."""
         req = msg.parse_set_tensor_hash(payload)
         if not self.caching:
             return self.set_tensor_hash_response(False)
@@ -393,7 +344,7 @@ class Session:
                 settle(buf, start, array, strong, req.hash, origin or None)
             return True
 
-        return CacheLookup(req.hash, target, loaded, answer)
+        return CacheRead(req.hash, target, loaded, answer)
 
     def _held_content(self, tensor: _native.RpcTensor, digest: int, cache: Any) -> Any:
         """The shared content named `digest` that this client's cache lookups would trust
@@ -469,7 +420,7 @@ class Session:
 
     # ---------------------------------------------------------------- graphs
 
-    def graph_compute(self, payload: bytes) -> None:
+    def graph_compute(self, payload: bytes) -> LaunchPlan:
         graph = _native.decode_graph(self.proto, payload)
         device = self.device(graph.device)
         limit = self.limits.graph_nodes
@@ -497,9 +448,9 @@ class Session:
         except ProtocolViolation:
             plan.release()  # the traceback may keep the plan alive past this connection
             raise
-        self._launch(device, plan)
+        return LaunchPlan(device, plan)
 
-    def graph_recompute(self, payload: bytes) -> None:
+    def graph_recompute(self, payload: bytes) -> LaunchPlan:
         req = msg.parse_graph_recompute(self.proto, payload)
         device = self.device(req.device)
         if self.proto == 7:
@@ -517,7 +468,7 @@ class Session:
                 self._last_graph[req.device] = plan
             else:
                 self._graphs[req.device][req.uid] = plan
-        self._launch(device, plan)
+        return LaunchPlan(device, plan)
 
     def _build(self, nodes: list[Tensor], device: Device) -> Plan:
         """Compile `nodes`, its tensors resolved against the buffers' shared ranges as they
@@ -530,9 +481,6 @@ class Session:
             self._built = {uid: b for uid, b in self._built.items() if uid in live}
         self._built[plan.uid] = (nodes, layouts)
         return plan
-
-    def _launch(self, device: Device, plan: Plan) -> None:
-        self.launch(device, device.plan_work(plan, self))
 
     def launch(self, runner: Runner, work: Callable[[], None]) -> Future[None]:
         """Run `work` on `runner` (a device's worker, a peer link's thread) after everything
@@ -562,14 +510,14 @@ class Session:
 
     # ---------------------------------------------------------------- multi-host (spec §11)
 
-    def begin_comm_init(self, payload: bytes) -> msg.CommInit | bytes:
+    def comm_init(self, payload: bytes) -> PeerOpen | bytes:
         """COMM_INIT: the peer link to open (`comm_init_done` answers), or the answer now."""
         req = msg.parse_comm_init(payload)
         if req.device >= len(self.devices) or req.world != 2 or req.rank >= req.world:
             return msg.u8(0)
         if req.device in self._linked:  # already linked: ok, other parameters ignored
             return msg.u8(1)
-        return req
+        return PeerOpen(req)
 
     def comm_init_done(self, device: int, linked: bool) -> bytes:
         """`linked` False: the client falls back to its own reduction."""
@@ -577,9 +525,9 @@ class Session:
             self._linked.add(device)
         return msg.u8(1 if linked else 0)
 
-    def begin_comm_allreduce(self, payload: bytes) -> Allreduce | None:
-        """COMM_ALLREDUCE, validated; None when empty. The exchange is to be `launch`ed (on its
-        peer link's thread), so that it runs after this connection's graphs."""
+    def comm_allreduce(self, payload: bytes) -> PeerAllreduce | None:
+        """COMM_ALLREDUCE, validated; None when empty. The exchange is `launch`ed on its peer
+        link's thread, so that it runs after this connection's graphs."""
         device = msg.parse_u32(payload)
         self.device(device)
         if device not in self._linked:
@@ -601,19 +549,19 @@ class Session:
             self._hold(self.devices[device], nbytes - held, "COMM_ALLREDUCE receive buffer")
             self._comm_held[device] = nbytes
         buf.touched()
-        return Allreduce(device, buf.host_array(rel, nbytes), t.type, ne, buf, rel)
+        return PeerAllreduce(device, buf.host_array(rel, nbytes), t.type, ne, buf, rel)
 
     def comm_failed(self, device: int, reason: str) -> ProtocolViolation:
         """The peer link of `device` broke (the connection closes it): the error to raise."""
         self._drop_link(device)
         return ProtocolViolation(f"pairwise allreduce failed: {reason}")
 
-    def comm_free(self, payload: bytes) -> int:
+    def comm_free(self, payload: bytes) -> PeerClose:
         """COMM_FREE: the device whose peer link (if any) the connection closes."""
         device = msg.parse_u32(payload)
         self.device(device)
         self._drop_link(device)
-        return device
+        return PeerClose(device)
 
     # ---------------------------------------------------------------- teardown
 
@@ -635,27 +583,3 @@ class Session:
         if self.tenant is not None:
             self.tenant.sessions.discard(self)
         return self.buffers.free_all()
-
-
-# Commands whose whole payload is read first and handled synchronously by one method.
-SIMPLE_HANDLERS = {
-    Cmd.DEVICE_COUNT: Session.device_count,
-    Cmd.GET_ALIGNMENT: Session.get_alignment,
-    Cmd.GET_MAX_SIZE: Session.get_max_size,
-    Cmd.GET_DEVICE_MEMORY: Session.get_device_memory,
-    Cmd.GET_ALLOC_SIZE: Session.get_alloc_size,
-    Cmd.ALLOC_BUFFER: Session.alloc_buffer,
-    Cmd.BUFFER_GET_BASE: Session.buffer_get_base,
-    Cmd.FREE_BUFFER: Session.free_buffer,
-    Cmd.BUFFER_CLEAR: Session.buffer_clear,
-    Cmd.INIT_TENSOR: Session.init_tensor,
-    Cmd.GET_TENSOR: Session.get_tensor,
-    Cmd.MEMSET_TENSOR: Session.memset_tensor,
-    Cmd.COPY_TENSOR: Session.copy_tensor,
-    Cmd.SET_TENSOR_2D: Session.set_tensor_2d,
-    Cmd.GET_TENSOR_2D: Session.get_tensor_2d,
-    Cmd.GRAPH_COMPUTE: Session.graph_compute,
-    Cmd.GRAPH_RECOMPUTE: Session.graph_recompute,
-}
-# SET_TENSOR, SET_TENSOR_HASH and the COMM_* commands need I/O (a direct receive, a file read, a
-# peer link): the connection handles them explicitly with the session's begin_* methods.
