@@ -11,11 +11,12 @@ cache lookups see) is answered from memory: no bytes are read at all.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from rpcnet.compute.backend import DirectSink
 from rpcnet.compute.buffer import DeviceBuffer
 from rpcnet.compute.shared_content import (
     SHARE_MIN,
@@ -98,26 +99,18 @@ def vouch(buf: DeviceBuffer, start: int, nbytes: int, stored: Any) -> None:
     content.store.vouch(content, fnv, strong, label)
 
 
-class UploadSink:
-    """A HostSink over a fresh array; `commit()`, once all bytes are in, runs `done(array)`
-    (the connection calls it on a thread: identifying may hash the whole array)."""
+class UploadSink(DirectSink):
+    """A HostSink over a fresh 1-D byte array; `commit()`, once all bytes are in, runs
+    `done(array)` (the connection calls it on a thread: identifying may hash the whole array)."""
 
     def __init__(self, array: Any, done: Callable[[Any], None]) -> None:
-        self.array = array
-        self.nbytes = int(array.nbytes)
+        super().__init__(array)
         self._done: Callable[[Any], None] | None = done
-
-    def pieces(self) -> Iterator[memoryview]:
-        if self.nbytes:
-            yield memoryview(self.array)
-
-    def whole(self) -> memoryview:
-        return memoryview(self.array)
 
     def commit(self) -> None:
         done, self._done = self._done, None
         if done is not None:
-            done(self.array)
+            done(self.region)
 
 
 def trusted(cache: Any) -> frozenset[str]:
