@@ -6,7 +6,6 @@ import signal
 import socket
 import struct
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from rpcnet.server.access import allowed, parse_allow
 from support.raw import HELLO, RawConn, frame
 from support.refenv import free_port
 from support.serve import start_rpcnet
+from support.waiting import wait_until
 from test_bad_input import wait_for_baseline
 
 COUNT, ALLOC, GRAPH = 15, 0, 10
@@ -29,17 +29,23 @@ def test_no_hello_within_timeout_closes(server_factory, caplog):
     wait_for_baseline(srv)
 
 
+def assert_refused(port: int) -> None:
+    """A client's HELLO on `port` gets no answer: the server closes the connection."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.settimeout(5)
+    try:
+        sock.sendall(HELLO)
+        assert sock.recv(64) == b""
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+
+
 def test_max_clients_refuses_extra_connections(server_factory):
     srv = server_factory(mem=1 << 30, max_clients=2)
     held = [RawConn(srv.port), RawConn(srv.port)]
-    extra = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
-    extra.settimeout(5)
-    try:
-        extra.sendall(HELLO)
-        assert extra.recv(64) == b""
-    except ConnectionResetError:
-        pass
-    extra.close()
+    assert_refused(srv.port)
     held[0].close()
     wait_until(lambda: srv.connection_count() == 1)
     again = RawConn(srv.port)  # room again
@@ -50,14 +56,7 @@ def test_max_clients_refuses_extra_connections(server_factory):
 
 def test_allowlist_refuses_other_networks(server_factory):
     srv = server_factory(mem=1 << 30, allow=parse_allow("10.0.0.0/8"))
-    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
-    sock.settimeout(5)
-    try:
-        sock.sendall(HELLO)
-        assert sock.recv(64) == b""
-    except ConnectionResetError:
-        pass
-    sock.close()
+    assert_refused(srv.port)
 
 
 def test_allow_parsing():
@@ -92,15 +91,6 @@ def test_graph_node_limit(server_factory):
     assert conn.closed_by_peer()
     conn.close()
     wait_for_baseline(srv)
-
-
-def wait_until(pred, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def beyond_socket_buffers() -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import Cmd
 from rpcnet.server import stats as stats_module
 from support import refenv
+from support.cli_run import run_cli
 from support.countproxy import CountingProxy
 from support.inproc import ServerThread
 from support.serve import start_rpcnet
@@ -154,20 +154,10 @@ def test_metrics_and_status_follow_a_real_client(tmp_path, tiny_model):
         assert m[("rpcnet_joint_plans_total", (("device", "CPU"),))] == 0
         assert not [k for k in m if k[0] == "rpcnet_client_buffer_bytes"]
 
-        table = subprocess.run(
-            [sys.executable, "-m", "rpcnet.cli", "status", f"127.0.0.1:{mport}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        table = run_cli("status", f"127.0.0.1:{mport}", timeout=30)
         assert table.returncode == 0, table.stderr
         assert "ggml RPC 8.0.0" in table.stdout and "(no clients connected)" in table.stdout
-        as_json = subprocess.run(
-            [sys.executable, "-m", "rpcnet.cli", "status", f"127.0.0.1:{mport}", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        as_json = run_cli("status", f"127.0.0.1:{mport}", "--json", timeout=30)
         assert json.loads(as_json.stdout)["totals"]["bytes_in"] == proxy.to_server
     finally:
         proxy.close()
@@ -189,13 +179,7 @@ def test_status_lists_a_connected_client_mid_command():
                 handle, size = await client.alloc_buffer(3 << 20)
                 assert handle
                 doc = await asyncio.to_thread(status, mport)
-                table = await asyncio.to_thread(
-                    subprocess.run,
-                    [sys.executable, "-m", "rpcnet.cli", "status", f"127.0.0.1:{mport}"],
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                )
+                table = await asyncio.to_thread(run_cli, "status", f"127.0.0.1:{mport}", timeout=30)
                 # A SET_TENSOR whose payload is half sent: the server is inside that command.
                 base = await client.buffer_base(handle)
                 t = _native.RpcTensor(id=1, type=0, buffer=handle, data=base, ne=(1 << 18, 1, 1, 1))

@@ -41,6 +41,7 @@ from rpcnet.protocol.commands import Cmd
 from support import refenv, require
 from support.inproc import ServerThread
 from support.serve import start_rpcnet
+from support.waiting import wait_until
 
 F32, F16, Q8_0, BF16 = 0, 1, 8, 30
 LOOPBACK = "127.0.0.1"
@@ -133,15 +134,6 @@ def links(srv: ServerThread) -> int:
 
 def comm_stats(srv: ServerThread):
     return srv.call(lambda: srv.server.comm.stats)
-
-
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
@@ -512,6 +504,15 @@ DECODE = ("--tokens", TOKENS, "--prefill", "4", "--flash-attn", "1", "--threads"
 TENSOR_SPLIT = ("--split-mode", "tensor", "--tensor-split", "1,1")
 
 
+def decode_counted(
+    env: dict, endpoints: list[str], rpc_args: tuple, **kw
+) -> collections.Counter[str]:
+    """check_logits of the DECODE case; the commands the client sent the servers meanwhile."""
+    env["counter"].take()
+    check_logits(env, "llama-gqa-f32", endpoints, DECODE, rpc_args=rpc_args, **kw)
+    return env["counter"].take()
+
+
 def start_pair(kinds: tuple[str, ...], stack) -> tuple[list[str], list[ServerThread]]:
     """Servers by kind ("rpcnet" in-process or "reference"); the first has port + 1000 free."""
     endpoints, ours = [], []
@@ -536,9 +537,7 @@ def start_pair(kinds: tuple[str, ...], stack) -> tuple[list[str], list[ServerThr
 def test_tensor_split_real_client(client_env, kinds):
     with ExitStack() as stack:
         endpoints, ours = start_pair(kinds, stack)
-        client_env["counter"].take()
-        check_logits(client_env, "llama-gqa-f32", endpoints, DECODE, rpc_args=TENSOR_SPLIT)
-        counts = client_env["counter"].take()
+        counts = decode_counted(client_env, endpoints, TENSOR_SPLIT)
         for srv in ours:
             stats = comm_stats(srv)
             # 5 llama_decode calls x 2 layers x 2 (attention, FFN) partial sums
@@ -569,16 +568,9 @@ def test_tensor_split_bf16_wire_real_client(client_env):
 def test_no_comm_fallback_two_rpcnet_servers(client_env):
     with ExitStack() as stack:
         endpoints, ours = start_pair(("rpcnet", "rpcnet"), stack)
-        client_env["counter"].take()
-        check_logits(
-            client_env,
-            "llama-gqa-f32",
-            endpoints,
-            DECODE,
-            rpc_args=TENSOR_SPLIT,
-            extra_env={"GGML_RPC_NO_COMM": "1"},
+        counts = decode_counted(
+            client_env, endpoints, TENSOR_SPLIT, extra_env={"GGML_RPC_NO_COMM": "1"}
         )
-        counts = client_env["counter"].take()
         assert counts["COMM_INIT"] == 0 and counts["COMM_ALLREDUCE"] == 0, counts
         assert counts["SET_TENSOR_2D"] > 0 and counts["GET_TENSOR_2D"] > 0, counts
         for srv in ours:
@@ -590,15 +582,9 @@ def test_layer_split_three_servers(client_env):
     """Two rpcnet servers and the reference: one of the three offloadable layers each."""
     with ExitStack() as stack:
         endpoints, ours = start_pair(("rpcnet", "reference", "rpcnet"), stack)
-        client_env["counter"].take()
-        check_logits(
-            client_env,
-            "llama-gqa-f32",
-            endpoints,
-            DECODE,
-            rpc_args=("--split-mode", "layer", "--tensor-split", "1,1,1"),
+        counts = decode_counted(
+            client_env, endpoints, ("--split-mode", "layer", "--tensor-split", "1,1,1")
         )
-        counts = client_env["counter"].take()
         assert counts["GRAPH_COMPUTE"] > 0 and counts["COMM_INIT"] == 0, counts
         for srv in ours:
             wait_released(srv)

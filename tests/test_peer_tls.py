@@ -19,8 +19,6 @@ import os
 import socket
 import ssl
 import struct
-import subprocess
-import sys
 import threading
 import time
 
@@ -34,6 +32,7 @@ from rpcnet.server.tenants import Tenants
 from rpcnet.transport import tls
 from rpcnet.tunnelwire import Deferred, RequestScanner, parse_status, rewrite_comm_init
 from support import require
+from support.cli_run import run_cli
 from support.secure import Pki, TunnelThread, write_tokens
 
 ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789ab"
@@ -204,12 +203,7 @@ def test_caps_at_the_tunnel_reports_tls_fingerprint_and_tenant(server_factory, p
         assert t["tenant"] == "bob" and t["server"] == f"127.0.0.1:{srv.port}"
         assert t["listen"] == f"127.0.0.1:{port}" and t["verified_by"] == "pinned fingerprint"
         assert [d["index"] for d in info["devices"]] == [0]
-        out = subprocess.run(
-            [sys.executable, "-m", "rpcnet.cli", "caps", f"127.0.0.1:{port}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = run_cli("caps", f"127.0.0.1:{port}")
         assert out.returncode == 0, out.stderr
         assert f"tunnel          127.0.0.1:{port} -> 127.0.0.1:{srv.port}: TLSv1.3" in out.stdout
         assert tls.colon_hex(fp) in out.stdout and "tenant bob" in out.stdout

@@ -20,6 +20,7 @@ from rpcnet.transport import tls
 from support import require
 from support.raw import HELLO, RawConn
 from support.secure import Pki, TunnelThread, present_token, tls_socket, write_tokens
+from support.waiting import wait_until
 
 TOKEN = "alice-token-0123456789"
 
@@ -43,14 +44,6 @@ def secure_server(server_factory, pki, tokens=None, cert=None, **config):
     return server_factory(
         mem=256 << 20, tls_cert=cert_path, tls_key=key_path, tokens=tokens, **config
     )
-
-
-def wait_until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.02)
 
 
 def assert_nothing_held(srv) -> None:

@@ -25,6 +25,7 @@ from rpcnet.server.tokens import (
 from support import require
 from support.raw import HELLO
 from support.secure import Pki, TunnelThread, present_token, tls_socket, write_tokens
+from support.waiting import wait_until
 
 ALICE, BOB, MALLORY = "alice-token-0123456789", "bob-token-abcdefghijkl", "mallory-token-zyxwvu"
 
@@ -35,14 +36,6 @@ def pki(tmp_path_factory):
     pki = Pki(tmp_path_factory.mktemp("pki"))
     pki.good = pki.leaf("server", ("127.0.0.1",))
     return pki
-
-
-def wait_until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.02)
 
 
 def serve(server_factory, pki, tokens: Path, **config):

@@ -20,7 +20,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from support import refenv, require
 from support.inproc import ServerThread
 from support.secure import Pki, TunnelThread, write_tokens
 from support.serve import wait_listening
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("refenv_required")
 
@@ -127,7 +127,7 @@ def test_layer_split_across_two_tls_servers(env):
         close_to(got, generate(env, "local"))
         for srv in servers:  # both served graphs; both free once the client is gone
             assert srv.server is not None and srv.server.stats.graphs > 0
-        wait_until(lambda: all(released(s) for s in servers))
+        wait_all_released(servers)
 
 
 TENSOR_SPLIT = ("--split-mode", "tensor", "--tensor-split", "1,1")
@@ -177,6 +177,10 @@ def released(srv: ServerThread) -> bool:
     return srv.connection_count() == 0 and srv.memory_held() == 0 and comm_links(srv)[2] == 0
 
 
+def wait_all_released(servers: list[ServerThread]) -> None:
+    wait_until(lambda: all(released(s) for s in servers), 10, "the servers to release everything")
+
+
 def test_tensor_split_through_tunnels_equals_plain_tcp(env, caplog):
     caplog.set_level(logging.INFO)
     with ExitStack() as stack:
@@ -204,7 +208,7 @@ def test_tensor_split_through_tunnels_equals_plain_tcp(env, caplog):
         assert "joined pairwise comm as rank 1 (peer 127.0.0.2:" in text
         assert text.count("TLS 1.3, tenant tenant)") == 2, text
         assert TOKEN not in text
-        wait_until(lambda: all(released(s) for s in servers))
+        wait_all_released(servers)
 
 
 def test_tensor_split_through_two_tunnel_processes(env, caplog):
@@ -228,7 +232,7 @@ def test_tensor_split_through_two_tunnel_processes(env, caplog):
         a = tunnels[0].ports[0] + 1000
         assert f"rank 0 at 127.0.0.1:{a} -> 127.0.0.2:{rank0.port + 1000}" in caplog.text
         assert caplog.text.count("TLS 1.3, tenant tenant)") == 2
-        wait_until(lambda: all(released(s) for s in servers))
+        wait_all_released(servers)
 
 
 def test_tensor_split_untrusted_peer_falls_back(env, caplog, tmp_path):
@@ -247,16 +251,7 @@ def test_tensor_split_untrusted_peer_falls_back(env, caplog, tmp_path):
         close_to(got, generate(env, "local"))
         assert "is not a trusted peer" in caplog.text, caplog.text
         assert all(comm_links(s) == (0, 0, 0) for s in servers)
-        wait_until(lambda: all(released(s) for s in servers))
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for the servers to release everything")
+        wait_all_released(servers)
 
 
 def test_tunnel_command_line(env, tmp_path):
