@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from rpcnet import _native
 from rpcnet.compute.kernels.kernel_table import select
-from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
 from support import require
-from support.opgraph import OpGraph, as_f32, contiguous_nb
+from support.opgraph import OpGraph, as_f32
+from support.tensors import node as _tensor
 
 F32, Q8_0, MUL_MAT = 0, 8, 29
 ROW = 34  # bytes per q8_0 block
@@ -117,23 +117,6 @@ def test_bad_arguments_raise_value_error():
         matmul_q8_0(packed, 2 * ROW, x, readonly, 1)
     with pytest.raises((ValueError, BufferError)):
         matmul_q8_0(packed, 2 * ROW, x.astype(np.float64), out, 1)
-
-
-def _tensor(type_id, ne, nb=None, op=0, src=()):
-    ne = tuple(ne) + (1,) * (4 - len(ne))
-    return Tensor(
-        id=0,
-        type=type_id,
-        ne=ne,
-        nb=tuple(nb) if nb else contiguous_nb(type_id, ne),
-        op=op,
-        op_params=b"",
-        flags=0,
-        name="",
-        src=tuple(src),
-        buffer=None,
-        offset=0,
-    )
 
 
 def test_generic_native_kernel_selected_for_all_shapes():

@@ -16,10 +16,10 @@ from gguf.quants import dequantize as gguf_dequantize
 from rpcnet import _native
 from rpcnet.compute.cuda.sources import TYPE_IDS
 from rpcnet.compute.kernels.kernel_table import select
-from rpcnet.compute.tensor import Tensor
 from support import refenv
 from support.ggml_oracle import q8_x86
-from support.opgraph import OpGraph, as_f32, contiguous_nb
+from support.opgraph import OpGraph, as_f32
+from support.tensors import node as _tensor
 
 F32, F16, BF16, I32 = 0, 1, 30, 26
 MUL_MAT, MUL_MAT_ID = 29, 30
@@ -240,23 +240,6 @@ def test_against_reference_server(name, path, real_weights, reference_v8, rpcnet
 
 
 # ---- registration -----------------------------------------------------------------------------
-
-
-def _tensor(type_id, ne, op=0, src=()):
-    ne = tuple(ne) + (1,) * (4 - len(ne))
-    return Tensor(
-        id=0,
-        type=type_id,
-        ne=ne,
-        nb=contiguous_nb(type_id, ne),
-        op=op,
-        op_params=b"",
-        flags=0,
-        name="",
-        src=tuple(src),
-        buffer=None,
-        offset=0,
-    )
 
 
 @pytest.mark.parametrize("name", sorted(TYPES))

@@ -13,10 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute import quant as Q
 from rpcnet.ggml_types import GgmlType as T
+from support.fa_graph import flash_attn_node
 from support.hyp import examples
 from support.opgraph import OpGraph, as_f32, contiguous_nb, pack_params
+from support.raw_blocks import F16_FIELDS, random_blocks
 
-MUL_MAT_ID, SOFT_MAX, ROPE, FLASH_ATTN_EXT = 30, 46, 48, 74
+MUL_MAT_ID, SOFT_MAX, ROPE = 30, 46, 48
 F32, F16, I32, BF16 = 0, 1, 26, 30
 NORMAL, NEOX, MROPE, VISION, IMROPE = 0, 2, 8, 24, 40
 
@@ -342,26 +344,18 @@ def run_fattn(
 
     k = cache_view(kv_type, dk)
     v = cache_view(v_type, dv)
-    srcs = [q, k, v]
+    mask_node = sinks_node = None
     if mask:
         m = np.zeros((n3, mask_heads, n_q, n_kv), np.float32)
         for i in range(n_q):  # causal over the last n_q positions, plus a few random holes
             m[..., i, n_kv - n_q + i + 1 :] = -np.inf
         m[rng.random(m.shape) < 0.1] = -np.inf
-        srcs.append(g.input(F16, (n_kv, n_q, mask_heads, n3), m.astype(np.float16)))
-    elif sinks:
-        srcs.append(0)
+        mask_node = g.input(F16, (n_kv, n_q, mask_heads, n3), m.astype(np.float16))
     if sinks:
-        srcs.append(g.input(F32, (n_head, 1, 1, 1), rng.standard_normal(n_head).astype(np.float32)))
+        sinks_node = g.input(F32, (n_head, 1, 1, 1), rng.standard_normal(n_head).astype(np.float32))
     scale = 1.0 / np.sqrt(dk) if scale is None else scale
     out_ne = (dv, n_head, n_q, n3)
-    out = g.op(
-        FLASH_ATTN_EXT,
-        F32,
-        out_ne,
-        srcs,
-        params=pack_params(float(scale), float(max_bias), float(softcap), 10),
-    )
+    out = flash_attn_node(g, [q, k, v], mask_node, sinks_node, out_ne, scale, max_bias, softcap)
     (r,), (o,) = run_both(g, [out], ref, ours)
     ref_v, our_v = as_f32(r, out_ne), as_f32(o, out_ne)
     plain = kv_type == v_type and kv_type in (F32, F16)
@@ -464,20 +458,6 @@ def test_fattn_property(
 
 
 # --- MUL_MAT_ID ------------------------------------------------------------------------------
-
-
-# Byte offsets of f16 scale fields per block, forced finite in random raw k-quant blocks.
-F16_FIELDS = {T.Q4_K: [0, 2], T.Q6_K: [208]}
-
-
-def random_blocks(type_id: int, n_rows: int, ne0: int, rng) -> bytes:
-    size = Q.type_size(type_id)
-    n_blocks = n_rows * ne0 // Q.block_size(type_id)
-    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    for off in F16_FIELDS[type_id]:
-        d = rng.uniform(0.001, 0.05, n_blocks).astype(np.float16)
-        raw[:, off : off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
-    return raw.tobytes()
 
 
 def run_mmid(

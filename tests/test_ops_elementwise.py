@@ -8,87 +8,28 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from rpcnet.compute.ops import Glu, Op, Unary
-from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
-from support.hyp import examples
-from support.opgraph import OpGraph, encode, ne4, pack_params
-
-F32, F16, I32, I64, BF16 = 0, 1, 26, 27, 30
-TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BF16: 2}
-
-SETTINGS = settings(
-    max_examples=examples(12),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+from support.op_diff import (
+    BF16,
+    F16,
+    F32,
+    I32,
+    SETTINGS,
+    add_input,
+    assert_same_bytes,
+    decode,
+    given_ints,
+    normal,
+    quantize_like,
+    run_both,
+    seeds,
 )
-
+from support.opgraph import OpGraph, encode, ne4, pack_params
 
 # ------------------------------------------------------------------------------------------------
 # helpers
-
-
-def decode(raw: bytes, type_id: int, ne) -> np.ndarray:
-    n3, n2, n1, n0 = reversed(ne4(ne))
-    if type_id == F32:
-        out = np.frombuffer(raw, np.float32)
-    elif type_id == F16:
-        out = np.frombuffer(raw, np.float16).astype(np.float32)
-    elif type_id == BF16:
-        out = bf16_to_f32(np.frombuffer(raw, np.uint16))
-    elif type_id == I32:
-        out = np.frombuffer(raw, np.int32)
-    elif type_id == I64:
-        out = np.frombuffer(raw, np.int64)
-    else:
-        raise ValueError(type_id)
-    return out.reshape(n3, n2, n1, n0)
-
-
-def quantize_like(type_id: int, values: np.ndarray) -> np.ndarray:
-    """The float32 values a tensor of `type_id` will actually hold."""
-    if type_id == F16:
-        return values.astype(np.float16).astype(np.float32)
-    if type_id == BF16:
-        return bf16_to_f32(f32_to_bf16(values))
-    return values.astype(np.float32)
-
-
-def add_input(g: OpGraph, type_id: int, values: np.ndarray, layout: str = "contig") -> int:
-    """A tensor with logical values `values` (numpy order ne3, ne2, ne1, ne0) in some memory layout.
-
-    contig: plain leaf; padded: rows padded (still ggml-contiguous over dims 1..3);
-    permuted: dims 1 and 2 swapped in memory (rows contiguous, dims 1/2 not);
-    transposed: dims 0 and 1 swapped in memory (nb0 != type size).
-    """
-    values = np.asarray(values).reshape((1,) * (4 - values.ndim) + values.shape)
-    n3, n2, n1, n0 = values.shape
-    ts = TYPE_SIZE[type_id]
-    if layout == "contig":
-        return g.input(type_id, (n0, n1, n2, n3), encode(type_id, values))
-    if layout == "padded":
-        pad = 3
-        phys = np.zeros((n3, n2, n1, n0 + pad), values.dtype)
-        phys[..., :n0] = values
-        leaf = g.input(type_id, (n0 + pad, n1, n2, n3), encode(type_id, phys))
-        row = (n0 + pad) * ts
-        return g.view(leaf, (n0, n1, n2, n3), (ts, row, row * n1, row * n1 * n2))
-    if layout == "permuted":
-        phys = np.ascontiguousarray(values.transpose(0, 2, 1, 3))
-        leaf = g.input(type_id, (n0, n2, n1, n3), encode(type_id, phys))
-        row = n0 * ts
-        return g.view(leaf, (n0, n1, n2, n3), (ts, row * n2, row, row * n1 * n2))
-    if layout == "transposed":
-        phys = np.ascontiguousarray(values.transpose(0, 1, 3, 2))
-        leaf = g.input(type_id, (n1, n0, n2, n3), encode(type_id, phys))
-        plane = n0 * n1 * ts
-        return g.view(leaf, (n0, n1, n2, n3), (ts * n1, ts, plane, plane * n2))
-    raise ValueError(layout)
-
-
-def run_both(g: OpGraph, outs: list[int], ref: int, ours: int) -> tuple[list[bytes], list[bytes]]:
-    return g.run(ref, outs), g.run(ours, outs)
 
 
 def close(ours: np.ndarray, ref: np.ndarray, rtol: float, atol: float, what: str) -> None:
@@ -113,13 +54,6 @@ def type_tol(type_id: int, rtol: float, atol: float) -> tuple[float, float]:
 
 shapes = st.tuples(st.integers(1, 37), st.integers(1, 5), st.integers(1, 3), st.integers(1, 2))
 layouts = st.sampled_from(["contig", "padded", "permuted"])
-seeds = st.integers(0, 2**31 - 1)
-
-
-def normal(seed: int, ne, scale: float = 3.0) -> np.ndarray:
-    n0, n1, n2, n3 = ne4(ne)
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((n3, n2, n1, n0)) * scale).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -456,8 +390,7 @@ def test_concat(reference_v8, rpcnet_v8, shape, extra, dim, type_id, layout, see
     a = add_input(g, type_id, a_vals, layout)
     b = add_input(g, type_id, b_vals, "contig")
     out = g.op(Op.CONCAT, type_id, ne_out, (a, b), params=pack_params(dim))
-    (r,), (o,) = run_both(g, [out], reference_v8, rpcnet_v8)
-    assert r == o
+    assert_same_bytes(g, out, reference_v8, rpcnet_v8)
 
 
 def test_concat_quantized(reference_v8, rpcnet_v8):
@@ -488,8 +421,7 @@ def test_repeat(reference_v8, rpcnet_v8, shape, reps, type_id, layout, seed):
     g = OpGraph()
     a = add_input(g, type_id, raw_values(type_id, seed, shape), layout)
     out = g.op(Op.REPEAT, type_id, ne_out, (a,))
-    (r,), (o,) = run_both(g, [out], reference_v8, rpcnet_v8)
-    assert r == o
+    assert_same_bytes(g, out, reference_v8, rpcnet_v8)
 
 
 @SETTINGS
@@ -507,8 +439,7 @@ def test_pad(reference_v8, rpcnet_v8, shape, pads, circular, layout, seed):
     g = OpGraph()
     a = add_input(g, F32, normal(seed, shape), layout)
     out = g.op(Op.PAD, F32, ne_out, (a,), params=pack_params(*pads, int(circular)))
-    (r,), (o,) = run_both(g, [out], reference_v8, rpcnet_v8)
-    assert r == o
+    assert_same_bytes(g, out, reference_v8, rpcnet_v8)
 
 
 @pytest.mark.parametrize(
@@ -571,8 +502,7 @@ def test_acc(reference_v8, rpcnet_v8, a_ne, frac, start, seed):
     a = g.input(F32, a_ne, normal(seed, a_ne))
     b = g.input(F32, b_ne, normal(seed + 1, b_ne))
     out = g.op(Op.ACC, F32, a_ne, (a, b), params=pack_params(nb[1], nb[2], nb[3], offset, 0))
-    (r,), (o,) = run_both(g, [out], reference_v8, rpcnet_v8)
-    assert r == o
+    assert_same_bytes(g, out, reference_v8, rpcnet_v8)
 
 
 @pytest.mark.parametrize(
@@ -599,18 +529,10 @@ def test_add1_quantized(reference_v8, rpcnet_v8, q_type):
     a = g.input(q_type, ne, raw)
     b = g.input(F32, (1,), np.array([0.37], np.float32))
     out = g.op(Op.ADD1, q_type, ne, (a, b))
-    (r,), (o,) = run_both(g, [out], reference_v8, rpcnet_v8)
-    assert r == o
+    assert_same_bytes(g, out, reference_v8, rpcnet_v8)
 
 
-@SETTINGS
-@given(
-    ne0=st.integers(1, 20),
-    n_used=st.integers(1, 4),
-    n_tok=st.integers(1, 3),
-    n_exp=st.integers(1, 6),
-    seed=seeds,
-)
+@given_ints(ne0=(1, 20), n_used=(1, 4), n_tok=(1, 3), n_exp=(1, 6))
 def test_add_id(reference_v8, rpcnet_v8, ne0, n_used, n_tok, n_exp, seed):
     rng = np.random.default_rng(seed)
     ne = (ne0, n_used, n_tok)
@@ -620,18 +542,10 @@ def test_add_id(reference_v8, rpcnet_v8, ne0, n_used, n_tok, n_exp, seed):
     b = g.input(F32, (ne0, n_exp), normal(seed + 1, (ne0, n_exp)))
     i = g.input(I32, (n_used, n_tok), ids)
     out = g.op(Op.ADD_ID, F32, ne, (a, b, i))
-    (r,), (o,) = run_both(g, [out], reference_v8, rpcnet_v8)
-    assert r == o
+    assert_same_bytes(g, out, reference_v8, rpcnet_v8)
 
 
-@SETTINGS
-@given(
-    d_conv=st.integers(1, 5),
-    d_inner=st.integers(1, 9),
-    n_t=st.integers(1, 6),
-    n_s=st.integers(1, 3),
-    seed=seeds,
-)
+@given_ints(d_conv=(1, 5), d_inner=(1, 9), n_t=(1, 6), n_s=(1, 3))
 def test_ssm_conv(reference_v8, rpcnet_v8, d_conv, d_inner, n_t, n_s, seed):
     sx_ne = (d_conv - 1 + n_t, d_inner, n_s)
     g = OpGraph()

@@ -19,10 +19,10 @@ import pytest
 from rpcnet import _native
 from rpcnet.compute.kernels.kernel_table import select
 from rpcnet.compute.tensor import Tensor
+from support.fa_graph import flash_attn_node
 from support.opgraph import OpGraph, as_f32, pack_params
 
 F32, F16 = 0, 1
-FLASH_ATTN_EXT = 74
 f32, f16, f64 = np.float32, np.float16, np.float64
 ld = np.longdouble
 
@@ -322,21 +322,11 @@ def reference_fa(port, q, k, v, m, s, scale, max_bias, softcap):
     for cache, view in (k, v):
         ci = g.input(F32 if cache.dtype == f32 else F16, tuple(reversed(cache.shape)), cache)
         srcs.append(g.view(ci, tuple(reversed(view.shape)), tuple(reversed(view.strides))))
-    if m is not None:
-        srcs.append(g.input(F16, tuple(reversed(m.shape)), m))
-    elif s is not None:
-        srcs.append(0)
-    if s is not None:
-        srcs.append(g.input(F32, (n_head, 1, 1, 1), s))
+    mask = None if m is None else g.input(F16, tuple(reversed(m.shape)), m)
+    sinks = None if s is None else g.input(F32, (n_head, 1, 1, 1), s)
     dv = v[1].shape[3]
     out_ne = (dv, n_head, n_q, n3)
-    out = g.op(
-        FLASH_ATTN_EXT,
-        F32,
-        out_ne,
-        srcs,
-        params=pack_params(float(scale), float(max_bias), float(softcap), 10),
-    )
+    out = flash_attn_node(g, srcs, mask, sinks, out_ne, scale, max_bias, softcap)
     (raw,) = g.run(port, [out])
     return as_f32(raw, out_ne)
 

@@ -8,68 +8,30 @@ reference process.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from rpcnet.compute.ops import Op
-from rpcnet.compute.views import bf16_to_f32, f32_to_bf16
-from support.hyp import examples
-from support.opgraph import OpGraph, encode, ne4, pack_params
-
-F32, F16, I32, I64, BF16 = 0, 1, 26, 27, 30
-TYPE_SIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BF16: 2}
-
-SETTINGS = settings(
-    max_examples=examples(12),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+from support import op_diff
+from support.op_diff import (
+    BF16,
+    F16,
+    F32,
+    I32,
+    I64,
+    SETTINGS,
+    add_input,
+    decode,
+    quantize_like,
+    run_both,
+    seeds,
 )
+from support.opgraph import OpGraph, pack_params
 
 shapes = st.tuples(st.integers(1, 40), st.integers(1, 5), st.integers(1, 3), st.integers(1, 2))
-seeds = st.integers(0, 2**31 - 1)
-
-
-def decode(raw: bytes, type_id: int, ne) -> np.ndarray:
-    n0, n1, n2, n3 = ne4(ne)
-    dtype = {F32: np.float32, F16: np.float16, I32: np.int32, I64: np.int64, BF16: np.uint16}
-    out = np.frombuffer(raw, dtype[type_id])
-    if type_id == BF16:
-        out = bf16_to_f32(out)
-    return out.reshape(n3, n2, n1, n0)
-
-
-def add_input(g: OpGraph, type_id: int, values: np.ndarray, layout: str = "contig") -> int:
-    """`values` (numpy order ne3..ne0) as a contiguous leaf, a row-padded view, or a view with
-    dims 1 and 2 swapped in memory."""
-    n3, n2, n1, n0 = values.shape
-    ts = TYPE_SIZE[type_id]
-    if layout == "contig":
-        return g.input(type_id, (n0, n1, n2, n3), encode(type_id, values))
-    if layout == "padded":
-        phys = np.zeros((n3, n2, n1, n0 + 2), values.dtype)
-        phys[..., :n0] = values
-        leaf = g.input(type_id, (n0 + 2, n1, n2, n3), encode(type_id, phys))
-        row = (n0 + 2) * ts
-        return g.view(leaf, (n0, n1, n2, n3), (ts, row, row * n1, row * n1 * n2))
-    if layout == "permuted":
-        phys = np.ascontiguousarray(values.transpose(0, 2, 1, 3))
-        leaf = g.input(type_id, (n0, n2, n1, n3), encode(type_id, phys))
-        row = n0 * ts
-        return g.view(leaf, (n0, n1, n2, n3), (ts, row * n2, row, row * n1 * n2))
-    raise ValueError(layout)
 
 
 def normal(seed: int, ne, type_id: int = F32) -> np.ndarray:
-    n0, n1, n2, n3 = ne4(ne)
-    x = (np.random.default_rng(seed).standard_normal((n3, n2, n1, n0)) * 3).astype(np.float32)
-    if type_id == F16:
-        return x.astype(np.float16).astype(np.float32)
-    if type_id == BF16:
-        return bf16_to_f32(f32_to_bf16(x))
-    return x
-
-
-def run_both(g: OpGraph, outs: list[int], ref: int, ours: int) -> tuple[list[bytes], list[bytes]]:
-    return g.run(ref, outs), g.run(ours, outs)
+    return quantize_like(type_id, op_diff.normal(seed, ne))
 
 
 # ------------------------------------------------------------------------------------------------

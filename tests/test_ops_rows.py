@@ -17,6 +17,7 @@ from rpcnet.ggml_types import GgmlType as T
 from support import require
 from support.hyp import examples
 from support.opgraph import OpGraph, contiguous_nb
+from support.raw_blocks import F16_FIELDS, random_blocks
 
 DUP, CPY, CONT, GET_ROWS, SET_ROWS = 1, 34, 35, 40, 42
 F32, F16, I32, I64, BF16 = 0, 1, 26, 27, 30
@@ -28,8 +29,6 @@ HYP = settings(
 )
 
 QUANT_DST = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL]
-# Byte offsets of f16 scale fields per block, forced finite in random raw blocks.
-F16_FIELDS = {T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108]}
 
 
 def run_both(g: OpGraph, outs, ref: int, ours: int):
@@ -46,15 +45,15 @@ def values_bytes(type_id: int, values: np.ndarray) -> bytes:
     return Q.quantize(type_id, values.reshape(-1, values.shape[-1])).tobytes()
 
 
-def random_blocks(type_id: int, n_rows: int, ne0: int, rng) -> bytes:
-    """Random raw blocks with finite, moderate f16 scales (for types rpcnet cannot quantize)."""
-    size = Q.type_size(type_id)
-    n_blocks = n_rows * ne0 // Q.block_size(type_id)
-    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    for off in F16_FIELDS[type_id]:
-        d = rng.uniform(0.001, 0.05, n_blocks).astype(np.float16)
-        raw[:, off : off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
-    return raw.tobytes()
+def source_rows(type_id: int, n_rows: int, ne0: int, scale: float, rng) -> tuple[np.ndarray, bytes]:
+    """Normal values (times `scale`) and a source tensor's bytes of `type_id`: the values
+    encoded, or random raw blocks for the types rpcnet cannot quantize."""
+    values = rng.standard_normal((n_rows, ne0)).astype(np.float32) * scale
+    if type_id in F16_FIELDS:
+        return values, random_blocks(type_id, n_rows, ne0, rng)
+    if type_id in (F16, BF16):
+        return values, Q.quantize(type_id, values).tobytes()
+    return values, values_bytes(type_id, values)
 
 
 def decode(type_id: int, raw: bytes, ne0: int) -> np.ndarray:
@@ -98,13 +97,7 @@ def test_get_rows_types(reference_v8, rpcnet_v8, src_type):
     ne0 = 256 if src_type in F16_FIELDS else 64
     ne = (ne0, 10, 2, 1)
     n_rows = 10 * 2
-    values = rng.standard_normal((n_rows, ne0)).astype(np.float32) * 3
-    if src_type in F16_FIELDS:
-        raw = random_blocks(src_type, n_rows, ne0, rng)
-    elif src_type in (F16, BF16):
-        raw = Q.quantize(src_type, values).tobytes()
-    else:
-        raw = values_bytes(src_type, values)
+    values, raw = source_rows(src_type, n_rows, ne0, 3.0, rng)
     g = OpGraph()
     a = g.input(src_type, ne, raw)
     ids = rng.integers(0, 10, size=(2, 5)).astype(np.int32)  # [ne0=5, ne1=2]
@@ -261,13 +254,7 @@ def test_cpy_types(reference_v8, rpcnet_v8, src_type, dst_type):
     ne0 = 256 if src_type in F16_FIELDS else 64
     ne = (ne0, 6, 2, 1)
     n = 12
-    values = rng.standard_normal((n, ne0)).astype(np.float32) * 5
-    if src_type in F16_FIELDS:
-        raw = random_blocks(src_type, n, ne0, rng)
-    elif src_type in (F16, BF16):
-        raw = Q.quantize(src_type, values).tobytes()
-    else:
-        raw = values_bytes(src_type, values)
+    values, raw = source_rows(src_type, n, ne0, 5.0, rng)
     g = OpGraph()
     a = g.input(src_type, ne, raw)
     dst = g.input(

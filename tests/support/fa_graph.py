@@ -1,0 +1,31 @@
+"""FLASH_ATTN_EXT nodes of an OpGraph, with ggml's optional sources: the mask, and the
+attention sinks (which take the 5th source: a missing mask leaves a 0 there)."""
+
+from __future__ import annotations
+
+from support.opgraph import OpGraph, pack_params
+
+FLASH_ATTN_EXT = 74
+F32 = 0
+
+
+def flash_attn_node(
+    g: OpGraph,
+    qkv: list[int],
+    mask: int | None,
+    sinks: int | None,
+    out_ne: tuple[int, int, int, int],
+    scale: float,
+    max_bias: float,
+    softcap: float,
+) -> int:
+    """The node over q, k, v (`qkv`): f32 [dv, n_head, n_q, n3], f32 precision requested (10)."""
+    srcs = list(qkv)
+    if mask is not None:
+        srcs.append(mask)
+    elif sinks is not None:
+        srcs.append(0)
+    if sinks is not None:
+        srcs.append(sinks)
+    params = pack_params(float(scale), float(max_bias), float(softcap), 10)
+    return g.op(FLASH_ATTN_EXT, F32, out_ne, srcs, params=params)
