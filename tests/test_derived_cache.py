@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-from rpcnet import _native
 from rpcnet.client import RpcClient
 from rpcnet.compute.derived import DerivedCache
 from rpcnet.compute.memory import MemoryPool
 from rpcnet.compute.scratch import PLAN_BYTES_PER_TENSOR
 from support import require
 from support.ggml_oracle import q8_0_x86_dequantized
+from support.mul_mat_wire import mul_mat_tensors
 from support.opgraph import contiguous_nb
 
-Q8_0, F32, F16, MUL_MAT = 8, 0, 1, 29
+Q8_0, F16 = 8, 1
 
 
 async def test_weight_cache_hits_and_invalidation(server):
@@ -29,18 +29,7 @@ async def test_weight_cache_hits_and_invalidation(server):
         wb = await c.buffer_base(wh)
         ah, _ = await c.alloc_buffer(4096)
         ab = await c.buffer_base(ah)
-        tw = _native.RpcTensor(id=1, type=Q8_0, buffer=wh, data=wb, ne=(64, 4, 1, 1))
-        tx = _native.RpcTensor(id=2, type=F16, buffer=ah, data=ab, ne=(64, 12, 1, 1))
-        to = _native.RpcTensor(
-            id=3,
-            type=F32,
-            buffer=ah,
-            data=ab + 3072,
-            ne=(4, 12, 1, 1),
-            op=MUL_MAT,
-            src=(1, 2),
-            flags=16,
-        )
+        tw, tx, to = mul_mat_tensors(Q8_0, F16, 64, 4, 12, (wh, wb), (ah, ab), (ah, ab + 3072))
         await c.set_tensor(tw, 0, wq)
         await c.set_tensor(tx, 0, x.tobytes())
         await c.graph_compute([3], [tw, tx, to], uid=1)

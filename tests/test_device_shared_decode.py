@@ -16,27 +16,23 @@ import pytest
 from rpcnet import _native
 from rpcnet.compute import device as device_module
 from rpcnet.compute.buffer import DeviceBuffer
-from rpcnet.compute.device import Device, OwnedPlan, cpu_device
+from rpcnet.compute.device import Device, OwnedPlan
 from rpcnet.compute.graph import Plan
-from rpcnet.compute.quant import quantize
 from rpcnet.compute.shared_decode import JointForm, WeightSite
 from rpcnet.ggml_types import GgmlType
+from support.q8_0_steps import cpu_worker, f32_vector, q8_0_matrix, q8_0_matvec_step, q8_0_row_bytes
 
 K, M = 256, 40
-ROW = K // 32 * 34
+ROW = q8_0_row_bytes(K)
 
 
 @pytest.fixture
 def device() -> Iterator[Device]:
-    dev = cpu_device(capacity=1 << 26, threads=2)
-    yield dev
-    dev.shutdown()
+    yield from cpu_worker()
 
 
 def q8_0_weights(seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((M, K)).astype(np.float32)
-    return np.ascontiguousarray(quantize(GgmlType.Q8_0, w), dtype=np.uint8).reshape(-1)
+    return q8_0_matrix(np.random.default_rng(seed).standard_normal((M, K)).astype(np.float32))
 
 
 class Client:
@@ -50,15 +46,8 @@ class Client:
         self.x = np.random.default_rng(seed).standard_normal(K).astype(np.float32)
         self.mid = np.zeros(M, dtype=np.float32)
         self.out = np.zeros(M, dtype=np.float32)
-        x = (self.x.view(np.uint8), 0, (K, 1, 1, 1), (4, 4 * K, 4 * K, 4 * K))
         steps = [
-            _native.mul_mat_step(
-                GgmlType.Q8_0,
-                (w, 0, (K // 32, M, 1, 1), (34, ROW, ROW * M, ROW * M)),
-                x,
-                (out.view(np.uint8), 0, (M, 1, 1, 1), (4, 4 * M, 4 * M, 4 * M)),
-                threads=2,
-            )
+            q8_0_matvec_step(w, K, M, self.x, out)
             for w, out in zip(self.weights, (self.mid, self.out), strict=True)
         ]
         sites = tuple(WeightSite(i, buf, 0, buf.size) for i, buf in enumerate(self.buffers))
@@ -176,7 +165,7 @@ def test_a_failed_plan_fails_alone(device: Device):
         (table.view(np.uint8), 0, (K, 4, 1, 1), (4, 4 * K, 16 * K, 16 * K)),
         GgmlType.F32,
         (rows.view(np.uint8), 0, (1, 1, 1, 1), (4, 4, 4, 4)),
-        (dst.view(np.uint8), 0, (K, 1, 1, 1), (4, 4 * K, 4 * K, 4 * K)),
+        f32_vector(dst),
     )
     assert a.plan.joint is not None
     steps_a = [bad, *a.plan.joint.steps[1:]]

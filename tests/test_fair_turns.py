@@ -13,24 +13,19 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from rpcnet import _native
 from rpcnet.compute import turns
-from rpcnet.compute.device import Device, OwnedPlan, cpu_device
+from rpcnet.compute.device import Device, OwnedPlan
 from rpcnet.compute.graph import Plan, batch_native_steps
 from rpcnet.compute.plan_run import PlanCursor
-from rpcnet.compute.quant import quantize
 from rpcnet.compute.turns import Job, Turns
-from rpcnet.ggml_types import GgmlType
+from support.q8_0_steps import cpu_worker, q8_0_matrix, q8_0_matvec_step
 
 K = 256  # square products: each node's output is the next node's input
-ROW = K // 32 * 34
 
 
 @pytest.fixture
 def device() -> Iterator[Device]:
-    dev = cpu_device(capacity=1 << 26, threads=2)
-    yield dev
-    dev.shutdown()
+    yield from cpu_worker()
 
 
 class Chain:
@@ -40,25 +35,13 @@ class Chain:
         rng = np.random.default_rng(seed)
         self.x = rng.standard_normal(K).astype(np.float32)
         self.weights = [
-            np.ascontiguousarray(
-                quantize(GgmlType.Q8_0, rng.standard_normal((K, K)).astype(np.float32) / 16),
-                dtype=np.uint8,
-            ).reshape(-1)
-            for _ in range(n)
+            q8_0_matrix(rng.standard_normal((K, K)).astype(np.float32) / 16) for _ in range(n)
         ]
         self.h = [np.zeros(K, dtype=np.float32) for _ in range(n)]
         src = self.x
         steps: list = [] if first is None else [first]
         for w, out in zip(self.weights, self.h, strict=True):
-            steps.append(
-                _native.mul_mat_step(
-                    GgmlType.Q8_0,
-                    (w, 0, (K // 32, K, 1, 1), (34, ROW, ROW * K, ROW * K)),
-                    (src.view(np.uint8), 0, (K, 1, 1, 1), (4, 4 * K, 4 * K, 4 * K)),
-                    (out.view(np.uint8), 0, (K, 1, 1, 1), (4, 4 * K, 4 * K, 4 * K)),
-                    threads=2,
-                )
-            )
+            steps.append(q8_0_matvec_step(w, K, K, src, out))
             src = out
         if last is not None:
             steps.append(last)

@@ -35,23 +35,8 @@ def _gguf() -> None:
 needs_gguf = pytest.mark.usefixtures("_gguf")
 
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
-ALL_DEQUANT = [
-    T.F16,
-    T.BF16,
-    T.Q4_0,
-    T.Q4_1,
-    T.Q5_0,
-    T.Q5_1,
-    T.Q8_0,
-    T.Q2_K,
-    T.Q3_K,
-    T.Q4_K,
-    T.Q5_K,
-    T.Q6_K,
-    T.IQ4_NL,
-    T.IQ4_XS,
-    T.MXFP4,
-]
+K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+ALL_DEQUANT = [T.F16, T.BF16, *LEGACY, *K_QUANTS, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
 GGUF_QUANTIZABLE = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
 
 # Byte offsets of the f16 scale fields inside each block (forced finite in random blocks).
@@ -129,17 +114,7 @@ def sample_rows(rng, n_rows: int, row_elems: int) -> np.ndarray:
 
 def test_type_sets_and_row_bytes():
     assert set(ALL_DEQUANT) | {T.F32} == set(Q.dequantizable_types())
-    assert {
-        T.F32,
-        T.F16,
-        T.BF16,
-        T.Q4_0,
-        T.Q4_1,
-        T.Q5_0,
-        T.Q5_1,
-        T.Q8_0,
-        T.IQ4_NL,
-    } <= Q.quantizable_types()
+    assert {T.F32, T.F16, T.BF16, *LEGACY, T.IQ4_NL} <= Q.quantizable_types()
     assert Q.quantizable_types() <= Q.dequantizable_types()
     assert isinstance(Q.dequantizable_types(), frozenset)
     expect = {

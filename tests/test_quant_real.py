@@ -28,26 +28,32 @@ def zoo_dir(tmp_path_factory):
     return os.environ.get("RPCNET_E2E_CACHE") or tmp_path_factory.mktemp("zoo")
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_real_quantized_tensors_decode_like_gguf(name, zoo_dir):
+def decoded_types(path, skipped: set[int]) -> set[str]:
+    """Decodes every tensor of the gguf file at `path` (but those of `skipped` types) with
+    rpcnet and with `gguf`: the bits must agree. The names of the types decoded."""
     import gguf
     from gguf.quants import dequantize as gguf_dequantize
 
-    reader = gguf.GGUFReader(str(ensure_model(ZOO[name], zoo_dir)))
     seen = set()
-    for t in reader.tensors:
+    for t in gguf.GGUFReader(str(path)).tensors:
         type_id = int(t.tensor_type)
-        if type_id not in quant.dequantizable_types() or type_id in (0, 1, 30):
+        if type_id in skipped or type_id not in quant.dequantizable_types():
             continue
         seen.add(t.tensor_type.name)
         row_elems = int(t.shape[0])
-        raw = np.asarray(t.data, dtype=np.uint8).reshape(-1)
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
         rows = raw.size // quant.row_bytes(type_id, row_elems)
         ours = quant.dequantize(type_id, raw, rows, row_elems)
         oracle = np.asarray(gguf_dequantize(raw.reshape(rows, -1), t.tensor_type), np.float32)
         assert np.array_equal(
             ours.view(np.uint32), oracle.reshape(rows, row_elems).view(np.uint32)
-        ), f"{name}: {t.name} ({t.tensor_type.name}) differs"
+        ), f"{path.name}: {t.name} ({t.tensor_type.name}) differs"
+    return seen
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_real_quantized_tensors_decode_like_gguf(name, zoo_dir):
+    seen = decoded_types(ensure_model(ZOO[name], zoo_dir), skipped={0, 1, 30})  # F32, F16, BF16
     spec = ZOO[name]
     assert QUANT_MAIN_TYPE[spec.quant] in seen, f"{name}: decoded only {sorted(seen)}"
 
@@ -68,8 +74,6 @@ EXTRA_FTYPES = {
 
 @pytest.mark.parametrize("ftype", sorted(EXTRA_FTYPES))
 def test_more_real_quantizer_types_decode_like_gguf(ftype, zoo_dir, tmp_path):
-    import gguf
-    from gguf.quants import dequantize as gguf_dequantize
     from support.models import quantize_model
 
     # MXFP4_MOE quantizes only expert tensors: it needs the MoE model.
@@ -77,19 +81,5 @@ def test_more_real_quantizer_types_decode_like_gguf(ftype, zoo_dir, tmp_path):
     base = ensure_model(ZOO[source].base, zoo_dir)
     out = tmp_path / f"{ftype}.gguf"
     quantize_model(base, out, ftype)
-    reader = gguf.GGUFReader(str(out))
-    seen = set()
-    for t in reader.tensors:
-        type_id = int(t.tensor_type)
-        if type_id == 0 or type_id not in quant.dequantizable_types():
-            continue
-        seen.add(t.tensor_type.name)
-        row_elems = int(t.shape[0])
-        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
-        rows = raw.size // quant.row_bytes(type_id, row_elems)
-        ours = quant.dequantize(type_id, raw, rows, row_elems)
-        oracle = np.asarray(gguf_dequantize(raw.reshape(rows, -1), t.tensor_type), np.float32)
-        assert np.array_equal(
-            ours.view(np.uint32), oracle.reshape(rows, row_elems).view(np.uint32)
-        ), f"{ftype}: {t.name} ({t.tensor_type.name}) differs"
+    seen = decoded_types(out, skipped={0})  # F32
     assert EXTRA_FTYPES[ftype] in seen, f"{ftype}: decoded only {sorted(seen)}"

@@ -104,10 +104,10 @@ async def test_large_quantized_weights_are_converted_in_row_chunks(server, monke
     import gguf
     import gguf.quants as gq
     import numpy as np
-    from rpcnet import _native
     from rpcnet.client import RpcClient
     from rpcnet.compute.kernels import matmul
     from rpcnet.compute.kernels.operands import vec_dot_operand
+    from support.mul_mat_wire import mul_mat_tensors
 
     monkeypatch.setattr(matmul, "WEIGHT_CHUNK", 7 * 64 * 4)  # 7 rows of 64 at a time
     rng = np.random.default_rng(3)
@@ -118,18 +118,8 @@ async def test_large_quantized_weights_are_converted_in_row_chunks(server, monke
     async with await RpcClient.connect("127.0.0.1", server.port) as c:
         h, _ = await c.alloc_buffer(16384)
         base = await c.buffer_base(h)
-        tw = _native.RpcTensor(id=1, type=Q8_0, buffer=h, data=base, ne=(64, 40, 1, 1))
-        tx = _native.RpcTensor(id=2, type=F32, buffer=h, data=base + 4096, ne=(64, 12, 1, 1))
-        to = _native.RpcTensor(
-            id=3,
-            type=F32,
-            buffer=h,
-            data=base + 8192,
-            ne=(40, 12, 1, 1),
-            op=Op.MUL_MAT,
-            src=(1, 2),
-            flags=16,
-        )
+        at = [(h, base + offset) for offset in (0, 4096, 8192)]
+        tw, tx, to = mul_mat_tensors(Q8_0, F32, 64, 40, 12, *at)
         await c.set_tensor(tw, 0, wq.tobytes())
         await c.set_tensor(tx, 0, x.tobytes())
         await c.graph_compute([3], [tw, tx, to])
