@@ -113,30 +113,29 @@ class FakeQueuePair(QueuePair):
         if self.fail_at == step:
             raise FakeVerbsError(f"injected failure at {step}")
 
-    def to_init(self) -> None:
-        with self.fabric.lock:
-            self._fail("init")
-            if self.state != RESET:
-                raise FakeVerbsError(f"RESET->INIT from {self.state}")
-            self.state = INIT
-
-    def to_rtr(self, remote: RdmaCaps) -> None:
-        with self.fabric.lock:
-            self._fail("rtr")
-            if self.state != INIT:
-                raise FakeVerbsError(f"INIT->RTR from {self.state}")
+    def _advance(self, step: str, before: str, after: str, remote: RdmaCaps | None = None) -> None:
+        """One transition of the QP state machine, as verbs checks it (under the fabric lock)."""
+        self._fail(step)
+        if self.state != before:
+            raise FakeVerbsError(f"{before}->{after} from {self.state}")
+        if remote is not None:
             if remote.psn != remote.qpn & 0xFFFFFF:
                 raise FakeVerbsError("remote PSN does not follow the qpn & 0xFFFFFF rule")
             self.remote = remote
-            self.state = RTR
+        self.state = after
+
+    def to_init(self) -> None:
+        with self.fabric.lock:
+            self._advance("init", RESET, INIT)
+
+    def to_rtr(self, remote: RdmaCaps) -> None:
+        with self.fabric.lock:
+            self._advance("rtr", INIT, RTR, remote)
             self._deliver_pending()
 
     def to_rts(self) -> None:
         with self.fabric.lock:
-            self._fail("rts")
-            if self.state != RTR:
-                raise FakeVerbsError(f"RTR->RTS from {self.state}")
-            self.state = RTS
+            self._advance("rts", RTR, RTS)
 
     # ------------------------------------------------------------ memory
 

@@ -266,6 +266,15 @@ class EmuKernel:
         self._buffers.check(self.name)
 
 
+def _load_once(cache: dict[str, Any], name: str, known: Sequence[str], load, where: str) -> Any:
+    """`cache[name]`, loaded on first use; a KeyError names what `where` has instead."""
+    if name not in cache:
+        if name not in known:
+            raise KeyError(f"{where} has no {name}: {list(known)}")
+        cache[name] = load(name)
+    return cache[name]
+
+
 class EmuModule:
     def __init__(self, path: Path, buffers: _Buffers) -> None:
         self.path = path
@@ -276,16 +285,15 @@ class EmuModule:
         self._kernels: dict[str, EmuKernel] = {}
 
     def function(self, kernel: str) -> EmuKernel:
-        if kernel not in self._kernels:
-            if kernel not in self.kernel_names:
-                raise KeyError(f"{self.path.stem} has no kernel {kernel}: {self.kernel_names}")
-            fn = getattr(self._lib, f"emu_{kernel}")
-            fn.argtypes = _LAUNCH_ARGTYPES
-            fn.restype = ctypes.c_char_p
-            sig = getattr(self._lib, f"emu_sig_{kernel}")
-            sig.restype = ctypes.c_char_p
-            self._kernels[kernel] = EmuKernel(kernel, fn, sig().decode(), self._buffers)
-        return self._kernels[kernel]
+        return _load_once(self._kernels, kernel, self.kernel_names, self._load, self.path.stem)
+
+    def _load(self, kernel: str) -> EmuKernel:
+        fn = getattr(self._lib, f"emu_{kernel}")
+        fn.argtypes = _LAUNCH_ARGTYPES
+        fn.restype = ctypes.c_char_p
+        sig = getattr(self._lib, f"emu_sig_{kernel}")
+        sig.restype = ctypes.c_char_p
+        return EmuKernel(kernel, fn, sig().decode(), self._buffers)
 
 
 class EmuKernels:
@@ -297,11 +305,10 @@ class EmuKernels:
         self._modules: dict[str, EmuModule] = {}
 
     def module(self, name: str) -> EmuModule:
-        if name not in self._modules:
-            if name not in self._paths:
-                raise KeyError(f"no kernel module {name}: {sorted(self._paths)}")
-            self._modules[name] = EmuModule(self._paths[name], self._buffers)
-        return self._modules[name]
+        def load(name: str) -> EmuModule:
+            return EmuModule(self._paths[name], self._buffers)
+
+        return _load_once(self._modules, name, sorted(self._paths), load, "the kernel modules")
 
     def function(self, module: str, kernel: str) -> EmuKernel:
         return self.module(module).function(kernel)
