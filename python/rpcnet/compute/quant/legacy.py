@@ -213,13 +213,21 @@ def _q8_0_amax(xb: Any, xp: Any) -> Any:
 
 
 def quantize_q8_0(x: Any, xp: Any = np) -> Any:
-    n_rows = x.shape[0]
     xb = _as_blocks(x, xp)
-    amax = _q8_0_amax(xb, xp)
+    d = _q8_0_scale(_q8_0_amax(xb, xp), xp)
     with errstate(xp):
-        d = (amax / xp.float32(127)).astype(xp.float32)
-        idv = _inv(d, xp)
-        q = c_float_to_int8(c_roundf(xb * idv, xp), xp)
+        q = c_float_to_int8(c_roundf(xb * _inv(d, xp), xp), xp)
+    return _q8_0_rows(d, q, x.shape[0], xp)
+
+
+def _q8_0_scale(amax: Any, xp: Any) -> Any:
+    """``d = amax / 127`` in f32."""
+    with errstate(xp):
+        return (amax / xp.float32(127)).astype(xp.float32)
+
+
+def _q8_0_rows(d: Any, q: Any, n_rows: int, xp: Any) -> Any:
+    """Blocks of (f16 d, 32 int8 codes given as int32) as `n_rows` rows of bytes."""
     qs = (q & xp.int32(0xFF)).astype(xp.uint8)
     return xp.concatenate([_f16_field(d, xp), qs], axis=1).reshape(n_rows, -1)
 
@@ -259,13 +267,10 @@ def _cvtps_epi32_sat8(v: Any, xp: Any) -> Any:
 
 def quantize_q8_0_x86(x: Any, xp: Any = np) -> Any:
     """Q8_0 as ggml-cpu's AVX/AVX2 ``quantize_row_q8_0`` encodes it."""
-    n_rows = x.shape[0]
     xb = _as_blocks(x, xp)
     amax = _q8_0_amax_avx(xb, xp)
+    d = _q8_0_scale(amax, xp)
     with errstate(xp):
-        d = (amax / xp.float32(127)).astype(xp.float32)
         mul = xp.where(amax != xp.float32(0), xp.float32(127) / amax, xp.float32(0))
         v = xp.rint((xb * mul.astype(xp.float32)).astype(xp.float32))  # ties to even
-    q = _cvtps_epi32_sat8(v, xp)
-    qs = (q & xp.int32(0xFF)).astype(xp.uint8)
-    return xp.concatenate([_f16_field(d, xp), qs], axis=1).reshape(n_rows, -1)
+    return _q8_0_rows(d, _cvtps_epi32_sat8(v, xp), x.shape[0], xp)
