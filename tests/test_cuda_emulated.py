@@ -18,9 +18,16 @@ import numpy as np
 import pytest
 from rpcnet.compute.cuda import launch, launch_attention
 from support.cuda_emu import DevArray, EmuBackend, compile_test_module
+from support.cuda_kernel_checks import (
+    GLU_ORACLES,
+    check_binary_broadcast,
+    check_flash_attn_decode,
+    check_glu,
+    check_rms_norm,
+    check_rope,
+)
 from support.cuda_quant import (
     dequant_q8_1,
-    flash_attn_oracle,
     float_activations,
     q8_1_oracle,
     soft_max_case,
@@ -238,18 +245,7 @@ def test_prefill_activations_round_like_the_cpu(be, block):
 
 
 def test_rms_norm_and_fused_mul(be):
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((5, 1000)).astype(np.float32)
-    wt = rng.standard_normal(1000).astype(np.float32)
-    eps = 1e-6
-    x64 = x.astype(np.float64)
-    want = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + eps)
-    out = be.zeros(x.shape, np.float32)
-    launch.rms_norm(be, be.asarray(x), out, eps)
-    fused = be.zeros(x.shape, np.float32)
-    launch.rms_norm(be, be.asarray(x), fused, eps, weight=be.asarray(wt))
-    np.testing.assert_allclose(be.asnumpy(out), want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(be.asnumpy(fused), want * wt, rtol=1e-5, atol=1e-6)
+    check_rms_norm(be, be, 5, 1000)
 
 
 @pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float16])
@@ -265,43 +261,12 @@ def test_soft_max_with_mask_and_sinks(be, mask_dtype):
 
 @pytest.mark.parametrize("mode", [0, 2])
 def test_rope_normal_and_neox(be, mode):
-    rng = np.random.default_rng(8)
-    tokens, heads, d, n_dims, base = 5, 3, 128, 96, 10000.0
-    x = rng.standard_normal((tokens, heads, d)).astype(np.float32)
-    pos = np.array([0, 1, 7, 300, 4095], np.int32)
-    k = np.arange(n_dims // 2)
-    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * k / n_dims)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    want = x.astype(np.float64).copy()
-    if mode == 0:
-        a, b = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
-        want[..., 0:n_dims:2], want[..., 1:n_dims:2] = a * c - b * s, a * s + b * c
-    else:
-        a, b = x[..., : n_dims // 2], x[..., n_dims // 2 : n_dims]
-        want[..., : n_dims // 2], want[..., n_dims // 2 : n_dims] = a * c - b * s, a * s + b * c
-    out = be.zeros(x.shape, np.float32)
-    launch.rope_neox_or_normal(be, be.asarray(x), be.asarray(pos), out, n_dims, mode, base)
-    tol = (1e-5 + 2e-6 * pos.astype(np.float64))[:, None, None]
-    assert np.all(np.abs(be.asnumpy(out) - want) <= tol)
-
-
-GLU_ORACLES = {
-    0: lambda a, b: np.maximum(a, 0) * b,
-    1: lambda a, b: 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * a * (1 + 0.044715 * a * a))) * b,
-    2: lambda a, b: a / (1 + np.exp(-a)) * b,  # SWIGLU
-    4: lambda a, b: a / (1 + np.exp(-1.702 * a)) * b,
-}
+    check_rope(be, be, mode)
 
 
 @pytest.mark.parametrize("op", sorted(GLU_ORACLES))
 def test_glu(be, op):
-    rng = np.random.default_rng(op)
-    a = (rng.standard_normal((6, 300)) * 3).astype(np.float32)
-    b = rng.standard_normal((6, 300)).astype(np.float32)
-    out = be.zeros(a.shape, np.float32)
-    launch.glu(be, be.asarray(a), be.asarray(b), out, op)
-    want = GLU_ORACLES[op](a.astype(np.float64), b.astype(np.float64))
-    np.testing.assert_allclose(be.asnumpy(out), want, rtol=1e-5, atol=1e-6)
+    check_glu(be, be, op, 300)
 
 
 @pytest.mark.parametrize("type_name", ALL_TYPES)
@@ -348,17 +313,7 @@ def test_cpy_converts_and_permutes(be):
 
 @pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV"])
 def test_binary_broadcast(be, op):
-    rng = np.random.default_rng(15)
-    a = rng.standard_normal((2, 3, 5, 64)).astype(np.float32)
-    b = rng.uniform(0.5, 2, (1, 3, 1, 64)).astype(np.float32)  # repeats over dims 3 and 1
-    want = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide}[op](a, b)
-    out = be.zeros(a.shape, np.float32)
-    a_dev = be.asarray(a)
-    launch.binary(be, op, a_dev, be.asarray(b), out)
-    out_t = be.zeros((64, 5, 3, 2), np.float32).transpose(3, 2, 1, 0)  # non-contiguous
-    launch.binary(be, op, a_dev, be.asarray(b), out_t)
-    np.testing.assert_array_equal(be.asnumpy(out), want)
-    np.testing.assert_array_equal(be.asnumpy(out_t), want)
+    check_binary_broadcast(be, be, op)
 
 
 UNARY_ORACLES: dict[int | str, Callable[[np.ndarray], np.ndarray]] = {
@@ -391,38 +346,11 @@ def test_unary(be, op):
 )
 def test_flash_attn_decode(be, kv_type, n_kv, softcap):
     """n_kv not a multiple of 32 (nor of the 4 warps' stride); GQA, mask and sinks."""
-    from gguf.quants import quantize
-
-    rng = np.random.default_rng(10)
-    heads, kv_heads, n_q, d = 4, 2, 2, 128
-    q = rng.standard_normal((heads, n_q, d)).astype(np.float32)
-    kf = rng.standard_normal((kv_heads, n_kv, d)).astype(np.float32)
-    vf = rng.standard_normal((kv_heads, n_kv, d)).astype(np.float32)
-    qtype = _gguf_type(kv_type)
-    k_raw, v_raw = quantize(kf, qtype), quantize(vf, qtype)
+    n_q = 2
     # scattered masked positions; the last ones (past the last multiple of 32) stay visible
     hidden = (np.arange(n_kv)[None, :] * 7 + np.arange(n_q)[:, None]) % 5 == 0
     hidden[:, -3:] = False
-    mask = np.where(hidden, -np.inf, 0).astype(np.float16)
-    sinks = rng.standard_normal(heads).astype(np.float32)
-    scale = 1 / np.sqrt(d)
-    want = flash_attn_oracle(q, k_raw, v_raw, kv_type, kf.shape, mask, scale, softcap, sinks)
-    out = be.zeros((n_q, heads, d), np.float32)
-    launch_attention.flash_attn_decode(
-        be,
-        be.asarray(q),
-        be.asarray(np.ascontiguousarray(k_raw)),
-        be.asarray(np.ascontiguousarray(v_raw)),
-        be.asarray(mask),
-        out,
-        kv_type,
-        scale,
-        softcap,
-        be.asarray(sinks),
-    )
-    # f16 V: an f16 sum can round the other way after a last-bit difference of a dot product
-    tol = 2e-3 if kv_type == "F16" else 1e-4
-    np.testing.assert_allclose(be.asnumpy(out), want, rtol=tol, atol=tol * 1e-1)
+    check_flash_attn_decode(be, be, kv_type, softcap, 4, n_kv, hidden)
 
 
 # Edge cases of the launch geometry and of the emulator itself --------------------------
