@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import report
@@ -16,7 +15,7 @@ import report
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support.attack_load import attack_load  # noqa: E402
-from support.models import ZOO, ensure_model  # noqa: E402
+from support.soak import workdir_with_model  # noqa: E402
 
 
 def main() -> int:
@@ -26,8 +25,7 @@ def main() -> int:
     parser.add_argument("--attackers", type=int, default=4)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="rpcnet-attack-"))
-    model = ensure_model(ZOO["llama-gqa-f32"], tmp / "zoo")
+    tmp, model = workdir_with_model("rpcnet-attack-")
     r = attack_load(
         model, args.minutes * 60, clients=args.clients, attackers=args.attackers, workdir=tmp
     )

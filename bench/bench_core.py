@@ -160,7 +160,9 @@ def main() -> int:
             from support.models import LLAMA_1024
             from support.tinymodel import write_tiny_llama
 
-            model = write_tiny_llama(tmp / "big.gguf", n_layer=4, dtype="f32", **LLAMA_1024)
+            model = write_tiny_llama(
+                tmp / "big.gguf", n_vocab=16384, n_layer=4, dtype="f32", **LLAMA_1024
+            )
             loads: dict[str, tuple[list[float], list[float]]] = {"cold": ([], []), "warm": ([], [])}
             for r in range(rounds):
                 shutil.rmtree(tmp / "ref-cache", ignore_errors=True)

@@ -51,7 +51,13 @@ import report
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support import refenv  # noqa: E402
-from support.models import BENCH_LLAMA, ModelSpec, ensure_model, harness_model  # noqa: E402
+from support.models import (  # noqa: E402
+    BENCH_LLAMA,
+    LLAMA_1024,
+    ModelSpec,
+    ensure_model,
+    harness_model,
+)
 
 PROBE = Path(__file__).resolve().parent / "probes" / "engine_speed.py"
 SECTIONS = ("speed", "depth", "memory", "profile", "multi")
@@ -59,9 +65,7 @@ PROBE_TIMEOUT_S = 3600
 
 _LLAMA = BENCH_LLAMA
 MODELS: dict[str, ModelSpec] = {
-    "336m": dataclasses.replace(
-        _LLAMA, name="bench336m-f16", n_embd=1024, n_layer=24, n_head=16, n_head_kv=4, n_ff=2816
-    ),
+    "336m": dataclasses.replace(_LLAMA, name="bench336m-f16", n_layer=24, **LLAMA_1024),
     "1b": dataclasses.replace(
         _LLAMA, name="bench1b-f16", n_embd=2048, n_layer=16, n_head=16, n_head_kv=8, n_ff=5632
     ),

@@ -39,19 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support import refenv  # noqa: E402
-from support.models import ModelSpec, ensure_model  # noqa: E402
+from support.models import BENCH_LLAMA, LLAMA_1024, ensure_model  # noqa: E402
 
-MODEL = ModelSpec(
-    "bench-tp-llama-f16",
-    dtype="f16",
-    n_vocab=8192,
-    n_embd=1024,
-    n_layer=8,
-    n_head=16,
-    n_head_kv=4,
-    n_ff=2816,
-    n_ctx_train=2048,
-    seed=42,
+MODEL = dataclasses.replace(
+    BENCH_LLAMA, name="bench-tp-llama-f16", n_vocab=8192, n_layer=8, n_ctx_train=2048, **LLAMA_1024
 )
 SMALL = dataclasses.replace(
     MODEL, name="bench-tp-small-f16", n_vocab=2048, n_embd=256, n_layer=4, n_ff=768, n_head=4,

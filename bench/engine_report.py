@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 BUSY_CORES = 0.5  # cores busy before a run above this: someone else is computing
 LOAD_IDLE = 1.0  # the same for results that recorded only the 1-minute load average
@@ -54,43 +55,50 @@ def model_table(model: dict, config: dict, machine: dict) -> list[str]:
         if any(c != "—" for c in cells):
             row(label + " (tok/s)", cells, target)
     entries = list(model["types"].values())
-    if any("memory" in e for e in entries):
-        row(
-            "server peak RSS, one client loads + decodes (MiB; lower is better)",
-            [_ratio_cell(_mem(e, "ours", "peak_mib"), _mem(e, "ref", "peak_mib")) for e in entries],
-            "≤ 1.2×",
-        )
-        row(
-            "RSS after the client left − baseline, rpcnet (reference), MiB",
-            [_left_cell(e) for e in entries],
-            "≤ 64 MiB",
-        )
-    if any("multi" in e for e in entries):
-        row(
-            "N clients at once: slowest client × N / solo",
-            [_multi_cell(e) for e in entries],
-            "≥ 1.0×",
-        )
     bw = machine["bandwidth_gbs"]
-    row(
-        f"decode GB/s, rpcnet (reference), share of {bw:.1f} GB/s measured",
-        [_gbs_cell(e, tg, bw) for e in entries],
-        "",
-    )
-    peak = machine.get("fma_peak_gflops")
+    peak = machine.get("fma_peak_gflops") or 0.0
     pmax = max(config["pp"]) if config["pp"] else None
-    if pmax is not None and peak:
-        row(
+
+    def has(key: str) -> bool:
+        return any(key in e for e in entries)
+
+    # (shown, label, cell of one type's entry, target)
+    rows: list[tuple[bool, str, Callable[[dict], str], str]] = [
+        (
+            has("memory"),
+            "server peak RSS, one client loads + decodes (MiB; lower is better)",
+            lambda e: _ratio_cell(_mem(e, "ours", "peak_mib"), _mem(e, "ref", "peak_mib")),
+            "≤ 1.2×",
+        ),
+        (
+            has("memory"),
+            "RSS after the client left − baseline, rpcnet (reference), MiB",
+            _left_cell,
+            "≤ 64 MiB",
+        ),
+        (has("multi"), "N clients at once: slowest client × N / solo", _multi_cell, "≥ 1.0×"),
+        (
+            True,
+            f"decode GB/s, rpcnet (reference), share of {bw:.1f} GB/s measured",
+            lambda e: _gbs_cell(e, tg, bw),
+            "",
+        ),
+        (
+            pmax is not None and peak > 0,
             f"prefill pp{pmax} GFLOP/s, rpcnet (reference), share of {peak:.0f} peak",
-            [_gflops_cell(e, pmax, peak) for e in entries],
+            lambda e: _gflops_cell(e, pmax or 0, peak),
             "",
-        )
-    if any("profile" in e for e in entries):
-        row(
+        ),
+        (
+            has("profile"),
             "decode step ms: outside kernels / whole step, rpcnet (reference step)",
-            [_host_cell(e) for e in entries],
+            _host_cell,
             "",
-        )
+        ),
+    ]
+    for shown, label, cell, target in rows:
+        if shown:
+            row(label, [cell(e) for e in entries], target)
     return lines
 
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from support.models import ZOO, ensure_model  # noqa: E402
-from support.soak import soak  # noqa: E402
+from support.soak import soak, workdir_with_model  # noqa: E402
 
 
 def main() -> int:
@@ -25,8 +23,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="rpcnet-soak-"))
-    model = ensure_model(ZOO["llama-gqa-f32"], tmp / "zoo")
+    tmp, model = workdir_with_model("rpcnet-soak-")
     r = soak(model, duration=args.minutes * 60, clients=args.clients, workdir=tmp)
     report.print_table(
         [

@@ -42,7 +42,7 @@ def settled_rss(pid: int, above: int, timeout: float = 20.0) -> int:
 
 def test_rss_returns_to_baseline_after_last_client(tmp_path):
     source = write_tiny_llama(
-        tmp_path / "rss-f16.gguf", n_layer=12, dtype="f16", **models.LLAMA_1024
+        tmp_path / "rss-f16.gguf", n_vocab=16384, n_layer=12, dtype="f16", **models.LLAMA_1024
     )
     model = tmp_path / "rss-q4_k_m.gguf"
     models.quantize_model(source, model, "Q4_K_M")

@@ -24,7 +24,6 @@ apart and a drift of a shared host's speed hits both alike. Prints one JSON line
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -83,14 +82,11 @@ def _median(values: list[float]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model")
-    parser.add_argument("endpoint")
+    parser = llama_api.client_parser()
     parser.add_argument("--pp", default="64,256")
     parser.add_argument("--tg", type=int, default=32)
     parser.add_argument("--depth", type=int, default=0)
     parser.add_argument("--depth-fa", default="0,1")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warm-prompt", type=int, default=8)
     parser.add_argument("--no-plain", action="store_true", help="only the --depth measurements")
     parser.add_argument("--reps", type=int, default=1, help="repetitions; the median is kept")

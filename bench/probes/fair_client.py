@@ -13,7 +13,6 @@ Prints one JSON line: {"mode", "seconds": [per token or per prompt], "wall_s", "
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -34,14 +33,11 @@ def _wait_for(path: Path | None, timeout: float = 900.0) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model")
-    parser.add_argument("endpoint")
+    parser = llama_api.client_parser()
     parser.add_argument("--mode", choices=("decode", "prefill"), required=True)
     parser.add_argument("--tg", type=int, default=64)
     parser.add_argument("--pp", type=int, default=512)
     parser.add_argument("--reps", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ready", type=Path)
     parser.add_argument("--start", type=Path)
     parser.add_argument("--stop", type=Path)

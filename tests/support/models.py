@@ -114,17 +114,20 @@ def _llama256(quant: str | None, seed: int = 7) -> ModelSpec:
     return dataclasses.replace(base, name=f"llama256-{quant}", quant=quant, base=base)
 
 
-_QWEN3MOE_256 = ModelSpec(
-    "qwen3moe256-f32",
+_QWEN3MOE = ModelSpec(
+    "qwen3moe-f32",
     arch="qwen3moe",
-    n_embd=256,
+    n_embd=64,
     n_head=4,
     n_head_kv=2,
-    n_ff=256,
+    n_ff=128,
     n_expert=4,
     n_expert_used=2,
-    n_ff_exp=256,
-    seed=11,
+    n_ff_exp=64,
+    seed=6,
+)
+_QWEN3MOE_256 = dataclasses.replace(
+    _QWEN3MOE, name="qwen3moe256-f32", n_embd=256, n_ff=256, n_ff_exp=256, seed=11
 )
 
 _SPECS = [
@@ -133,18 +136,7 @@ _SPECS = [
     ModelSpec("llama-gqa-bf16", dtype="bf16", seed=3),
     ModelSpec("qwen3-f32", arch="qwen3", n_embd=128, n_head=4, n_head_kv=2, head_dim=64, seed=4),
     ModelSpec("qwen3-f16", arch="qwen3", dtype="f16", n_embd=64, n_head=4, n_head_kv=2, seed=5),
-    ModelSpec(
-        "qwen3moe-f32",
-        arch="qwen3moe",
-        n_embd=64,
-        n_head=4,
-        n_head_kv=2,
-        n_ff=128,
-        n_expert=4,
-        n_expert_used=2,
-        n_ff_exp=64,
-        seed=6,
-    ),
+    _QWEN3MOE,
     ModelSpec("bert-f32", arch="bert", n_embd=64, n_head=4, n_head_kv=4, n_ff=128, seed=8),
     *(_llama256(q) for q in QUANT_MAIN_TYPE),
     dataclasses.replace(
@@ -159,9 +151,10 @@ ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
 #: its sizes with ``dataclasses.replace``.
 BENCH_LLAMA = ModelSpec("bench", dtype="f16", n_vocab=32000, n_ctx_train=4096, seed=42)
 
-#: ``write_tiny_llama`` sizes of an n_embd 1024 llama: matrices of MiBs, and a 16384 x 1024
-#: output matrix above the 10 MiB from which a client names a tensor by its hash first.
-LLAMA_1024 = {"n_vocab": 16384, "n_embd": 1024, "n_head": 16, "n_head_kv": 4, "n_ff": 2816}
+#: The layer sizes of an n_embd 1024 llama (``ModelSpec`` and ``write_tiny_llama`` keywords):
+#: matrices of MiBs; with a 16384-token vocabulary the output matrix is above the 10 MiB from
+#: which a client names a tensor by its hash first.
+LLAMA_1024 = {"n_embd": 1024, "n_head": 16, "n_head_kv": 4, "n_ff": 2816}
 
 
 def harness_model(base: ModelSpec, name: str) -> ModelSpec:

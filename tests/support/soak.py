@@ -8,12 +8,14 @@ from __future__ import annotations
 import random
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from support import refenv
+from support.models import ZOO, ensure_model
 from support.raw import RawConn
 from support.serve import start_rpcnet
 
@@ -82,6 +84,12 @@ class SoakResult(ServerHealth):
     completed: int = 0
     killed: int = 0
     failed: list[str] = field(default_factory=list)
+
+
+def workdir_with_model(prefix: str) -> tuple[Path, Path]:
+    """A fresh work directory and, in it, the model of the soak and load-under-attack runs."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    return workdir, ensure_model(ZOO["llama-gqa-f32"], workdir / "zoo")
 
 
 def client_argv(model: Path, endpoint: str, out: Path, tokens: str) -> tuple[list[str], dict]:

@@ -8,6 +8,7 @@ library keeps pointers to, and the log callback, are held in ``_KEEP`` for the p
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -16,6 +17,16 @@ from typing import Any
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 
 _KEEP: list[Any] = []
+
+
+def client_parser() -> argparse.ArgumentParser:
+    """The arguments every client probe of one model and endpoint takes: MODEL HOST:PORT and
+    ``--threads`` (the client's CPU threads)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("endpoint")
+    parser.add_argument("--threads", type=int, default=2)
+    return parser
 
 
 def open_llama(verbose: bool = False) -> tuple[Any, Any]:

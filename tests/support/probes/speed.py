@@ -13,7 +13,6 @@ measurements. Prints one JSON line:
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -23,12 +22,9 @@ import llama_api
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model")
-    parser.add_argument("endpoint")
+    parser = llama_api.client_parser()
     parser.add_argument("--pp", default="64")
     parser.add_argument("--tg", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--flash-attn", type=int, default=0)
     parser.add_argument("--depth", type=int, default=0, help="KV positions filled before tg")
     parser.add_argument("--split-mode", choices=tuple(llama_api.SPLIT_MODES), default=None)
