@@ -412,7 +412,7 @@ row_dot!(Q5K, 256, 176, Q8K, {
     }
     simd_dot!(q5_k);
     tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        k4_decode(wb, t, q5k_codes)
+        k4_decode(wb, t, |wb, q| q5k_codes(wb, q))
     });
 });
 
