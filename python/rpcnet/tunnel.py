@@ -254,11 +254,12 @@ def other_tunnel(payload: bytes) -> tuple[str, int] | None:
 
 
 def run_tunnel(config: TunnelConfig) -> None:
-    from rpcnet.server.app import run_loop
+    from rpcnet.server.app import freeze_startup_objects, run_loop
 
     async def main() -> None:
         tunnel = Tunnel(config)
         await tunnel.start()
+        freeze_startup_objects()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
