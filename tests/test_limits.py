@@ -6,6 +6,8 @@ import signal
 import socket
 import struct
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -118,43 +120,40 @@ def start_serve(*extra: str, preexec=None) -> tuple[subprocess.Popen, int]:
     return start_rpcnet(port, "--mem", "1G", *extra, capture=True, preexec=preexec), port
 
 
-def test_sigterm_drains_in_flight_command_then_exits():
+@contextmanager
+def serving_mid_command() -> Iterator[tuple[subprocess.Popen, RawConn, RawConn, int]]:
+    """A server process with an idle client and a busy one: the first `first` bytes of the
+    busy one's SET_TENSOR of 2 * `first` are on the wire. The process is killed after use."""
     proc, port = start_serve()
     try:
-        idle = RawConn(port)
-        busy = RawConn(port)
-        # Part of a SET_TENSOR is on the wire when SIGTERM arrives: it must complete.
+        idle, busy = RawConn(port), RawConn(port)
         first = beyond_socket_buffers()
-        size = 2 * first
-        start_set_tensor(busy, size, first)
-        proc.send_signal(signal.SIGTERM)
-        assert idle.closed_by_peer(timeout=10)  # idle clients are closed right away
-        busy.send(b"\x5a" * (size - first))
-        assert busy.closed_by_peer(timeout=10)  # ... and the busy one after its command
-        assert proc.wait(15) == 0
-        assert "draining" in (proc.stdout.read() if proc.stdout else "")
+        start_set_tensor(busy, 2 * first, first)
+        yield proc, idle, busy, first
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
+def test_sigterm_drains_in_flight_command_then_exits():
+    # Part of a SET_TENSOR is on the wire when SIGTERM arrives: it must complete.
+    with serving_mid_command() as (proc, idle, busy, first):
+        proc.send_signal(signal.SIGTERM)
+        assert idle.closed_by_peer(timeout=10)  # idle clients are closed right away
+        busy.send(b"\x5a" * first)  # the rest of the command
+        assert busy.closed_by_peer(timeout=10)  # ... and the busy one after its command
+        assert proc.wait(15) == 0
+        assert "draining" in (proc.stdout.read() if proc.stdout else "")
+
+
 def test_second_sigint_exits_immediately():
-    proc, port = start_serve()
-    try:
-        idle = RawConn(port)
-        busy = RawConn(port)
-        first = beyond_socket_buffers()
-        start_set_tensor(busy, 2 * first, first)  # a command that never completes
+    with serving_mid_command() as (proc, idle, _busy, _first):  # a command that never completes
         proc.send_signal(signal.SIGINT)
         assert idle.closed_by_peer(timeout=10)  # the drain has begun
         assert proc.poll() is None  # still draining: waiting for the stuck command
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 130
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_non_loopback_bind_defaults_to_loopback_only(caplog):

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rpcnet.compute import quant as Q
 from rpcnet.ggml_types import GgmlType as T
-from support.fa_graph import flash_attn_node
+from support.fa_graph import fa_dims, flash_attn_node
 from support.hyp import examples
 from support.opgraph import OpGraph, as_f32, contiguous_nb, pack_params
 from support.raw_blocks import F16_FIELDS, random_blocks
@@ -302,12 +302,6 @@ def run_fattn(
     ref,
     ours,
     *,
-    dk=64,
-    dv=64,
-    n_q=3,
-    n_kv=40,
-    n_head=4,
-    n_head_kv=2,
     kv_type=F16,
     v_type=None,
     mask=True,
@@ -316,13 +310,13 @@ def run_fattn(
     max_bias=0.0,
     softcap=0.0,
     kv_size=None,
-    n3=1,
-    mask_heads=1,
     seed=0,
     tol=None,
+    **dims,
 ):
     """q [dk, n_q, n_head, n3]; K/V are permuted views of a [dk * n_head_kv, kv_size, n3] cache;
-    the mask is [n_kv, n_q, mask_heads, n3]."""
+    the mask is [n_kv, n_q, mask_heads, n3]. `dims`: FA_DIMS' sizes (3 query rows unless given)."""
+    dk, dv, n_q, n_kv, n_head, n_head_kv, n3, mask_heads = fa_dims(**{"n_q": 3, **dims})
     rng = np.random.default_rng(seed)
     v_type = kv_type if v_type is None else v_type
     kv_size = kv_size or n_kv + 5

@@ -19,7 +19,7 @@ import pytest
 from rpcnet import _native
 from rpcnet.compute.kernels.kernel_table import select
 from rpcnet.compute.tensor import Tensor
-from support.fa_graph import flash_attn_node
+from support.fa_graph import fa_dims, flash_attn_node
 from support.opgraph import OpGraph, as_f32, pack_params
 
 F32, F16 = 0, 1
@@ -187,23 +187,10 @@ def fa_oracle(q, k, v, mask, sinks, scale, max_bias, softcap, threads):
     return out
 
 
-def fa_case(
-    rng,
-    *,
-    dk=64,
-    dv=64,
-    n_q=2,
-    n_kv=40,
-    n_head=4,
-    n_head_kv=2,
-    n3=1,
-    mask=True,
-    mask_heads=1,
-    sinks=False,
-    kv_pad=7,
-    kv_dtype=f16,
-):
-    """q, k/v (strided head views of a [n3, kv_size, n_head_kv * d] cache), mask, sinks."""
+def fa_case(rng, *, mask=True, sinks=False, kv_pad=7, kv_dtype=f16, **dims):
+    """q, k/v (strided head views of a [n3, kv_size, n_head_kv * d] cache), mask, sinks; of
+    FA_DIMS' sizes `dims`."""
+    dk, dv, n_q, n_kv, n_head, n_head_kv, n3, mask_heads = fa_dims(**dims)
     q = rng.standard_normal((n3, n_head, n_q, dk)).astype(f32)
     kv_size = n_kv + kv_pad
 
