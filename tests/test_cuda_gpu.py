@@ -9,15 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.cuda_kernel_checks import (
-    GLU_ORACLES,
-    check_binary_broadcast,
-    check_flash_attn_decode,
-    check_glu,
-    check_rms_norm,
-    check_rope,
-    gguf_dequant,
-)
+from support import cuda_kernel_checks as checks
+from support.cuda_kernel_checks import GLU_ORACLES, gguf_dequant
 from support.cuda_quant import (
     FTYPES,
     QUANT_TYPES,
@@ -223,7 +216,7 @@ def test_prefill_matmul_through_cublas(be, cp, real_tensors, type_name):
 
 
 def test_rms_norm_and_fused_mul(be, cp):
-    check_rms_norm(be, cp, 7, 4096)
+    checks.check_rms_norm(be, cp, 7, 4096)
 
 
 @pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float16])
@@ -243,12 +236,12 @@ def test_soft_max_with_mask_and_sinks(be, cp, mask_dtype):
 
 @pytest.mark.parametrize("mode", [0, 2])
 def test_rope_normal_and_neox(be, cp, mode):
-    check_rope(be, cp, mode)
+    checks.check_rope(be, cp, mode)
 
 
 @pytest.mark.parametrize("op", sorted(GLU_ORACLES))
 def test_glu(be, cp, op):
-    check_glu(be, cp, op, 1000)
+    checks.check_glu(be, cp, op, 1000)
 
 
 @pytest.mark.parametrize("type_name", ALL_TYPES)
@@ -268,12 +261,12 @@ def test_get_rows(be, cp, real_tensors, type_name):
 def test_flash_attn_decode(be, cp, kv_type, softcap):
     n_q, n_kv = 2, 200
     hidden = np.arange(n_kv)[None, :] > 150 + np.arange(n_q)[:, None]
-    check_flash_attn_decode(be, cp, kv_type, softcap, 8, n_kv, hidden)
+    checks.check_flash_attn_decode(be, cp, kv_type, softcap, 8, n_kv, hidden)
 
 
 @pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV"])
 def test_binary_broadcast(be, cp, op):
-    check_binary_broadcast(be, cp, op)
+    checks.check_binary_broadcast(be, cp, op)
 
 
 UNARY_ORACLES = {
