@@ -13,6 +13,7 @@ freed; other connections never notice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import ssl
@@ -106,6 +107,7 @@ LARGE_WRITE = 64 * 1024
 # (a decode step's inputs), larger ones piece by piece through the bounded staging slots.
 SMALL_STAGED_SET = 256 * 1024
 HELLO = int(Cmd.HELLO)
+UNCOUNTED = contextlib.nullcontext()  # a fixed payload: a few KiB at most, never counted
 
 
 class Host(Protocol):
@@ -325,16 +327,17 @@ class Connection:
             assert row is not None  # admitted: a command of this dialect
             if row.waits:
                 await self._wait_graphs()
-            if row.payload is Payload.FIXED:
-                work = self._execute(row.handler(session, await stream.readexactly(size)))
-            elif row.payload is Payload.STAGED:
-                with session.staging(size):  # counted against --mem and --client-mem
-                    work = self._execute(row.handler(session, await stream.readexactly(size)))
-            else:  # streamed: the data goes where it belongs, not into a payload
+            if row.prefix:  # streamed: the data goes where it belongs, not into a payload
                 head = await stream.readexactly(row.prefix)
                 work = self._execute(row.handler(session, head, size - row.prefix))
-            if work is not None:
-                await work
+                if work is not None:
+                    await work
+            else:
+                staged = row.payload is Payload.STAGED
+                with session.staging(size) if staged else UNCOUNTED:  # --mem, --client-mem
+                    work = self._execute(row.handler(session, await stream.readexactly(size)))
+                    if work is not None:
+                        await work
             self.stats.end()
 
     async def _read_hello(self) -> bytes:
@@ -354,6 +357,7 @@ class Connection:
         a command that needs I/O, an unfinished graph, a full socket) is left for it.
         """
         stream, session, table = self.stream, self.session, self.rows
+        execute, respond = _EXECUTORS.get, Connection._respond  # `_execute`, inlined below
         while stream.write_ready and self._failure is None:
             data = stream.staged()
             if len(data) < HEADER_SIZE:
@@ -374,7 +378,8 @@ class Connection:
             payload = bytes(data[HEADER_SIZE : HEADER_SIZE + size])
             stream.consume(HEADER_SIZE + size)
             self.stats.begin(cmd, size)
-            work = self._execute(row.handler(session, payload))
+            effect = row.handler(session, payload)
+            work = execute(type(effect), respond)(self, effect)
             assert work is None, "the effects of callback rows need no awaiting"
             self.stats.end()
 
@@ -418,12 +423,9 @@ class Connection:
     # ------------------------------------------------------------ effects
 
     def _execute(self, effect: Effect) -> Coroutine[Any, Any, None] | None:
-        """Carry out what a handler returned: the awaitable of an effect that waits for I/O."""
-        run = _EXECUTORS.get(type(effect))
-        if run is None:
-            self._respond(effect)  # reply bytes, or None: nothing to send
-            return None
-        return run(self, effect)
+        """Carry out what a handler returned: the awaitable of an effect that waits for I/O.
+        Anything but the effect types is a reply (bytes, a memoryview, or None: no reply)."""
+        return _EXECUTORS.get(type(effect), Connection._respond)(self, effect)
 
     async def _receive_into(self, target: ReceiveInto) -> None:
         for piece in target.sink.pieces():  # CPU: one piece, the device memory itself
@@ -504,6 +506,7 @@ class Connection:
         return cmd, size
 
     def _respond(self, payload: object) -> None:
+        """Send a reply payload (None: the command has no reply)."""
         if payload is None:
             return
         view = memoryview(payload)  # type: ignore[arg-type]
@@ -555,7 +558,7 @@ async def _tail_done(pending: list[Future[None]]) -> None:
             pass
 
 
-# The one executor of each effect kind that is not a reply (`Connection._execute`).
+# The one executor of each effect kind; replies go to `Connection._respond`.
 _EXECUTORS: dict[type, Callable[[Connection, Any], Coroutine[Any, Any, None] | None]] = {
     ReceiveInto: Connection._receive_into,
     CacheRead: Connection._cache_read,
