@@ -31,7 +31,7 @@ from rpcnet.compute.shared_content import enabled as sharing_enabled
 from rpcnet.protocol import messages as msg
 from rpcnet.protocol.commands import HEADER_SIZE, Cmd
 from rpcnet.server.cache import HashCache
-from rpcnet.server.comm import CommError, CommHub, Exchange, PeerLink
+from rpcnet.server.comm import CommHub
 from rpcnet.server.command_table import Command, Payload, rows
 from rpcnet.server.config import ServerConfig
 from rpcnet.server.effects import (
@@ -43,6 +43,7 @@ from rpcnet.server.effects import (
     PeerOpen,
     ReceiveInto,
 )
+from rpcnet.server.peer_links import LinkFailed, PeerLinks
 from rpcnet.server.session import ProtocolViolation, Session, SessionLimits
 from rpcnet.server.stats import ConnectionStats, ServerStats
 from rpcnet.server.tenants import Tenants
@@ -60,43 +61,6 @@ from rpcnet.transport.base import ByteStream, ConnectionClosed
 from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
-
-
-class AllreduceWork:
-    """The exchange and add of one COMM_ALLREDUCE, for `PeerLink.submit`: `attempt_inline` may
-    start it on the device worker; called, it runs (or resumes) to the end on the link's thread."""
-
-    def __init__(self, link: PeerLink, job: PeerAllreduce) -> None:
-        self.link, self.job = link, job
-        self.exchange: Exchange | None = None
-
-    def attempt_inline(self, until: float | None) -> bool:
-        """Advance until `until` (None: to the end); True when the whole allreduce is done."""
-        job = self.job
-        try:
-            if self.exchange is None:
-                self.exchange = Exchange(self.link, job.region, job.type_id, job.ne)
-            finished = self.exchange.advance(until)
-        except BaseException as exc:
-            job.done()
-            if isinstance(exc, CommError):
-                raise LinkFailed(job.device, str(exc)) from exc
-            raise
-        if finished:
-            job.done()
-        return finished
-
-    def __call__(self) -> None:
-        self.attempt_inline(None)
-
-
-class LinkFailed(Exception):
-    """An allreduce launched on its peer link's thread failed (the link broke or timed out)."""
-
-    def __init__(self, device: int, reason: str) -> None:
-        super().__init__(reason)
-        self.device = device
-        self.reason = reason
 
 
 _HEADER = struct.Struct("<BQ")
@@ -147,7 +111,7 @@ class Connection:
         self.cache: Any = server.cache  # HashCache-like; a tenant's namespace once known
         self.session = Session(config.proto, server.devices, limits, caching=self.cache is not None)
         self.rows = rows(config.proto)  # the command table by plain int id
-        self.links: dict[int, PeerLink] = {}  # COMM_INIT peer links by device (spec §11)
+        self.peers = PeerLinks(server.comm, self.session, self._link_failed)  # COMM_* (§11)
         self.tenant: Tenant | None = None  # who presented which token (--tokens)
         self._gated = server.tls is not None or server.tenants is not None
         self.stats: ConnectionStats  # metrics and the close log line; opened once admitted
@@ -161,7 +125,6 @@ class Connection:
         self._idle = False  # waiting for the next frame: safe to cancel
         self._receiving = False  # a fast-path SET_TENSOR payload is still arriving
         self._failure: ProtocolViolation | None = None  # a launched allreduce failed
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
     def _open_stats(self) -> None:
@@ -188,7 +151,7 @@ class Connection:
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
-        self._loop = asyncio.get_running_loop()
+        self.peers.loop = asyncio.get_running_loop()
         try:
             if self._gated:
                 await self._admit_connection()
@@ -218,9 +181,7 @@ class Connection:
             )
         finally:
             self.stream.close()
-            for link in self.links.values():  # also without COMM_FREE; wakes a waiting exchange
-                link.close()
-            self.links.clear()
+            self.peers.close_all()
             await self._finish_graphs()
             if self._opened:
                 self.stats.close()
@@ -451,51 +412,18 @@ class Connection:
         session.launch(device, device.plan_work(launch.plan, session))
 
     async def _peer_open(self, effect: PeerOpen) -> None:
-        """COMM_INIT: may wait for the peer server; other clients carry on."""
-        req, tenant = effect.request, self.tenant
-        link = await self.server.comm.open(
-            req.device,
-            req.rank,
-            req.port,
-            req.host,
-            tenant.name if tenant else None,
-            tenant.token if tenant else None,
-        )
-        if link is not None:
-            self.links[req.device] = link
-        self._respond(self.session.comm_init_done(req.device, link is not None))
+        self._respond(await self.peers.open(effect, self.tenant))
 
     def _peer_allreduce(self, job: PeerAllreduce) -> None:
-        """Queue the exchange and add on the link's thread, behind this connection's graphs.
-
-        A decode step of a tensor split is graph, allreduce, graph, ...: it runs on the device
-        worker and the link thread, each handing the next job to the other; the event loop only
-        hears of an allreduce if it fails.
-        """
-        link = self.links[job.device]
-        future = self.session.launch(link, AllreduceWork(link, job))
-        future.add_done_callback(self._exchange_done)
+        self.peers.allreduce(job)
 
     def _peer_close(self, effect: PeerClose) -> None:
-        link = self.links.pop(effect.device, None)
-        if link is not None:
-            link.close()
-
-    def _exchange_done(self, future: Future[None]) -> None:
-        """On the link thread: report a failed exchange to the loop (successes stay silent)."""
-        exc = future.exception() if not future.cancelled() else None
-        if isinstance(exc, LinkFailed) and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._link_failed, exc)
-            except RuntimeError:  # the loop is closed: the server is gone anyway
-                pass
+        self.peers.close(effect.device)
 
     def _link_failed(self, exc: LinkFailed) -> None:
         if self._failure is not None:
             return
-        link = self.links.pop(exc.device, None)
-        if link is not None:
-            link.close()
+        self.peers.close(exc.device)
         self._failure = self.session.comm_failed(exc.device, exc.reason)
         if self._idle and not self._receiving and self._task is not None:
             self._task.cancel()  # waiting for a frame: close now (logged in run)
