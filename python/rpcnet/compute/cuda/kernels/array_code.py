@@ -3,18 +3,8 @@ GPU; the strict stand-in in tests)."""
 
 from __future__ import annotations
 
-from rpcnet.compute.cuda.kernels.common import (
-    CUDA,
-    F16,
-    F32,
-    I32,
-    XP,
-    _backend,
-    _need,
-    _srcs,
-    _view,
-)
-from rpcnet.compute.kernels.kernel_table import Step, kernel
+from rpcnet.compute.cuda.kernels import common
+from rpcnet.compute.kernels.kernel_table import Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 
@@ -26,21 +16,16 @@ from rpcnet.compute.tensor import Tensor
 
 
 def _f32_unary_ok(node: Tensor) -> bool:
-    s = _srcs(node, 1)
-    return s is not None and s[0].type == F32 and node.type == F32
+    s = common._srcs(node, 1)
+    return s is not None and s[0].type == common.F32 and node.type == common.F32
 
 
-@kernel(
-    Op.NORM,
-    "f32 (xp)",
-    lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne,  # type: ignore[union-attr]
-    device=CUDA,
-    capturable=False,  # the mean and variance are CuPy temporaries
-)
+# NORM: the mean and variance are CuPy temporaries
+@common.uncapturable(Op.NORM, "f32 (xp)", lambda n: common._f32_source(n) is not None)
 def cuda_norm(node: Tensor) -> Step:
-    (src,) = _need(node, 1)
-    be = _backend(node)
-    x, dst, eps = _view(src), _view(node), node.f32(0)
+    (src,) = common._need(node, 1)
+    be = common._backend(node)
+    x, dst, eps = common._view(src), common._view(node), node.f32(0)
 
     def run() -> None:
         xp = be.cp
@@ -53,15 +38,15 @@ def cuda_norm(node: Tensor) -> Step:
 
 
 def _sum_rows_ok(node: Tensor) -> bool:
-    s = _srcs(node, 1)
+    s = common._srcs(node, 1)
     return _f32_unary_ok(node) and s is not None and node.ne == (1, *s[0].ne[1:])
 
 
-@kernel(Op.SUM_ROWS, "f32 (xp)", _sum_rows_ok, device=CUDA, capturable=False)  # a reduction
+@common.uncapturable(Op.SUM_ROWS, "f32 (xp)", _sum_rows_ok)  # a reduction
 def cuda_sum_rows(node: Tensor) -> Step:
-    (src,) = _need(node, 1)
-    be = _backend(node)
-    x, dst = _view(src), _view(node)
+    (src,) = common._need(node, 1)
+    be = common._backend(node)
+    x, dst = common._view(src), common._view(node)
 
     def run() -> None:
         with be.device, be.stream:
@@ -70,11 +55,11 @@ def cuda_sum_rows(node: Tensor) -> Step:
     return run
 
 
-@kernel(Op.CLAMP, "f32 (xp)", lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne, device=CUDA)  # type: ignore[union-attr]
+@common.cuda_kernel(Op.CLAMP, "f32 (xp)", lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne)  # type: ignore[union-attr]
 def cuda_clamp(node: Tensor) -> Step:
-    (src,) = _need(node, 1)
-    be = _backend(node)
-    x, dst, lo, hi = _view(src), _view(node), node.f32(0), node.f32(1)
+    (src,) = common._need(node, 1)
+    be = common._backend(node)
+    x, dst, lo, hi = common._view(src), common._view(node), node.f32(0), node.f32(1)
 
     def run() -> None:
         xp = be.cp
@@ -86,23 +71,14 @@ def cuda_clamp(node: Tensor) -> Step:
 
 
 def _argsort_ok(node: Tensor) -> bool:
-    s = _srcs(node, 1)
-    return (
-        s is not None
-        and s[0].type == F32
-        and node.type == I32
-        and s[0].ne == node.ne
-        and node.i32(0) in (0, 1)
-    )
+    return common._f32_source(node, common.I32) is not None and node.i32(0) in (0, 1)
 
 
-@kernel(
-    Op.ARGSORT, "f32 -> i32 (xp; p0: 0 asc, 1 desc)", _argsort_ok, device=CUDA, capturable=False
-)
+@common.uncapturable(Op.ARGSORT, "f32 -> i32 (xp; p0: 0 asc, 1 desc)", _argsort_ok)
 def cuda_argsort(node: Tensor) -> Step:
-    (src,) = _need(node, 1)
-    be = _backend(node)
-    x, dst, desc = _view(src), _view(node), node.i32(0) == 1
+    (src,) = common._need(node, 1)
+    be = common._backend(node)
+    x, dst, desc = common._view(src), common._view(node), node.i32(0) == 1
 
     def run() -> None:
         xp = be.cp
@@ -115,13 +91,13 @@ def cuda_argsort(node: Tensor) -> Step:
 
 
 def _get_rows_f32_ok(node: Tensor) -> bool:
-    s = _srcs(node, 2)
-    if s is None or node.type != F32:
+    s = common._srcs(node, 2)
+    if s is None or node.type != common.F32:
         return False
     src, ids = s
     return (
-        src.type == F32
-        and ids.type == I32
+        src.type == common.F32
+        and ids.type == common.I32
         and src.ne[2] == ids.ne[1]
         and src.ne[3] == ids.ne[2]
         and ids.ne[3] == 1
@@ -129,18 +105,13 @@ def _get_rows_f32_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(
-    Op.GET_ROWS,
-    "f32 x i32 ids, 3-D batches (xp: the MoE weights)",
-    _get_rows_f32_ok,
-    priority=XP,
-    device=CUDA,
-    capturable=False,
+@common.xp_fallback(
+    Op.GET_ROWS, "f32 x i32 ids, 3-D batches (xp: the MoE weights)", _get_rows_f32_ok
 )
 def cuda_get_rows_batched(node: Tensor) -> Step:
-    src, ids = _need(node, 2)
-    be = _backend(node)
-    x, idx, dst = _view(src), _view(ids), _view(node)
+    src, ids = common._need(node, 2)
+    be = common._backend(node)
+    x, idx, dst = common._view(src), common._view(ids), common._view(node)
 
     def run() -> None:
         xp = be.cp
@@ -152,8 +123,13 @@ def cuda_get_rows_batched(node: Tensor) -> Step:
 
 
 def _pad_ok(node: Tensor) -> bool:
-    s = _srcs(node, 1)
-    if s is None or s[0].type != node.type or node.type not in (F32, F16) or node.i32(8):
+    s = common._srcs(node, 1)
+    if (
+        s is None
+        or s[0].type != node.type
+        or node.type not in (common.F32, common.F16)
+        or node.i32(8)
+    ):
         return False
     a = s[0]
     pads = [node.i32(i) for i in range(8)]
@@ -166,11 +142,11 @@ def _pad_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(Op.PAD, "f32|f16 zero padding (xp; p0..p7 lp/rp per dim)", _pad_ok, device=CUDA)
+@common.cuda_kernel(Op.PAD, "f32|f16 zero padding (xp; p0..p7 lp/rp per dim)", _pad_ok)
 def cuda_pad(node: Tensor) -> Step:
-    (src,) = _need(node, 1)
-    be = _backend(node)
-    a, dst = _view(src), _view(node)
+    (src,) = common._need(node, 1)
+    be = common._backend(node)
+    a, dst = common._view(src), common._view(node)
     inner = tuple(slice(node.i32(2 * d), node.i32(2 * d) + src.ne[d]) for d in (3, 2, 1, 0))
 
     def run() -> None:

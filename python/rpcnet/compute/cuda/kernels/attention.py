@@ -7,23 +7,8 @@ import contextlib
 from typing import Any
 
 from rpcnet import _native
-from rpcnet.compute.cuda.kernels.common import (
-    BF16,
-    CUDA,
-    F16,
-    F32,
-    FA_KV_PAIRS,
-    MATVEC_MAX_COLS,
-    XP,
-    QuantizeRequest,
-    _backend,
-    _contiguous,
-    _raw,
-    _srcs,
-    _view,
-    offer_quantized,
-)
-from rpcnet.compute.kernels.kernel_table import NATIVE, Step, kernel
+from rpcnet.compute.cuda.kernels import common
+from rpcnet.compute.kernels.kernel_table import NATIVE, Step
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType
@@ -38,42 +23,45 @@ def _attention_launchers() -> Any:
 
 
 def _soft_max_ok(node: Tensor) -> bool:
-    s = _srcs(node, 1)
-    if s is None or node.type != F32 or s[0].type != F32 or s[0].ne != node.ne:
+    x = common._f32_source(node)
+    if x is None:
         return False
-    x = s[0]
     mask = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
     n, rows, heads = x.ne[0], x.ne[1], x.ne[2]
-    if x.ne[3] != 1 or not (_contiguous(x) and _contiguous(node)) or node.f32(1) != 0.0:
+    if (
+        x.ne[3] != 1
+        or not (common._contiguous(x) and common._contiguous(node))
+        or node.f32(1) != 0.0
+    ):
         return False
     if mask is not None and not (
         mask.buffer is not None
-        and mask.type in (F32, F16)
+        and mask.type in (common.F32, common.F16)
         and mask.ne[0] == n
         and mask.ne[1] >= rows
         and mask.ne[2] == mask.ne[3] == 1
-        and _contiguous(mask)
+        and common._contiguous(mask)
     ):
         return False
     return sinks is None or (
-        sinks.buffer is not None and sinks.type == F32 and sinks.ne[0] == heads
+        sinks.buffer is not None and sinks.type == common.F32 and sinks.ne[0] == heads
     )
 
 
-@kernel(
-    Op.SOFT_MAX, "f32 [n, rows, heads], f32|f16 mask, sinks (no ALiBi)", _soft_max_ok, device=CUDA
+@common.cuda_kernel(
+    Op.SOFT_MAX, "f32 [n, rows, heads], f32|f16 mask, sinks (no ALiBi)", _soft_max_ok
 )
 def cuda_soft_max(node: Tensor) -> Step:
     x_t = node.src[0]
     assert x_t is not None
     mask_t = node.src[1] if len(node.src) > 1 else None
     sinks_t = node.src[2] if len(node.src) > 2 else None
-    be, launch_attention = _backend(node), _attention_launchers()
+    be, launch_attention = common._backend(node), _attention_launchers()
     shape = (node.ne[2], node.ne[1], node.ne[0])
-    x, dst, scale = _view(x_t, shape), _view(node, shape), node.f32(0)
-    mask = None if mask_t is None else _view(mask_t, (mask_t.ne[1], mask_t.ne[0]))
-    sinks = None if sinks_t is None else _view(sinks_t, (sinks_t.ne[0],))
+    x, dst, scale = common._view(x_t, shape), common._view(node, shape), node.f32(0)
+    mask = None if mask_t is None else common._view(mask_t, (mask_t.ne[1], mask_t.ne[0]))
+    sinks = None if sinks_t is None else common._view(sinks_t, (sinks_t.ne[0],))
     return lambda: launch_attention.soft_max(be, x, dst, scale, mask, sinks)
 
 
@@ -86,7 +74,7 @@ def _fa_operands(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None] | None:
     """(q, k, v, mask, sinks) of an f32 FLASH_ATTN_EXT whose operands all live in buffers."""
     q, k, v, mask, sinks = _fa_srcs(node)
-    if q is None or k is None or v is None or node.type != F32 or q.type != F32:
+    if q is None or k is None or v is None or node.type != common.F32 or q.type != common.F32:
         return None
     if any(t is not None and t.buffer is None for t in (q, k, v, mask, sinks)):
         return None
@@ -101,30 +89,33 @@ def _fa_ok(node: Tensor) -> bool:
     dk, n_q, n_head, n3 = q.ne
     n_kv = k.ne[1]
     return (
-        k.type in (F32, F16)
-        and v.type in (F32, F16)
+        k.type in (common.F32, common.F16)
+        and v.type in (common.F32, common.F16)
         and n3 == k.ne[3] == v.ne[3] == 1
         and k.ne[0] == dk
         and v.ne[1] == n_kv
         and node.ne == (v.ne[0], n_head, n_q, 1)
         and 0 < k.ne[2] == v.ne[2]
         and n_head % k.ne[2] == 0
-        and _contiguous(node)
+        and common._contiguous(node)
         and node.f32(1) == 0.0  # no ALiBi
         and (
             mask is None
             or (
-                mask.type in (F16, F32)
+                mask.type in (common.F16, common.F32)
                 and mask.ne[0] >= n_kv
                 and mask.ne[1] >= n_q
                 and mask.ne[2] == mask.ne[3] == 1
             )
         )
-        and (sinks is None or (sinks.type == F32 and _contiguous(sinks) and sinks.ne[0] >= n_head))
+        and (
+            sinks is None
+            or (sinks.type == common.F32 and common._contiguous(sinks) and sinks.ne[0] >= n_head)
+        )
     )
 
 
-_FA_KV = {F16: "F16", BF16: "BF16", GgmlType.Q8_0: "Q8_0"}
+_FA_KV = {common.F16: "F16", common.BF16: "BF16", GgmlType.Q8_0: "Q8_0"}
 FA_DECODE_MAX_Q = 32  # query rows per head for the CUDA C kernel (one block each)
 FA_MAX_HEAD = 512  # 32 lanes x RPC_FA_PER_LANE in flash_attn.cu
 
@@ -138,7 +129,7 @@ def _fa_decode_ok(node: Tensor) -> bool:
     q, k, v, mask, sinks = parts
     d, n_q, n_head, batches = q.ne
     return (
-        (_FA_KV.get(k.type), _FA_KV.get(v.type)) in FA_KV_PAIRS
+        (_FA_KV.get(k.type), _FA_KV.get(v.type)) in common.FA_KV_PAIRS
         and q.nb[0] == 4
         and all(q.nb[i] % 4 == 0 for i in (1, 2, 3))
         and k.nb[0] == _native.type_info(k.type)[2]  # blocks (or halves) contiguous along D
@@ -155,11 +146,11 @@ def _fa_decode_ok(node: Tensor) -> bool:
         and k.ne[3] == v.ne[3] == batches
         and batches <= 65535
         and node.ne == (v.ne[0], n_head, n_q, batches)
-        and _contiguous(node)
+        and common._contiguous(node)
         and (
             mask is None
             or (
-                mask.type == F16
+                mask.type == common.F16
                 and mask.nb[0] == 2
                 and all(mask.nb[i] % 2 == 0 for i in (1, 2, 3))
                 and mask.ne[0] >= k.ne[1]
@@ -168,30 +159,32 @@ def _fa_decode_ok(node: Tensor) -> bool:
                 and mask.ne[3] > 0
             )
         )
-        and (sinks is None or (sinks.type == F32 and _contiguous(sinks) and sinks.ne[0] >= n_head))
+        and (
+            sinks is None
+            or (sinks.type == common.F32 and common._contiguous(sinks) and sinks.ne[0] >= n_head)
+        )
     )
 
 
-@kernel(
+@common.cuda_kernel(
     Op.FLASH_ATTN_EXT,
     "f32 q x f16|bf16|q8_0 k, v views, n_q<=32 (+f16 mask, ALiBi, softcap, sinks, GQA; CUDA C)",
     _fa_decode_ok,
     priority=NATIVE,
-    device=CUDA,
 )
 def cuda_flash_attn_decode(node: Tensor) -> Step:
     q_t, k_t, v_t, mask_t, sinks_t = _fa_srcs(node)
     assert q_t is not None and k_t is not None and v_t is not None
-    be, launch_attention = _backend(node), _attention_launchers()
+    be, launch_attention = common._backend(node), _attention_launchers()
     d, n_q, n_head, batches = q_t.ne
     kv_types = (_FA_KV[GgmlType(k_t.type)], _FA_KV[GgmlType(v_t.type)])
     ptrs = (
-        _view(q_t),
-        _raw(k_t),
-        _raw(v_t),
-        None if mask_t is None else _raw(mask_t),
-        None if sinks_t is None else _view(sinks_t),
-        _view(node),
+        common._view(q_t),
+        common._raw(k_t),
+        common._raw(v_t),
+        None if mask_t is None else common._raw(mask_t),
+        None if sinks_t is None else common._view(sinks_t),
+        common._view(node),
     )
     dims = (d, v_t.ne[0], n_q, k_t.ne[1], n_head, k_t.ne[2], batches)
     strides = (
@@ -213,40 +206,37 @@ def cuda_flash_attn_decode(node: Tensor) -> Step:
     return run
 
 
-def _offer_q8_1(node: Tensor, be: Any) -> tuple[QuantizeRequest, Any] | None:
+def _offer_q8_1(node: Tensor, be: Any) -> tuple[common.QuantizeRequest, Any] | None:
     """Offer the decode product that reads the output (the attention projection) its q8_1
     blocks, written by the attention kernel itself (heads are whole 32-blocks)."""
     dv, n_rows = node.ne[0], node.ne[1] * node.ne[2] * node.ne[3]
-    if dv % 32 or n_rows > MATVEC_MAX_COLS * node.ne[1] or not _contiguous(node):
+    if dv % 32 or n_rows > common.MATVEC_MAX_COLS * node.ne[1] or not common._contiguous(node):
         return None
-    return offer_quantized(be, node, (32,), writes=1)
+    return common.offer_quantized(be, node, (32,), writes=1)
 
 
-@kernel(
+@common.xp_fallback(
     Op.FLASH_ATTN_EXT,
     "f32 q x f32/f16 k, v (+mask, softcap, sinks, GQA; xp: batched matmuls)",
     _fa_ok,
-    priority=XP,
-    device=CUDA,
-    capturable=False,
 )
 def cuda_flash_attn_xp(node: Tensor) -> Step:
     """softmax(scale·Q·Kᵀ (softcapped) + mask)·V with the array module, on the cache's own
     strided views (no contiguous K/V needed): three batched products, f32 accumulation."""
     q_t, k_t, v_t, mask_t, sinks_t = _fa_srcs(node)
     assert q_t is not None and k_t is not None and v_t is not None
-    be = _backend(node)
+    be = common._backend(node)
     dk, n_q, n_head, _ = q_t.ne
     n_kv = k_t.ne[1]
     scale, softcap = node.f32(0), node.f32(2)
     if softcap != 0:
         scale /= softcap
-    q, k, v = _view(q_t)[0], _view(k_t)[0], _view(v_t)[0]  # (heads, rows, d)
-    mask = None if mask_t is None else _view(mask_t)[0, 0, :n_q, :n_kv]
-    sinks = None if sinks_t is None else _view(sinks_t, (sinks_t.ne[0],))[:n_head]
-    out = _view(node)[0]  # (n_q, n_head, dv)
+    q, k, v = common._view(q_t)[0], common._view(k_t)[0], common._view(v_t)[0]  # (heads, rows, d)
+    mask = None if mask_t is None else common._view(mask_t)[0, 0, :n_q, :n_kv]
+    sinks = None if sinks_t is None else common._view(sinks_t, (sinks_t.ne[0],))[:n_head]
+    out = common._view(node)[0]  # (n_q, n_head, dv)
     rep = n_head // k_t.ne[2]
-    half_k = k_t.type == F16
+    half_k = k_t.type == common.F16
 
     def run() -> None:
         xp = be.cp

@@ -3,6 +3,7 @@ plan scratch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from rpcnet import _native
 from rpcnet.compute.errors import ComputeError
+from rpcnet.compute.kernels.kernel_table import GENERIC, Builder, Predicate, kernel
 from rpcnet.compute.ops import Glu
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import GgmlType, type_name
@@ -116,6 +118,21 @@ def _srcs(node: Tensor, n: int) -> list[Tensor] | None:
     return srcs if len(srcs) == n and all(s.buffer is not None for s in srcs) else None
 
 
+def _contiguous_f32_srcs(node: Tensor, n: int) -> list[Tensor] | None:
+    """The first `n` sources (as _srcs) of a contiguous f32 node, or None."""
+    s = _srcs(node, n)
+    return s if s is not None and node.type == F32 and _contiguous(node) else None
+
+
+def _f32_source(node: Tensor, out_type: GgmlType = GgmlType.F32) -> Tensor | None:
+    """The sole source of a node that maps f32 elements one to one onto `out_type` ones of the
+    same shape, or None."""
+    s = _srcs(node, 1)
+    if s is None or s[0].type != F32 or node.type != out_type or s[0].ne != node.ne:
+        return None
+    return s[0]
+
+
 def _need(node: Tensor, n: int) -> list[Tensor]:
     """The first `n` sources of a node its `supports` accepted."""
     srcs = _srcs(node, n)
@@ -189,3 +206,27 @@ def _other_src(node: Tensor, first: Tensor) -> Tensor | None:
     if s[0] is first:
         return s[1]
     return s[0] if s[1] is first else None
+
+
+def cuda_kernel(
+    op: int,
+    types: str,
+    supports: Predicate,
+    priority: int = GENERIC,
+    capturable: Predicate | bool = True,
+) -> Callable[[Builder], Builder]:
+    """`kernel` on the CUDA device."""
+    return kernel(op, types, supports, priority, CUDA, capturable)
+
+
+def uncapturable(
+    op: int, types: str, supports: Predicate, priority: int = GENERIC
+) -> Callable[[Builder], Builder]:
+    """`cuda_kernel` for a builder a CUDA graph cannot record (its CuPy calls allocate
+    temporaries or synchronize): a plan with one runs eagerly."""
+    return cuda_kernel(op, types, supports, priority, capturable=False)
+
+
+def xp_fallback(op: int, types: str, supports: Predicate) -> Callable[[Builder], Builder]:
+    """`uncapturable` array code below the CUDA C kernels of the same op (priority XP)."""
+    return uncapturable(op, types, supports, XP)

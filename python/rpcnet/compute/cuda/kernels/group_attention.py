@@ -6,16 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpcnet.compute.cuda.kernels.common import (
-    BF16,
-    CUDA,
-    F16,
-    F32,
-    _backend,
-    _raw,
-    _view,
-    offer_quantized,
-)
+from rpcnet.compute.cuda.kernels import common
 from rpcnet.compute.cuda.kernels.groups import (
     _consumers,
     _members_movable,
@@ -60,7 +51,7 @@ def _parts(sm: Tensor, readers: dict[int, int], consumers: dict[int, list[Tensor
     n_kv, n_q, n_head = kq.ne[0], kq.ne[1], kq.ne[2]
     ok = (
         k.type == v.type
-        and k.type in (F32, F16, BF16)
+        and k.type in (common.F32, common.F16, common.BF16)
         and v.nb[0] == k.nb[0]
         and kqv.ne == (v.ne[1], n_q, n_head, 1)
         and v.ne[0] == n_kv
@@ -100,18 +91,18 @@ def _builder(kq: Tensor, sm: Tensor, kqv: Tensor, cont: Tensor):  # noqa: ANN202
         assert k_t is not None and q_t is not None and v_t is not None
         mask_t = sm.src[1] if len(sm.src) > 1 else None
         sinks_t = sm.src[2] if len(sm.src) > 2 else None
-        be = _backend(cont)
+        be = common._backend(cont)
         n_kv, n_q, n_head = kq.ne[0], kq.ne[1], kq.ne[2]
         d, dv = k_t.ne[0], v_t.ne[1]
         kv_types = (type_name(k_t.type).upper(), type_name(v_t.type).upper())
-        mask = None if mask_t is None else _view(mask_t, (mask_t.ne[1], mask_t.ne[0]))
-        sinks = None if sinks_t is None else _view(sinks_t, (sinks_t.ne[0],))
-        dst = _view(cont, (n_q, n_head, dv))
+        mask = None if mask_t is None else common._view(mask_t, (mask_t.ne[1], mask_t.ne[0]))
+        sinks = None if sinks_t is None else common._view(sinks_t, (sinks_t.ne[0],))
+        dst = common._view(cont, (n_q, n_head, dv))
         q8 = None
         request = None
         if dv % 32 == 0 and n_q <= 8:  # offer the projection after it its q8_1 blocks
-            request, q8 = offer_quantized(be, cont, (32,), writes=4)  # the group's 4 nodes
-        ptrs = (_view(q_t), _raw(k_t), _raw(v_t), mask, sinks, dst)
+            request, q8 = common.offer_quantized(be, cont, (32,), writes=4)  # the group's 4 nodes
+        ptrs = (common._view(q_t), common._raw(k_t), common._raw(v_t), mask, sinks, dst)
         dims = (d, dv, n_q, n_kv, n_head, k_t.ne[2])
         strides = (
             q_t.nb[1] // 4,
@@ -133,4 +124,4 @@ def _builder(kq: Tensor, sm: Tensor, kqv: Tensor, cont: Tensor):  # noqa: ANN202
     return build
 
 
-group_finder(CUDA)(_unfused_attention)
+group_finder(common.CUDA)(_unfused_attention)

@@ -9,23 +9,10 @@ member reads or writes, or reads what it writes (byte ranges, as ggml-alloc reus
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from rpcnet.compute.cuda.kernels.common import (
-    _GLU_IDS,
-    BF16,
-    CUDA,
-    F16,
-    F32,
-    MATVEC_CHUNKED_MAX,
-    MATVEC_MAX_COLS,
-    _backend,
-    _contiguous,
-    _raw,
-    _view,
-    _weight_type,
-)
+from rpcnet.compute.cuda.kernels import common
 from rpcnet.compute.cuda.kernels.matmul import _mul_mat_ok, q8_1_input
 from rpcnet.compute.kernels.kernel_table import NodeGroup, Step, group_finder
 from rpcnet.compute.ops import VIEW_OPS, Glu, Op
@@ -95,9 +82,9 @@ def _launch_reads(products: list[Tensor], wt: str) -> list[Tensor]:
 
 def _decode_product(node: Tensor) -> str | None:
     """The weight type of a decode product one group launch can take, else None."""
-    if node.op != Op.MUL_MAT or not _mul_mat_ok(node) or node.ne[1] > MATVEC_MAX_COLS:
+    if node.op != Op.MUL_MAT or not _mul_mat_ok(node) or node.ne[1] > common.MATVEC_MAX_COLS:
         return None
-    return _weight_type(node.src[0])  # type: ignore[arg-type]
+    return common._weight_type(node.src[0])  # type: ignore[arg-type]
 
 
 def _same_input_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
@@ -139,12 +126,12 @@ def _group_builder(members: tuple[Tensor, ...], wt: str):  # noqa: ANN202
         first = members[0]
         y_t = first.src[1]
         assert y_t is not None
-        be, launch_fused = _backend(first), _fused_module()
+        be, launch_fused = common._backend(first), _fused_module()
         k, n = first.src[0].ne[0], y_t.ne[1]  # type: ignore[union-attr]
-        weights = [_raw(m.src[0]) for m in members]  # type: ignore[arg-type]
-        dsts = [_view(m, (n, m.ne[0])) for m in members]
+        weights = [common._raw(m.src[0]) for m in members]  # type: ignore[arg-type]
+        dsts = [common._view(m, (n, m.ne[0])) for m in members]
         rows = [m.ne[0] for m in members]
-        y = _view(y_t, (n, k))
+        y = common._view(y_t, (n, k))
         yq, quantized = (None, False)
         if wt not in _float_types():
             yq, quantized = q8_1_input(be, y_t, wt, k, n)
@@ -157,18 +144,27 @@ def _group_builder(members: tuple[Tensor, ...], wt: str):  # noqa: ANN202
     return build
 
 
+def _two_source_nodes(computed: list[Tensor], op: int) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """(node, first source, second source) of each node of `op` with two sources."""
+    for n in computed:
+        if n.op == op and len(n.src) >= 2 and n.src[0] is not None and n.src[1] is not None:
+            yield n, n.src[0], n.src[1]
+
+
 def _glu_products(computed: list[Tensor], nodes: list[Tensor]) -> list[NodeGroup]:
     """A GLU of two sources, each a decode product of the same input read by nothing else."""
     readers = _readers(nodes)
     at = {id(n): i for i, n in enumerate(computed)}
     groups: list[NodeGroup] = []
-    for g in computed:
-        if g.op != Op.GLU or len(g.src) < 2 or g.src[0] is None or g.src[1] is None:
+    for g, gate, up in _two_source_nodes(computed, Op.GLU):
+        if g.i32(0) not in common._GLU_IDS or g.i32(0) == Glu.SWIGLU_OAI or g.i32(1) != 0:
             continue
-        gate, up = g.src[0], g.src[1]
-        if g.i32(0) not in _GLU_IDS or g.i32(0) == Glu.SWIGLU_OAI or g.i32(1) != 0:
-            continue
-        if id(gate) not in at or id(up) not in at or g.type != F32 or not _contiguous(g):
+        if (
+            id(gate) not in at
+            or id(up) not in at
+            or g.type != common.F32
+            or not common._contiguous(g)
+        ):
             continue
         wt = _decode_product(gate)
         if wt is None or _decode_product(up) != wt or gate.src[1] is not up.src[1]:
@@ -188,11 +184,11 @@ def _glu_builder(gate: Tensor, up: Tensor, g: Tensor, wt: str):  # noqa: ANN202
     def build() -> Step:
         y_t = gate.src[1]
         assert y_t is not None
-        be, launch_fused = _backend(g), _fused_module()
+        be, launch_fused = common._backend(g), _fused_module()
         k, m, n = gate.src[0].ne[0], gate.ne[0], y_t.ne[1]  # type: ignore[union-attr]
-        wg, wu = _raw(gate.src[0]), _raw(up.src[0])  # type: ignore[arg-type]
-        y, dst = _view(y_t, (n, k)), _view(g, (n, m))
-        op = _GLU_IDS[Glu(g.i32(0))]
+        wg, wu = common._raw(gate.src[0]), common._raw(up.src[0])  # type: ignore[arg-type]
+        y, dst = common._view(y_t, (n, k)), common._view(g, (n, m))
+        op = common._GLU_IDS[Glu(g.i32(0))]
         yq, quantized = (None, False)
         if wt not in _float_types():
             yq, quantized = q8_1_input(be, y_t, wt, k, n)
@@ -294,8 +290,8 @@ def _cache_store(t: Tensor, consumers: dict[int, list[Tensor]]) -> Tensor | None
             nxt.op == Op.SET_ROWS
             and nxt.src[0] is cur
             and _set_rows_ok(nxt)
-            and nxt.type in (F32, F16, BF16)
-            and _contiguous(cur)
+            and nxt.type in (common.F32, common.F16, common.BF16)
+            and common._contiguous(cur)
             and cur.offset == t.offset
             and cur.nelements == t.nelements
         )
@@ -310,7 +306,12 @@ def _row_store(s: Tensor):  # noqa: ANN202
     src, ids = s.src[0], s.src[1]
     assert src is not None and ids is not None
     return launch_fused.RowStore(
-        _raw(s), _view(ids, (ids.ne[0],)), type_name(s.type).upper(), src.ne[0], s.nb[1], s.ne[1]
+        common._raw(s),
+        common._view(ids, (ids.ne[0],)),
+        type_name(s.type).upper(),
+        src.ne[0],
+        s.nb[1],
+        s.ne[1],
     )
 
 
@@ -397,18 +398,18 @@ def _qkv_rope_builder(  # noqa: ANN202
 
         y_t = mq.src[1]
         assert y_t is not None
-        be, launch_fused = _backend(v), _fused_module()
+        be, launch_fused = common._backend(v), _fused_module()
         k, n = mq.src[0].ne[0], y_t.ne[1]  # type: ignore[union-attr]
         products = (mq, mk, v)
-        weights = [_raw(m.src[0]) for m in products]  # type: ignore[arg-type]
-        dsts = [_view(out, (n, m.ne[0])) for out, m in ((rq, mq), (rk, mk), (v, v))]
+        weights = [common._raw(m.src[0]) for m in products]  # type: ignore[arg-type]
+        dsts = [common._view(out, (n, m.ne[0])) for out, m in ((rq, mq), (rk, mk), (v, v))]
         rows = [m.ne[0] for m in products]
         pos_t, freq_t = rq.src[1], rq.src[2] if len(rq.src) > 2 else None
         assert pos_t is not None
         p = RopeParams(rq)
         lo, hi = corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
         rope = launch_fused.RopeArgs(
-            _view(pos_t, (pos_t.ne[0],)),
+            common._view(pos_t, (pos_t.ne[0],)),
             p.n_dims,
             p.mode,
             p.freq_base,
@@ -416,15 +417,15 @@ def _qkv_rope_builder(  # noqa: ANN202
             p.ext_factor,
             float(rope_mscale(p)),
             (float(lo), float(hi)),
-            None if freq_t is None else _view(freq_t, (freq_t.ne[0],)),
+            None if freq_t is None else common._view(freq_t, (freq_t.ne[0],)),
         )
-        y = _view(y_t, (n, k))
+        y = common._view(y_t, (n, k))
         yq, quantized = (None, False)
         if wt not in _float_types():
             yq, quantized = q8_1_input(be, y_t, wt, k, n)
 
         stores = tuple(None if x is None else _row_store(x) for x in cache_stores)
-        v_type = _weight_type(v.src[0])  # type: ignore[arg-type]
+        v_type = common._weight_type(v.src[0])  # type: ignore[arg-type]
 
         def run() -> None:
             launch_fused.matvec_qkv_rope(
@@ -448,12 +449,12 @@ def _row_of_one(g: Tensor, readers: dict[int, int]) -> Tensor | None:
     if g.op != Op.GET_ROWS or src is None or ids is None or ids.nelements != 1:
         return None
     ok = (
-        src.type == F32
-        and g.type == F32
+        src.type == common.F32
+        and g.type == common.F32
         and _single_row(src)
         and g.ne == src.ne
-        and _contiguous(src)
-        and _contiguous(g)
+        and common._contiguous(src)
+        and common._contiguous(g)
         and readers.get(g.id, 0) == 1
         and not g.flags & FLAG_OUTPUT
     )
@@ -468,10 +469,7 @@ def _output_row_products(computed: list[Tensor], nodes: list[Tensor]) -> list[No
     readers = _readers(nodes)
     at = {id(n): i for i, n in enumerate(computed)}
     groups: list[NodeGroup] = []
-    for add in computed:
-        if add.op != Op.ADD or len(add.src) < 2 or add.src[0] is None or add.src[1] is None:
-            continue
-        g1, g2 = add.src[0], add.src[1]
+    for add, g1, g2 in _two_source_nodes(computed, Op.ADD):
         mm, res = _row_of_one(g1, readers), _row_of_one(g2, readers)
         if mm is None or res is None or mm.op != Op.MUL_MAT:
             mm, res, g1, g2 = res, mm, g2, g1  # the product may be either operand
@@ -479,8 +477,10 @@ def _output_row_products(computed: list[Tensor], nodes: list[Tensor]) -> list[No
             continue
         if any(id(t) not in at for t in (mm, g1, g2)) or mm.flags & FLAG_OUTPUT:
             continue
-        shaped = all(t.type == F32 and _contiguous(t) and t.ne == mm.ne for t in (add, res))
-        if not (shaped and _mul_mat_ok(mm) and mm.ne[1] <= MATVEC_CHUNKED_MAX):
+        shaped = all(
+            t.type == common.F32 and common._contiguous(t) and t.ne == mm.ne for t in (add, res)
+        )
+        if not (shaped and _mul_mat_ok(mm) and mm.ne[1] <= common.MATVEC_CHUNKED_MAX):
             continue
         members = sorted((mm, g1, g2, add), key=lambda t: at[id(t)])
         movable = _members_movable(members, computed, at)
@@ -503,7 +503,7 @@ def _float_types() -> dict[str, str]:
     return sources.FLOAT_TYPES
 
 
-group_finder(CUDA)(_qkv_with_rope)
-group_finder(CUDA)(_output_row_products)
-group_finder(CUDA)(_glu_products)
-group_finder(CUDA)(_same_input_products)
+group_finder(common.CUDA)(_qkv_with_rope)
+group_finder(common.CUDA)(_output_row_products)
+group_finder(common.CUDA)(_glu_products)
+group_finder(common.CUDA)(_same_input_products)

@@ -7,32 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from rpcnet.compute.cuda.kernels.common import (
-    _DTYPES,
-    _Q8_1_NOTE,
-    BF16,
-    CUDA,
-    F16,
-    F32,
-    I32,
-    MATVEC_CHUNKED_MAX,
-    MATVEC_MAX_COLS,
-    Q8Note,
-    _backend,
-    _contiguous,
-    _device_scratch,
-    _launch_module,
-    _need,
-    _other_src,
-    _raw,
-    _row_bytes,
-    _srcs,
-    _view,
-    _weight_type,
-    activation_key,
-)
+from rpcnet.compute.cuda.kernels import common
 from rpcnet.compute.kernels import kernel_table as registry
-from rpcnet.compute.kernels.kernel_table import GENERIC, NATIVE, Step, fusion, kernel
+from rpcnet.compute.kernels.kernel_table import NATIVE, Step, fusion
 from rpcnet.compute.ops import Op
 from rpcnet.compute.tensor import Tensor
 from rpcnet.ggml_types import type_name
@@ -43,12 +20,12 @@ from rpcnet.ggml_types import type_name
 def _mul_mat_ok(node: Tensor) -> bool:
     from rpcnet.compute.cuda import sources
 
-    s = _srcs(node, 2)
-    if s is None or node.type != F32 or not _contiguous(node):
+    s = common._contiguous_f32_srcs(node, 2)
+    if s is None:
         return False
     w, y = s
-    wt = _weight_type(w)
-    if wt is None or y.type != F32 or not (_contiguous(w) and _contiguous(y)):
+    wt = common._weight_type(w)
+    if wt is None or y.type != common.F32 or not (common._contiguous(w) and common._contiguous(y)):
         return False
     k = w.ne[0]
     return (
@@ -57,17 +34,16 @@ def _mul_mat_ok(node: Tensor) -> bool:
         and node.ne == (w.ne[1], y.ne[1], 1, 1)
         and (wt in sources.FLOAT_TYPES or k % 32 == 0)
         and w.offset % sources.WEIGHT_ALIGN[wt] == 0  # cudaMalloc bases are 256-aligned
-        and _row_bytes(w) % sources.WEIGHT_ALIGN[wt] == 0
+        and common._row_bytes(w) % sources.WEIGHT_ALIGN[wt] == 0
     )
 
 
-@kernel(
+@common.cuda_kernel(
     Op.MUL_MAT,
     "all 16 weight types x f32 -> f32 (2-D; N<=32 MMVQ launches of up to 8 columns, else cuBLAS)",
     _mul_mat_ok,
     priority=NATIVE,
-    device=CUDA,
-    capturable=lambda node: node.ne[1] <= MATVEC_CHUNKED_MAX,  # wider products call cuBLAS
+    capturable=lambda node: node.ne[1] <= common.MATVEC_CHUNKED_MAX,  # wider products call cuBLAS
 )
 def cuda_mul_mat(node: Tensor) -> Step:
     return _mul_mat_step(node, node, None)
@@ -78,21 +54,21 @@ def _mul_mat_step(node: Tensor, out: Tensor, add_t: Tensor | None) -> Step:
     ADD's other operand)."""
     from rpcnet.compute.cuda import sources
 
-    w_t, y_t = _need(node, 2)
-    be, launch, wt = _backend(node), _launch_module(), _weight_type(w_t)
+    w_t, y_t = common._need(node, 2)
+    be, launch, wt = common._backend(node), common._launch_module(), common._weight_type(w_t)
     assert wt is not None
     k, m, n = w_t.ne[0], w_t.ne[1], y_t.ne[1]
-    w, y, dst = _raw(w_t), _view(y_t, (n, k)), _view(out, (n, m))
-    add = None if add_t is None else _view(add_t, (n, m))
-    if n <= MATVEC_CHUNKED_MAX:
+    w, y, dst = common._raw(w_t), common._view(y_t, (n, k)), common._view(out, (n, m))
+    add = None if add_t is None else common._view(add_t, (n, m))
+    if n <= common.MATVEC_CHUNKED_MAX:
         if wt in sources.FLOAT_TYPES:
             return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, add=add)
         yq, quantized = q8_1_input(be, y_t, wt, k, n)
         return lambda: launch.matvec(be, wt, w, y, dst, k, m, n, yq, quantized=quantized, add=add)
     assert add is None, "only matvec products take a fused ADD"
     w_bytes, y_bytes = launch.prefill_scratch_bytes(wt, k, m, n)
-    w16 = _device_scratch(be, "f16", w_bytes) if w_bytes else None
-    y16 = _device_scratch(be, "act16", y_bytes) if y_bytes else None
+    w16 = common._device_scratch(be, "f16", w_bytes) if w_bytes else None
+    y16 = common._device_scratch(be, "act16", y_bytes) if y_bytes else None
     return lambda: launch.matmul_prefill(be, wt, w, y, dst, k, m, w16, y16)
 
 
@@ -102,10 +78,10 @@ def q8_1_input(be: Any, y_t: Tensor, wt: str, k: int, n: int) -> tuple[Any, bool
     in the scratch, and the next ones use them if no step in between wrote that input or
     quantized another one. A producer that offered to quantize what it writes (an RMS_NORM) is
     asked to, and nothing is launched for it here."""
-    launch = _launch_module()
+    launch = common._launch_module()
     state = registry.plan_state()
-    key, block = activation_key(y_t), launch.activation_block(wt)
-    note = state.shared.get(_Q8_1_NOTE)
+    key, block = common.activation_key(y_t), launch.activation_block(wt)
+    note = state.shared.get(common._Q8_1_NOTE)
     if note is not None and note.key == key and not state.written_since(note.mark, y_t):
         request = note.request
         if request is not None and request.block in (None, block) and block in request.blocks:
@@ -113,59 +89,59 @@ def q8_1_input(be: Any, y_t: Tensor, wt: str, k: int, n: int) -> tuple[Any, bool
             return note.yq, True
         if note.request is None and note.block == block:
             return note.yq, True
-    yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
-    state.shared[_Q8_1_NOTE] = Q8Note(key, block, len(state.written), yq)
+    yq = common._device_scratch(be, "q8_1", launch.q8_1_bytes(k, n))
+    state.shared[common._Q8_1_NOTE] = common.Q8Note(key, block, len(state.written), yq)
     return yq, False
 
 
 def _mul_mat_add_ok(mm: Tensor, add: Tensor) -> bool:
     """A decode product whose only reader is an ADD of a same-shaped contiguous f32 operand
     (the residual after the attention output and FFN down projections)."""
-    r = _other_src(add, mm)
+    r = common._other_src(add, mm)
     return (
         r is not None
         and r is not mm
         and _mul_mat_ok(mm)
-        and mm.ne[1] <= MATVEC_CHUNKED_MAX
-        and add.type == F32
-        and _contiguous(add)
+        and mm.ne[1] <= common.MATVEC_CHUNKED_MAX
+        and add.type == common.F32
+        and common._contiguous(add)
         and add.ne == mm.ne
-        and r.type == F32
-        and _contiguous(r)
+        and r.type == common.F32
+        and common._contiguous(r)
         and r.ne == mm.ne
     )
 
 
-@fusion(Op.MUL_MAT, Op.ADD, _mul_mat_add_ok, device=CUDA)
+@fusion(Op.MUL_MAT, Op.ADD, _mul_mat_add_ok, device=common.CUDA)
 def cuda_mul_mat_add(mm: Tensor, add: Tensor) -> Step:
     """A decode product and the residual ADD after it: the product's kernel adds the other
     operand as it writes (one kernel; the product itself is never written)."""
-    r = _other_src(add, mm)
+    r = common._other_src(add, mm)
     assert r is not None
     return _mul_mat_step(mm, add, r)
 
 
 def _elsize(t: Tensor) -> int:
-    return int(np.dtype(_DTYPES[t.type]).itemsize)
+    return int(np.dtype(common._DTYPES[t.type]).itemsize)
 
 
 def _strided_matvec_ok(node: Tensor) -> bool:
     """Few columns against float weights in any row and channel layout (a decode step's
     attention products on the cache's views): elements contiguous along K, heads on ne2."""
-    s = _srcs(node, 2)
-    if s is None or node.type != F32 or not _contiguous(node):
+    s = common._contiguous_f32_srcs(node, 2)
+    if s is None:
         return False
     w, y = s
     return (
-        w.type in (F32, F16, BF16)
-        and y.type == F32
+        w.type in (common.F32, common.F16, common.BF16)
+        and y.type == common.F32
         and w.nb[0] == _elsize(w)
         and y.nb[0] == 4
         and y.nb[1] % 4 == 0
         and y.nb[2] % 4 == 0
         and y.ne[0] == w.ne[0]
         and node.ne == (w.ne[1], y.ne[1], y.ne[2], 1)
-        and 1 <= y.ne[1] <= MATVEC_MAX_COLS
+        and 1 <= y.ne[1] <= common.MATVEC_MAX_COLS
         and w.ne[3] == y.ne[3] == 1
         and 0 < w.ne[2]
         and y.ne[2] % w.ne[2] == 0
@@ -173,12 +149,11 @@ def _strided_matvec_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(
+@common.cuda_kernel(
     Op.MUL_MAT,
     "f32|f16|bf16 x f32 -> f32, N<=8, strided rows and heads, ne2 broadcast (attention decode)",
     _strided_matvec_ok,
     priority=NATIVE - 5,  # after the 2-D weight path, before the cuBLAS one
-    device=CUDA,
 )
 def cuda_mul_mat_strided(node: Tensor) -> Step:
     m, ncols = node.ne[0], node.ne[1]
@@ -188,10 +163,10 @@ def cuda_mul_mat_strided(node: Tensor) -> Step:
 def _strided_step(node: Tensor, out: Tensor, dst_strides: tuple[int, int]) -> Step:
     """The strided matvec of `node`, its (column, channel) results written to `out` with
     `dst_strides` floats apart."""
-    w_t, y_t = _need(node, 2)
-    be, launch = _backend(node), _launch_module()
+    w_t, y_t = common._need(node, 2)
+    be, launch = common._backend(node), common._launch_module()
     k, m, ncols, channels = w_t.ne[0], w_t.ne[1], y_t.ne[1], y_t.ne[2]
-    w, y, dst = _raw(w_t), _view(y_t), _raw(out)
+    w, y, dst = common._raw(w_t), common._view(y_t), common._raw(out)
     strides = (w_t.nb[1], w_t.nb[2], y_t.nb[1] // 4, y_t.nb[2] // 4, *dst_strides)
     wt, ratio = type_name(w_t.type).upper(), channels // w_t.ne[2]
     return lambda: launch.matvec_strided(be, wt, w, y, dst, k, m, ncols, channels, strides, ratio)
@@ -215,15 +190,15 @@ def _strided_cont_ok(mm: Tensor, cont: Tensor) -> bool:
     return (
         _strided_matvec_ok(mm)
         and cont.op == Op.CONT
-        and cont.type == F32
-        and _contiguous(cont)
+        and cont.type == common.F32
+        and common._contiguous(cont)
         and cont.nelements == mm.nelements
         and mm.ne[3] == 1
         and _permuted(cont, mm) is not None
     )
 
 
-@fusion(Op.MUL_MAT, Op.CONT, _strided_cont_ok, device=CUDA)
+@fusion(Op.MUL_MAT, Op.CONT, _strided_cont_ok, device=common.CUDA)
 def cuda_mul_mat_permuted(mm: Tensor, cont: Tensor) -> Step:
     """V·KQ of a decode step written straight in the order the CONT after its permutation
     wants (heads next to each other): one kernel, no copy."""
@@ -232,13 +207,13 @@ def cuda_mul_mat_permuted(mm: Tensor, cont: Tensor) -> Step:
 
 
 def _batched_ok(node: Tensor) -> bool:
-    s = _srcs(node, 2)
-    if s is None or node.type != F32 or not _contiguous(node):
+    s = common._contiguous_f32_srcs(node, 2)
+    if s is None:
         return False
     a, b = s
     return (
-        a.type in (F32, F16)
-        and b.type in (F32, F16)
+        a.type in (common.F32, common.F16)
+        and b.type in (common.F32, common.F16)
         and b.ne[0] == a.ne[0]
         and node.ne == (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
         and a.ne[2] > 0
@@ -248,23 +223,20 @@ def _batched_ok(node: Tensor) -> bool:
     )
 
 
-@kernel(
+@common.uncapturable(
     Op.MUL_MAT,
     "f32|f16 x f32|f16 -> f32, any strides, ne2/ne3 broadcast (CuPy matmul: attention)",
     _batched_ok,
-    priority=GENERIC,
-    device=CUDA,
-    capturable=False,
 )
 def cuda_mul_mat_batched(node: Tensor) -> Step:
     """The attention products (K*Q, V*KQ: strided cache views, heads broadcast for GQA) as one
     cuBLAS batched matmul; src0 matrix i02 serves src1 matrices i02*r2 .. i02*r2+r2-1."""
-    a_t, b_t = _need(node, 2)
-    be = _backend(node)
-    a, b, dst = _view(a_t), _view(b_t), _view(node)
+    a_t, b_t = common._need(node, 2)
+    be = common._backend(node)
+    a, b, dst = common._view(a_t), common._view(b_t), common._view(node)
     r2, r3 = b_t.ne[2] // a_t.ne[2], b_t.ne[3] // a_t.ne[3]
 
-    half = a_t.type == F16  # the CPU's f16 dot product rounds the other side to f16 first
+    half = a_t.type == common.F16  # the CPU's f16 dot product rounds the other side to f16 first
 
     def run() -> None:
         cp = be.cp
@@ -283,18 +255,18 @@ def cuda_mul_mat_batched(node: Tensor) -> Step:
 def _mul_mat_id_ok(node: Tensor) -> bool:
     from rpcnet.compute.cuda import sources
 
-    s = _srcs(node, 3)
-    if s is None or node.type != F32 or not _contiguous(node):
+    s = common._contiguous_f32_srcs(node, 3)
+    if s is None:
         return False
     w, y, ids = s
-    wt = _weight_type(w)
+    wt = common._weight_type(w)
     k = w.ne[0]
     return (
         wt is not None
-        and y.type == F32
-        and ids.type == I32
-        and _contiguous(w)
-        and _contiguous(y)
+        and y.type == common.F32
+        and ids.type == common.I32
+        and common._contiguous(w)
+        and common._contiguous(y)
         and ids.nb[0] == 4
         and ids.nb[1] % 4 == 0  # rows may be apart: top-k ids are a view of argsort's rows
         and w.ne[3] == y.ne[3] == ids.ne[2] == ids.ne[3] == 1
@@ -303,25 +275,27 @@ def _mul_mat_id_ok(node: Tensor) -> bool:
         and node.ne == (w.ne[1], ids.ne[0], y.ne[2], 1)
         and (wt in sources.FLOAT_TYPES or k % 32 == 0)
         and w.offset % sources.WEIGHT_ALIGN[wt] == 0
-        and _row_bytes(w) % sources.WEIGHT_ALIGN[wt] == 0
+        and common._row_bytes(w) % sources.WEIGHT_ALIGN[wt] == 0
     )
 
 
-@kernel(Op.MUL_MAT_ID, "all 16 weight types x f32, i32 ids -> f32", _mul_mat_id_ok, device=CUDA)
+@common.cuda_kernel(Op.MUL_MAT_ID, "all 16 weight types x f32, i32 ids -> f32", _mul_mat_id_ok)
 def cuda_mul_mat_id(node: Tensor) -> Step:
     from rpcnet.compute.cuda import sources
 
-    w_t, y_t, ids_t = _need(node, 3)
-    be, launch, wt = _backend(node), _launch_module(), _weight_type(w_t)
+    w_t, y_t, ids_t = common._need(node, 3)
+    be, launch, wt = common._backend(node), common._launch_module(), common._weight_type(w_t)
     assert wt is not None
     k, m = w_t.ne[0], w_t.ne[1]
     n_tokens, ne11, n_slots = y_t.ne[2], y_t.ne[1], ids_t.ne[0]
-    w, y = _raw(w_t), _view(y_t, (n_tokens, ne11, k))
+    w, y = common._raw(w_t), common._view(y_t, (n_tokens, ne11, k))
     assert ids_t.buffer is not None
     ids = be.view(ids_t.buffer.array, ids_t.offset, (n_tokens, n_slots), (ids_t.nb[1], 4), "int32")
-    dst, ids_tok = _view(node, (n_tokens, n_slots, m)), ids_t.nb[1] // 4
+    dst, ids_tok = common._view(node, (n_tokens, n_slots, m)), ids_t.nb[1] // 4
     yq = None
     if wt not in sources.FLOAT_TYPES:
-        yq = _device_scratch(be, "q8_1", launch.q8_1_bytes(k, n_tokens * ne11))
-        registry.plan_state().shared[_Q8_1_NOTE] = None  # the q8_1 scratch now holds this input
+        yq = common._device_scratch(be, "q8_1", launch.q8_1_bytes(k, n_tokens * ne11))
+        registry.plan_state().shared[common._Q8_1_NOTE] = (
+            None  # the q8_1 scratch now holds this input
+        )
     return lambda: launch.matvec_id(be, wt, w, y, ids, dst, k, m, yq, ids_tok)
