@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -17,7 +18,7 @@ from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.errors import CudaGraphError, classify, error_status
 from rpcnet.compute.cuda.execute import checked
 from rpcnet.compute.cuda.probe import check_cuda
-from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, StagedSink, StagingPool
+from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, StagedSink, Staging, StagingPool
 
 # cudaMemcpyKind
 _H2D, _D2H, _D2D = 1, 2, 3
@@ -80,6 +81,14 @@ class CupyCopier:
             token.synchronize()  # type: ignore[attr-defined]
 
 
+def _cached(cache: dict[str, Any], key: str, make: Callable[[], Any]) -> Any:
+    """cache[key], made by `make` the first time."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = make()
+    return value
+
+
 class KernelLibrary:
     """The CUDA C modules of src/, compiled with NVRTC (CuPy's RawModule) on first use."""
 
@@ -93,21 +102,17 @@ class KernelLibrary:
 
     def module(self, name: str) -> Any:
         with self._lock:
-            mod = self._modules.get(name)
-            if mod is None:
-                mod = self.cp.RawModule(
+            return _cached(
+                self._modules,
+                name,
+                lambda: self.cp.RawModule(
                     code=sources.module_source(name), options=self.options, backend="nvrtc"
-                )
-                self._modules[name] = mod
-            return mod
+                ),
+            )
 
     def function(self, module: str, kernel: str) -> Any:
         key = f"{module}.{kernel}"
-        fn = self._functions.get(key)
-        if fn is None:
-            fn = self.module(module).get_function(kernel)
-            self._functions[key] = fn
-        return fn
+        return _cached(self._functions, key, lambda: self.module(module).get_function(kernel))
 
     def warm(self) -> None:
         """Compile every module now (server start), not during a client's first graph: a
@@ -206,23 +211,24 @@ class CudaBackend:
                 )
         return self._staging
 
-    def upload(self, buf: Any, offset: int, total: int, fill: Any) -> None:
+    @contextlib.contextmanager
+    def _staged(self) -> Iterator[Staging]:
+        """A staging buffer of the pool, on this GPU, for one transfer."""
         pool = self.staging_pool
         staging = pool.acquire()
         try:
             with self.device:
-                staging.upload(int(buf.data.ptr) + offset, total, fill)
+                yield staging
         finally:
             pool.release(staging)
 
+    def upload(self, buf: Any, offset: int, total: int, fill: Any) -> None:
+        with self._staged() as staging:
+            staging.upload(int(buf.data.ptr) + offset, total, fill)
+
     def download(self, buf: Any, offset: int, total: int, emit: Any) -> None:
-        pool = self.staging_pool
-        staging = pool.acquire()
-        try:
-            with self.device:
-                staging.download(int(buf.data.ptr) + offset, total, emit)
-        finally:
-            pool.release(staging)
+        with self._staged() as staging:
+            staging.download(int(buf.data.ptr) + offset, total, emit)
 
     def host_sink(self, buf: Any, offset: int, nbytes: int) -> StagedSink:
         return StagedSink(self.staging_pool, int(buf.data.ptr) + offset, nbytes)

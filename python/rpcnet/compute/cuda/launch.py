@@ -130,6 +130,21 @@ def _at(a: Any, byte_offset: int) -> Any:
     return a if byte_offset == 0 else np.uint64(int(a.data.ptr) + byte_offset)
 
 
+def _activations(
+    be: CudaBackend, type_name: str, y: Any, k: int, ncols: int, yq: Any | None, quantized: bool
+) -> tuple[Any, int, int]:
+    """The products' input, a column's stride in its elements and in bytes: f32 for float
+    weights (a float each), else q8_1 blocks in `yq` (a byte each), quantized here unless
+    `quantized` says they are there already."""
+    if type_name in sources.FLOAT_TYPES:
+        return y, k, 4 * k
+    assert yq is not None, "quantized products need a q8_1 scratch"
+    if not quantized:
+        quantize_q8_1(be, y, yq, k, ncols, k, activation_block(type_name) == 256)
+    col_bytes = k // 32 * Q8_1_BYTES
+    return yq, col_bytes, col_bytes
+
+
 def matvec(
     be: CudaBackend,
     type_name: str,
@@ -158,14 +173,7 @@ def matvec(
     grid, block = _matvec_grid(split, m, 1), (32, MV_WARPS)
     fn = be.kernels.function("matvec", sources.matvec_kernel(type_name, split))
     tail = (i64(rb), i64(rb * m))
-    if type_name in sources.FLOAT_TYPES:
-        src, col_bytes = y, 4 * k
-    else:
-        assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
-        if not quantized:
-            quantize_q8_1(be, y, yq_scratch, k, ncols, k, activation_block(type_name) == 256)
-        src, col_bytes = yq_scratch, k // 32 * Q8_1_BYTES
-    y_col = k if type_name in sources.FLOAT_TYPES else col_bytes  # floats, or q8_1 bytes
+    src, y_col, col_bytes = _activations(be, type_name, y, k, ncols, yq_scratch, quantized)
     for c0 in range(0, ncols, MV_MAXCOLS):  # each launch reads the weights once
         nc = min(MV_MAXCOLS, ncols - c0)
         out = (_at(dst, 4 * m * c0), NULL if add is None else _at(add, 4 * m * c0))
@@ -220,14 +228,8 @@ def matvec_id(
     n_slots = int(ids.shape[1])
     rb = _aligned_row_bytes(type_name, w, k)
     fn = be.kernels.function("matvec", sources.matvec_id_kernel(type_name))
-    if type_name in sources.FLOAT_TYPES:
-        yarg, y_col, y_tok = y, k, k * ne11
-    else:
-        assert yq_scratch is not None, "quantized matvec needs a q8_1 scratch"
-        as_q8_k = activation_block(type_name) == 256
-        quantize_q8_1(be, y, yq_scratch, k, n_tokens * ne11, k, as_q8_k)
-        yb = k // 32 * Q8_1_BYTES
-        yarg, y_col, y_tok = yq_scratch, yb, yb * ne11
+    yarg, y_col, _ = _activations(be, type_name, y, k, n_tokens * ne11, yq_scratch, False)
+    y_tok = y_col * ne11
     args = (
         w,
         yarg,

@@ -17,15 +17,14 @@ from rpcnet.compute.cuda.launch import (
     MV_WARPS,
     NULL,
     Q8_1_BYTES,
+    _activations,
     _aligned_row_bytes,
     _at,
     _cdiv,
     _launch,
-    activation_block,
     f32,
     i32,
     i64,
-    quantize_q8_1,
     split_rows,
 )
 
@@ -95,19 +94,6 @@ def rms_norm_mul_q8(
     _launch(be, fn, (rows,), (256,), args)
 
 
-def _activations(
-    be: CudaBackend, type_name: str, y: Any, k: int, ncols: int, yq: Any | None, quantized: bool
-) -> tuple[Any, int]:
-    """The products' input and a column's stride: f32 for float weights (floats), else q8_1
-    blocks in `yq` (bytes), quantized here unless `quantized` says they are there already."""
-    if type_name in sources.FLOAT_TYPES:
-        return y, k
-    assert yq is not None, "quantized products need a q8_1 scratch"
-    if not quantized:
-        quantize_q8_1(be, y, yq, k, ncols, k, activation_block(type_name) == 256)
-    return yq, k // 32 * Q8_1_BYTES
-
-
 def _group_kernel(type_name: str, glu: bool, split: bool) -> str:
     kind = "glu" if glu else "group"
     return f"rpc_mv_{kind}{'_split' if split else ''}_{sources.WEIGHT_TYPES[type_name]}"
@@ -135,7 +121,7 @@ def matvec_group(
     rb = _aligned_row_bytes(type_name, weights[0], k)
     for w in weights[1:]:
         _aligned_row_bytes(type_name, w, k)
-    src, y_col = _activations(be, type_name, y, k, ncols, yq, quantized)
+    src, y_col, _ = _activations(be, type_name, y, k, ncols, yq, quantized)
     split = split_rows(type_name, k)
     per_block = 1 if split else MV_WARPS
     ws = [*weights, *[NULL] * (GROUP_MAX - n)]
@@ -173,8 +159,7 @@ def matvec_glu(
         raise ValueError(f"a GLU product takes 1..{4 * MV_MAXCOLS} columns, not {ncols}")
     rb = _aligned_row_bytes(type_name, gate, k)
     _aligned_row_bytes(type_name, up, k)
-    src, y_col = _activations(be, type_name, y, k, ncols, yq, quantized)
-    col_bytes = y_col * (4 if type_name in sources.FLOAT_TYPES else 1)
+    src, y_col, col_bytes = _activations(be, type_name, y, k, ncols, yq, quantized)
     split = split_rows(type_name, k)
     grid = (m if split else _cdiv(m, MV_WARPS),)
     fn = be.kernels.function("matvec_group", _group_kernel(type_name, True, split))
@@ -221,7 +206,7 @@ def matvec_qkv_rope(
     rb = _aligned_row_bytes(type_name, weights[0], k)
     _aligned_row_bytes(type_name, weights[1], k)
     v_rb = _aligned_row_bytes(v_type, weights[2], k)
-    src, y_col = _activations(be, type_name, y, k, ncols, yq, quantized)
+    src, y_col, _ = _activations(be, type_name, y, k, ncols, yq, quantized)
     split = split_rows(type_name, k)
     pairs = (mq + mk + mv) // 2
     grid = (pairs if split else _cdiv(pairs, MV_WARPS),)
