@@ -57,20 +57,10 @@ __device__ __forceinline__ void rpc_attn_decode(
     __syncthreads();
 
     // SOFT_MAX over the positions (and the sink)
-    float mx = -3.402823466e38f;
-    for (int j = threadIdx.x; j < n_kv; j += RPC_AD_THREADS) mx = fmaxf(mx, s_p[j]);
     const float sink = sinks != nullptr ? sinks[h] : -3.402823466e38f;
-    mx = fmaxf(rpc_block_max(mx, s_red), sink);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j < n_kv; j += RPC_AD_THREADS) {
-        const float e = expf(s_p[j] - mx);
-        s_p[j] = e;
-        sum += e;
-    }
-    sum = rpc_block_sum(sum, s_red);
-    if (sinks != nullptr) sum += expf(sink - mx);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    __syncthreads();
+    const float inv = rpc_softmax_exp(
+        n_kv, RPC_AD_THREADS, sinks != nullptr, sink, s_red, [&](int j) { return s_p[j]; },
+        [&](int j, float e) { s_p[j] = e; });
     for (int j = threadIdx.x; j < n_kv; j += RPC_AD_THREADS) s_p[j] = rpc_act<VT>(s_p[j] * inv);
     __syncthreads();
 

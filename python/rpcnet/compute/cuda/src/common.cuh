@@ -23,27 +23,48 @@ __device__ __forceinline__ int rpc_warp_sum_int(int v) {
     return v;
 }
 
-// Block-wide sum for blocks of up to 1024 threads (a multiple of 32); every thread gets it.
-__device__ __forceinline__ float rpc_block_sum(float v, float* scratch32) {
-    v = rpc_warp_sum(v);
+// Block-wide reduction for blocks of up to 1024 threads (a multiple of 32); every thread gets
+// it. `empty` fills the lanes past the block's warps (the reduction's identity).
+template <float (*WARP_REDUCE)(float)>
+__device__ __forceinline__ float rpc_block_reduce(float v, float* scratch32, float empty) {
+    v = WARP_REDUCE(v);
     const int warp = threadIdx.x / RPC_WARP, lane = threadIdx.x % RPC_WARP;
     __syncthreads();
     if (lane == 0) scratch32[warp] = v;
     __syncthreads();
     const int nwarps = blockDim.x / RPC_WARP;
-    v = lane < nwarps ? scratch32[lane] : 0.0f;
-    return rpc_warp_sum(v);
+    v = lane < nwarps ? scratch32[lane] : empty;
+    return WARP_REDUCE(v);
+}
+
+__device__ __forceinline__ float rpc_block_sum(float v, float* scratch32) {
+    return rpc_block_reduce<rpc_warp_sum>(v, scratch32, 0.0f);
 }
 
 __device__ __forceinline__ float rpc_block_max(float v, float* scratch32) {
-    v = rpc_warp_max(v);
-    const int warp = threadIdx.x / RPC_WARP, lane = threadIdx.x % RPC_WARP;
+    return rpc_block_reduce<rpc_warp_max>(v, scratch32, -3.402823466e38f);
+}
+
+// SOFT_MAX of a row whose n logits value(i) are spread over the block's threads (i = threadIdx.x,
+// + stride, ...), with an optional sink logit (has_sink): write(i, e) keeps each exp(logit - max)
+// and the result is 1 / their sum (0 for an empty sum). Every thread must call it.
+template <typename V, typename W>
+__device__ __forceinline__ float rpc_softmax_exp(int n, int stride, bool has_sink, float sink,
+                                                 float* scratch32, V value, W write) {
+    float mx = -3.402823466e38f;
+    for (int i = threadIdx.x; i < n; i += stride) mx = fmaxf(mx, value(i));
+    mx = fmaxf(rpc_block_max(mx, scratch32), sink);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += stride) {
+        const float e = expf(value(i) - mx);
+        write(i, e);
+        sum += e;
+    }
+    sum = rpc_block_sum(sum, scratch32);
+    if (has_sink) sum += expf(sink - mx);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     __syncthreads();
-    if (lane == 0) scratch32[warp] = v;
-    __syncthreads();
-    const int nwarps = blockDim.x / RPC_WARP;
-    v = lane < nwarps ? scratch32[lane] : -3.402823466e38f;
-    return rpc_warp_max(v);
+    return inv;
 }
 
 // Rows on grid.y, which holds at most 65535 blocks: the launcher clamps grid.y and each block

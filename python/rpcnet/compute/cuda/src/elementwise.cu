@@ -15,6 +15,18 @@ __device__ __forceinline__ long long rpc_offset4(long long i0, long long i1, lon
     return i0 * s.nb0 + i1 * s.nb1 + i2 * s.nb2 + i3 * s.nb3;
 }
 
+// f(i0, i1, i2, i3) for every element of [ne0, ne1, ne2, ne3], in logical order, grid-stride.
+template <typename F>
+__device__ __forceinline__ void rpc_for_each4(long long ne0, long long ne1, long long ne2,
+                                              long long ne3, F f) {
+    const long long n = ne0 * ne1 * ne2 * ne3;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long i0 = i % ne0, i1 = (i / ne0) % ne1, i2 = (i / (ne0 * ne1)) % ne2;
+        f(i0, i1, i2, i / (ne0 * ne1 * ne2));
+    }
+}
+
 __device__ __forceinline__ float rpc_binary(int op, float a, float b) {
     switch (op) {
         case 0: return a + b;
@@ -33,15 +45,11 @@ extern "C" __global__ void rpc_binary_f32(
     const RpcShape4 as = {ne0, ne1, ne2, ne3, anb0, anb1, anb2, anb3};
     const RpcShape4 bs = {bne0, bne1, bne2, bne3, bnb0, bnb1, bnb2, bnb3};
     const RpcShape4 ds = {ne0, ne1, ne2, ne3, dnb0, dnb1, dnb2, dnb3};
-    const long long n = ne0 * ne1 * ne2 * ne3;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long i0 = i % ne0, i1 = (i / ne0) % ne1, i2 = (i / (ne0 * ne1)) % ne2;
-        const long long i3 = i / (ne0 * ne1 * ne2);
+    rpc_for_each4(ne0, ne1, ne2, ne3, [&](long long i0, long long i1, long long i2, long long i3) {
         const float x = *(const float*)(a + rpc_offset4(i0, i1, i2, i3, as));
         const float y = *(const float*)(b + rpc_offset4(i0 % bne0, i1 % bne1, i2 % bne2, i3 % bne3, bs));
         *(float*)(dst + rpc_offset4(i0, i1, i2, i3, ds)) = rpc_binary(op, x, y);
-    }
+    });
 }
 
 // Unary ops by ggml_unary_op id (0 ABS ... 21 TRUNC; 17 XIELU is not here), plus rpcnet's own
@@ -88,12 +96,8 @@ extern "C" __global__ void rpc_unary_f32(int op, const uint8_t* src, uint8_t* ds
                                          long long dnb2, long long dnb3, float p0, float p1) {
     const RpcShape4 ss = {ne0, ne1, ne2, ne3, snb0, snb1, snb2, snb3};
     const RpcShape4 ds = {ne0, ne1, ne2, ne3, dnb0, dnb1, dnb2, dnb3};
-    const long long n = ne0 * ne1 * ne2 * ne3;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long i0 = i % ne0, i1 = (i / ne0) % ne1, i2 = (i / (ne0 * ne1)) % ne2;
-        const long long i3 = i / (ne0 * ne1 * ne2);
+    rpc_for_each4(ne0, ne1, ne2, ne3, [&](long long i0, long long i1, long long i2, long long i3) {
         const float x = *(const float*)(src + rpc_offset4(i0, i1, i2, i3, ss));
         *(float*)(dst + rpc_offset4(i0, i1, i2, i3, ds)) = rpc_unary(op, x, p0, p1);
-    }
+    });
 }

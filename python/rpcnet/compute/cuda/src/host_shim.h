@@ -31,25 +31,19 @@ typedef unsigned long long uint64_t;
 
 #define RPC_HD __host__ __device__ __forceinline__
 
-RPC_HD float rpc_bits_to_float(uint32_t bits) {
+// A float's bits and back: intrinsics on the device, a byte copy on the host.
 #ifdef RPC_DEVICE_BUILD
-    return __int_as_float((int)bits);
+RPC_HD float rpc_bits_to_float(uint32_t bits) { return __int_as_float((int)bits); }
+RPC_HD uint32_t rpc_float_to_bits(float f) { return (uint32_t)__float_as_int(f); }
 #else
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
+template <typename To, typename From> RPC_HD To rpc_bit_cast(From v) {
+    To t;
+    memcpy(&t, &v, sizeof t);
+    return t;
 }
-
-RPC_HD uint32_t rpc_float_to_bits(float f) {
-#ifdef RPC_DEVICE_BUILD
-    return (uint32_t)__float_as_int(f);
-#else
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    return b;
+RPC_HD float rpc_bits_to_float(uint32_t bits) { return rpc_bit_cast<float>(bits); }
+RPC_HD uint32_t rpc_float_to_bits(float f) { return rpc_bit_cast<uint32_t>(f); }
 #endif
-}
 
 // IEEE half -> float (exact for every half, subnormals included).
 RPC_HD float rpc_half_to_float(uint16_t h) {
@@ -113,28 +107,29 @@ RPC_HD uint16_t rpc_float_to_bf16(float f) {
     return (uint16_t)((x + (0x7fffu + ((x >> 16) & 1))) >> 16);
 }
 
-// Signed 8-bit x4 dot product accumulated into c: dp4a on the device, plain C on the host.
-RPC_HD int rpc_dp4a(int a, int b, int c) {
+// Signed 8-bit x4 dot product accumulated into c (dp4a), and byte permute (PTX prmt.b32,
+// default mode: output byte i is byte (c & 7) of {y:x} for the selector nibble c = s[4i+3:4i],
+// or that byte's sign replicated when c & 8): the PTX instructions on the device, plain C on
+// the host.
 #ifdef RPC_DEVICE_BUILD
+RPC_HD int rpc_dp4a(int a, int b, int c) {
     int r;
     asm("{ dp4a.s32.s32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
+}
+RPC_HD uint32_t rpc_prmt(uint32_t x, uint32_t y, uint32_t s) {
+    uint32_t r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(x), "r"(y), "r"(s));
+    return r;
+}
 #else
+RPC_HD int rpc_dp4a(int a, int b, int c) {
     for (int k = 0; k < 4; ++k) {
         c += (int)(int8_t)(a >> (8 * k)) * (int)(int8_t)(b >> (8 * k));
     }
     return c;
-#endif
 }
-
-// Byte permute (PTX prmt.b32, default mode): output byte i is byte (c & 7) of {y:x} for the
-// selector nibble c = s[4i+3:4i], or that byte's sign replicated when c & 8.
 RPC_HD uint32_t rpc_prmt(uint32_t x, uint32_t y, uint32_t s) {
-#ifdef RPC_DEVICE_BUILD
-    uint32_t r;
-    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(x), "r"(y), "r"(s));
-    return r;
-#else
     const uint64_t bytes = (uint64_t)x | ((uint64_t)y << 32);
     uint32_t r = 0;
     for (int i = 0; i < 4; ++i) {
@@ -144,8 +139,8 @@ RPC_HD uint32_t rpc_prmt(uint32_t x, uint32_t y, uint32_t s) {
         r |= b << (8 * i);
     }
     return r;
-#endif
 }
+#endif
 
 RPC_HD float rpc_fabsf(float x) { return x < 0.0f ? -x : x; }
 RPC_HD float rpc_fmaxf(float a, float b) { return a > b ? a : b; }

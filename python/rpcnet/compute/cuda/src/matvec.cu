@@ -16,88 +16,22 @@
 // Channels cover ne2*ne3 of dst; the weight channel is channel / ratio (ggml broadcasting).
 #include "matvec.cuh"
 
-template <int T>
-__device__ __forceinline__ void rpc_mmvq_split(const uint8_t* __restrict__ w,
-                                               const uint8_t* __restrict__ yq,
-                                               float* dst,
-                                               const float* add, int k, int ncols,
-                                               long long w_row_bytes, long long w_chan_bytes,
-                                               long long y_col_bytes, long long y_chan_bytes,
-                                               long long dst_col, long long dst_chan, int ratio) {
-    const int row = blockIdx.x, chan = blockIdx.y;
-    const int tid = threadIdx.y * RPC_WARP + threadIdx.x;
-    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    float acc[RPC_MV_MAXCOLS];
-    rpc_mmvq_lane<T>(wrow, yq + chan * y_chan_bytes, k, ncols, y_col_bytes, tid,
-                     RPC_WARP * RPC_MV_WARPS, acc);
-    const long long at = chan * dst_chan + row;
-    rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
-}
+#define RPC_MV_ROW_ARGS(Y)                                                                       \
+    const uint8_t *w, const Y *y, float *dst, const float *add, int k, int m, int ncols,          \
+        long long w_row_bytes, long long w_chan_bytes, long long y_col, long long y_chan,         \
+        long long dst_col, long long dst_chan, int ratio
+#define RPC_MV_ROW_PASS                                                                          \
+    w, y, dst, add, k, m, ncols, w_row_bytes, w_chan_bytes, y_col, y_chan, dst_col, dst_chan, ratio
 
-template <int T>
-__device__ __forceinline__ void rpc_mmv_float_split(const uint8_t* __restrict__ w,
-                                                    const float* __restrict__ y,
-                                                    float* dst,
-                                                    const float* add, int k,
-                                                    int ncols, long long w_row_bytes,
-                                                    long long w_chan_bytes, long long y_col,
-                                                    long long y_chan,
-                                                    long long dst_col, long long dst_chan,
-                                                    int ratio) {
-    const int row = blockIdx.x, chan = blockIdx.y;
-    const int tid = threadIdx.y * RPC_WARP + threadIdx.x;
-    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    float acc[RPC_MV_MAXCOLS];
-    rpc_mmv_float_lane<T>(wrow, y + chan * y_chan, k, ncols, y_col, tid, RPC_WARP * RPC_MV_WARPS,
-                          acc);
-    const long long at = chan * dst_chan + row;
-    rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
-}
+#define RPC_MMVQ_KERNELS(T, name)                                                                \
+    RPC_MV_KERNEL_PAIR(rpc_mmvq, name, RPC_MV_ROW_ARGS(uint8_t), RPC_MV_ROW_PASS, rpc_mv_rows, T, \
+                       uint8_t)
+RPC_FOR_QUANT_TYPES(RPC_MMVQ_KERNELS)
 
-#define RPC_MMVQ_KERNEL(T, name)                                                                 \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmvq_##name(const uint8_t* w, const uint8_t* yq, float* dst, const float* add, int k, \
-                        int m, int ncols, long long w_row_bytes, long long w_chan_bytes,          \
-                        long long y_col_bytes, long long y_chan_bytes, long long dst_col,         \
-                        long long dst_chan, int ratio) {                                          \
-        rpc_mmvq<T>(w, yq, dst, add, k, m, ncols, w_row_bytes, w_chan_bytes, y_col_bytes,        \
-                    y_chan_bytes, dst_col, dst_chan, ratio);                                      \
-    }
-RPC_FOR_QUANT_TYPES(RPC_MMVQ_KERNEL)
-
-#define RPC_MMVQ_SPLIT_KERNEL(T, name)                                                           \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmvq_split_##name(const uint8_t* w, const uint8_t* yq, float* dst, const float* add,  \
-                              int k, int m, int ncols, long long w_row_bytes,                     \
-                              long long w_chan_bytes, long long y_col_bytes,                      \
-                              long long y_chan_bytes, long long dst_col, long long dst_chan,      \
-                              int ratio) {                                                        \
-        rpc_mmvq_split<T>(w, yq, dst, add, k, ncols, w_row_bytes, w_chan_bytes, y_col_bytes,     \
-                          y_chan_bytes, dst_col, dst_chan, ratio);                                \
-    }
-RPC_FOR_QUANT_TYPES(RPC_MMVQ_SPLIT_KERNEL)
-
-#define RPC_MMV_FLOAT_KERNEL(T, name)                                                            \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmv_##name(const uint8_t* w, const float* y, float* dst, const float* add, int k,     \
-                       int m, int ncols, long long w_row_bytes, long long w_chan_bytes,           \
-                       long long y_col, long long y_chan, long long dst_col, long long dst_chan,  \
-                       int ratio) {                                                               \
-        rpc_mmv_float<T>(w, y, dst, add, k, m, ncols, w_row_bytes, w_chan_bytes, y_col, y_chan,   \
-                         dst_col, dst_chan, ratio);                                               \
-    }
-RPC_FOR_FLOAT_TYPES(RPC_MMV_FLOAT_KERNEL)
-
-#define RPC_MMV_FLOAT_SPLIT_KERNEL(T, name)                                                      \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mmv_split_##name(const uint8_t* w, const float* y, float* dst, const float* add,      \
-                             int k, int m, int ncols, long long w_row_bytes,                      \
-                             long long w_chan_bytes, long long y_col, long long y_chan,           \
-                             long long dst_col, long long dst_chan, int ratio) {                  \
-        rpc_mmv_float_split<T>(w, y, dst, add, k, ncols, w_row_bytes, w_chan_bytes, y_col,       \
-                               y_chan, dst_col, dst_chan, ratio);                                 \
-    }
-RPC_FOR_FLOAT_TYPES(RPC_MMV_FLOAT_SPLIT_KERNEL)
+#define RPC_MMV_FLOAT_KERNELS(T, name)                                                           \
+    RPC_MV_KERNEL_PAIR(rpc_mmv, name, RPC_MV_ROW_ARGS(float), RPC_MV_ROW_PASS, rpc_mv_rows, T,   \
+                       float)
+RPC_FOR_FLOAT_TYPES(RPC_MMV_FLOAT_KERNELS)
 
 // MUL_MAT_ID decode (MoE): for token t and expert slot e, dst[:, e, t] = W[ids[e, t]] @ y[:, e %
 // ne11, t], W being [K, M, n_expert]. Same per-warp-row scheme as above, one activation column

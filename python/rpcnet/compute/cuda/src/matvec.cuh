@@ -11,9 +11,9 @@
 // One thread's share of a weight row times up to RPC_MV_MAXCOLS q8_1 activation columns: the
 // row's 32-groups first, first + stride, ... (a warp's lanes, or a whole block's threads).
 template <int T>
-__device__ __forceinline__ void rpc_mmvq_lane(const uint8_t* wrow, const uint8_t* y, int k,
-                                              int ncols, long long y_col_bytes, int first,
-                                              int stride, float* acc) {
+__device__ __forceinline__ void rpc_mv_lane(const uint8_t* wrow, const uint8_t* y, int k,
+                                            int ncols, long long y_col_bytes, int first,
+                                            int stride, float* acc) {
     const int subs_per_block = Blk<T>::QK / 32;
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
@@ -30,52 +30,22 @@ __device__ __forceinline__ void rpc_mmvq_lane(const uint8_t* wrow, const uint8_t
     }
 }
 
-template <int T>
-__device__ __forceinline__ void rpc_mmvq(const uint8_t* __restrict__ w, const uint8_t* __restrict__ yq,
-                                         float* dst, const float* add,
-                                         int k, int m, int ncols,
-                                         long long w_row_bytes, long long w_chan_bytes,
-                                         long long y_col_bytes, long long y_chan_bytes,
-                                         long long dst_col, long long dst_chan, int ratio) {
-    const int row = blockIdx.x * RPC_MV_WARPS + threadIdx.y;
-    if (row >= m) return;
-    const int chan = blockIdx.y;
-    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    float acc[RPC_MV_MAXCOLS];
-    rpc_mmvq_lane<T>(wrow, yq + chan * y_chan_bytes, k, ncols, y_col_bytes, threadIdx.x,
-                     RPC_WARP, acc);
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-        if (c < ncols) {
-            const float v = rpc_warp_sum(acc[c]);
-            const long long at = chan * dst_chan + c * dst_col + row;
-            if (threadIdx.x == 0) dst[at] = add != nullptr ? v + add[at] : v;
-        }
-    }
+// A 16-bit float of type T (F16 or BF16) as a float.
+template <int T> __device__ __forceinline__ float rpc_float16_value(uint16_t h) {
+    return T == RPC_BF16 ? rpc_bf16_to_float(h) : rpc_half_to_float(h);
 }
 
 // The 16 bytes of a float-type weight vector as floats (4 f32 or 8 f16/bf16).
-template <int T> __device__ __forceinline__ void rpc_unpack16(uint4 v, float* out);
-template <> __device__ __forceinline__ void rpc_unpack16<RPC_F32>(uint4 v, float* out) {
-    out[0] = __int_as_float((int)v.x);
-    out[1] = __int_as_float((int)v.y);
-    out[2] = __int_as_float((int)v.z);
-    out[3] = __int_as_float((int)v.w);
-}
-template <> __device__ __forceinline__ void rpc_unpack16<RPC_F16>(uint4 v, float* out) {
+template <int T> __device__ __forceinline__ void rpc_unpack16(uint4 v, float* out) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        out[2 * i] = rpc_half_to_float((uint16_t)(w[i] & 0xffffu));
-        out[2 * i + 1] = rpc_half_to_float((uint16_t)(w[i] >> 16));
-    }
-}
-template <> __device__ __forceinline__ void rpc_unpack16<RPC_BF16>(uint4 v, float* out) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        out[2 * i] = rpc_bf16_to_float((uint16_t)(w[i] & 0xffffu));
-        out[2 * i + 1] = rpc_bf16_to_float((uint16_t)(w[i] >> 16));
+        if (T == RPC_F32) {
+            out[i] = __int_as_float((int)w[i]);
+        } else {
+            out[2 * i] = rpc_float16_value<T>((uint16_t)(w[i] & 0xffffu));
+            out[2 * i + 1] = rpc_float16_value<T>((uint16_t)(w[i] >> 16));
+        }
     }
 }
 
@@ -94,9 +64,9 @@ template <> __device__ __forceinline__ float rpc_act<RPC_BF16>(float y) {
 // One thread's share of a float weight row times up to RPC_MV_MAXCOLS f32 activation columns
 // (elements first, first + stride, ...; 16-byte vectors of them when the row is aligned).
 template <int T>
-__device__ __forceinline__ void rpc_mmv_float_lane(const uint8_t* wrow, const float* yc, int k,
-                                                   int ncols, long long y_col, int first,
-                                                   int stride, float* acc) {
+__device__ __forceinline__ void rpc_mv_lane(const uint8_t* wrow, const float* yc, int k,
+                                            int ncols, long long y_col, int first,
+                                            int stride, float* acc) {
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) acc[c] = 0.0f;
     const int per = 16 / Blk<T>::BYTES;  // elements per 16-byte load
@@ -124,29 +94,6 @@ __device__ __forceinline__ void rpc_mmv_float_lane(const uint8_t* wrow, const fl
     }
 }
 
-template <int T>
-__device__ __forceinline__ void rpc_mmv_float(const uint8_t* __restrict__ w, const float* __restrict__ y,
-                                              float* dst, const float* add,
-                                              int k, int m, int ncols,
-                                              long long w_row_bytes, long long w_chan_bytes,
-                                              long long y_col, long long y_chan,
-                                              long long dst_col, long long dst_chan, int ratio) {
-    const int row = blockIdx.x * RPC_MV_WARPS + threadIdx.y;
-    if (row >= m) return;
-    const int chan = blockIdx.y;
-    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
-    float acc[RPC_MV_MAXCOLS];
-    rpc_mmv_float_lane<T>(wrow, y + chan * y_chan, k, ncols, y_col, threadIdx.x, RPC_WARP, acc);
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-        if (c < ncols) {
-            const float v = rpc_warp_sum(acc[c]);
-            const long long at = chan * dst_chan + c * dst_col + row;
-            if (threadIdx.x == 0) dst[at] = add != nullptr ? v + add[at] : v;
-        }
-    }
-}
-
 // Wide rows (many 32-groups): the block's RPC_MV_WARPS warps split one row, so a thread walks
 // a quarter of the groups a warp-per-row thread would, with its loads in flight together.
 // Launch: block (32, RPC_MV_WARPS), grid (M, channels).
@@ -170,3 +117,55 @@ __device__ __forceinline__ void rpc_mv_block_reduce(float* acc, int ncols, float
     }
 }
 
+
+// A thread's first element step along a row and its stride: a warp's lanes (one row a warp) or
+// all the block's threads (SPLIT: one row a block).
+template <bool SPLIT> __device__ __forceinline__ int rpc_mv_first() {
+    return SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
+}
+template <bool SPLIT> __device__ __forceinline__ int rpc_mv_stride() {
+    return SPLIT ? RPC_WARP * RPC_MV_WARPS : RPC_WARP;
+}
+
+// dst = W y (+ add) for one product: a warp a row (row blockIdx.x * RPC_MV_WARPS + threadIdx.y)
+// or, SPLIT, a block a row (row blockIdx.x); channel blockIdx.y. Y is the activations' element:
+// uint8_t for q8_1 blocks (y strides in bytes), float for f32 (strides in floats).
+template <int T, typename Y, bool SPLIT>
+__device__ __forceinline__ void rpc_mv_rows(const uint8_t* __restrict__ w, const Y* __restrict__ y,
+                                            float* dst, const float* add, int k, int m, int ncols,
+                                            long long w_row_bytes, long long w_chan_bytes,
+                                            long long y_col, long long y_chan, long long dst_col,
+                                            long long dst_chan, int ratio) {
+    const int row = SPLIT ? (int)blockIdx.x : (int)(blockIdx.x * RPC_MV_WARPS + threadIdx.y);
+    if (!SPLIT && row >= m) return;
+    const int chan = blockIdx.y;
+    const uint8_t* wrow = w + (chan / ratio) * w_chan_bytes + row * w_row_bytes;
+    float acc[RPC_MV_MAXCOLS];
+    rpc_mv_lane<T>(wrow, y + chan * y_chan, k, ncols, y_col, rpc_mv_first<SPLIT>(),
+                   rpc_mv_stride<SPLIT>(), acc);
+    if (SPLIT) {
+        const long long at = chan * dst_chan + row;
+        rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
+    } else {
+#pragma unroll
+        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+            if (c < ncols) {
+                const float v = rpc_warp_sum(acc[c]);
+                const long long at = chan * dst_chan + c * dst_col + row;
+                if (threadIdx.x == 0) dst[at] = add != nullptr ? v + add[at] : v;
+            }
+        }
+    }
+}
+
+// A kernel prefix_name and its wide-row form prefix_split_name: fn<..., false> and
+// fn<..., true> (the template arguments before SPLIT follow fn).
+#define RPC_MV_KERNEL_PAIR(prefix, name, ARGS, PASS, fn, ...)                                     \
+    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
+        prefix##_##name(ARGS) {                                                                   \
+        fn<__VA_ARGS__, false>(PASS);                                                             \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
+        prefix##_split_##name(ARGS) {                                                             \
+        fn<__VA_ARGS__, true>(PASS);                                                              \
+    }

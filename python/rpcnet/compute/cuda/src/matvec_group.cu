@@ -24,21 +24,17 @@
 #include "quantize.cuh"
 #include "rope.cuh"
 
-template <int T, bool QUANT> struct RpcMvLane;
-template <int T> struct RpcMvLane<T, true> {
-    static __device__ __forceinline__ void run(const uint8_t* wrow, const void* y, int k, int ncols,
-                                               long long y_col, int first, int stride,
+// The activations' element behind the untyped y: q8_1 blocks (QUANT) or f32.
+template <bool QUANT> struct RpcMvAct { typedef float T; };
+template <> struct RpcMvAct<true> { typedef uint8_t T; };
+
+template <int T, bool QUANT>
+__device__ __forceinline__ void rpc_mv_lane_of(const uint8_t* wrow, const void* y, int k,
+                                               int ncols, long long y_col, int first, int stride,
                                                float* acc) {
-        rpc_mmvq_lane<T>(wrow, (const uint8_t*)y, k, ncols, y_col, first, stride, acc);
-    }
-};
-template <int T> struct RpcMvLane<T, false> {
-    static __device__ __forceinline__ void run(const uint8_t* wrow, const void* y, int k, int ncols,
-                                               long long y_col, int first, int stride,
-                                               float* acc) {
-        rpc_mmv_float_lane<T>(wrow, (const float*)y, k, ncols, y_col, first, stride, acc);
-    }
-};
+    typedef typename RpcMvAct<QUANT>::T Y;
+    rpc_mv_lane<T>(wrow, (const Y*)y, k, ncols, y_col, first, stride, acc);
+}
 
 // Sum over the warp (one row a warp) or over the block (SPLIT: one row a block); in the block
 // case every thread must call it, and the sum is valid in thread (0, 0).
@@ -54,6 +50,16 @@ __device__ __forceinline__ float rpc_mv_row_sum(float v) {
 #pragma unroll
     for (int w = 0; w < RPC_MV_WARPS; ++w) total += s_part[w];
     return total;
+}
+
+// The row sums of two rows' lane products a0 and a1 (rpc_mv_lane_of), column by column:
+// f(c, sum0, sum1) for c < ncols, the sums valid where rpc_mv_row_sum says.
+template <bool SPLIT, typename F>
+__device__ __forceinline__ void rpc_mv_pair_sums(const float* a0, const float* a1, int ncols, F f) {
+#pragma unroll
+    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
+        if (c < ncols) f(c, rpc_mv_row_sum<SPLIT>(a0[c]), rpc_mv_row_sum<SPLIT>(a1[c]));
+    }
 }
 
 template <int T, bool QUANT, bool SPLIT>
@@ -80,10 +86,9 @@ __device__ __forceinline__ void rpc_mv_group(const uint8_t* w0, const uint8_t* w
     }
     const int row = b * per_block + (SPLIT ? 0 : (int)threadIdx.y);
     if (!SPLIT && row >= m) return;  // SPLIT blocks always hold a row (the grid counts rows)
-    const int first = SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
-    const int stride = SPLIT ? RPC_WARP * RPC_MV_WARPS : RPC_WARP;
+    const int first = rpc_mv_first<SPLIT>(), stride = rpc_mv_stride<SPLIT>();
     float acc[RPC_MV_MAXCOLS];
-    RpcMvLane<T, QUANT>::run(w + row * w_row_bytes, y, k, ncols, y_col, first, stride, acc);
+    rpc_mv_lane_of<T, QUANT>(w + row * w_row_bytes, y, k, ncols, y_col, first, stride, acc);
 #pragma unroll
     for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
         if (c < ncols) {
@@ -101,25 +106,19 @@ __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* u
                                            unsigned* counters) {
     const int row = SPLIT ? (int)blockIdx.x : (int)(blockIdx.x * RPC_MV_WARPS + threadIdx.y);
     if (!SPLIT && row >= m) return;
-    const int first = SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
-    const int stride = SPLIT ? RPC_WARP * RPC_MV_WARPS : RPC_WARP;
+    const int first = rpc_mv_first<SPLIT>(), stride = rpc_mv_stride<SPLIT>();
     float g[RPC_MV_MAXCOLS], u[RPC_MV_MAXCOLS];
-    RpcMvLane<T, QUANT>::run(gate + row * w_row_bytes, y, k, ncols, y_col, first, stride, g);
-    RpcMvLane<T, QUANT>::run(up + row * w_row_bytes, y, k, ncols, y_col, first, stride, u);
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-        if (c < ncols) {
-            const float gv = rpc_mv_row_sum<SPLIT>(g[c]);
-            const float uv = rpc_mv_row_sum<SPLIT>(u[c]);
-            if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
-                dst[c * m + row] = rpc_glu(op, gv, uv, alpha, limit);
-            }
-            if (q8 != nullptr && (!SPLIT || threadIdx.y == 0)) {
-                rpc_quantize_when_complete(dst + c * m, row, q8 + (long long)c * (m / 32) * RPC_Q8_1_BYTES,
-                                           q8_block, counters + c * (m / q8_block));
-            }
+    rpc_mv_lane_of<T, QUANT>(gate + row * w_row_bytes, y, k, ncols, y_col, first, stride, g);
+    rpc_mv_lane_of<T, QUANT>(up + row * w_row_bytes, y, k, ncols, y_col, first, stride, u);
+    rpc_mv_pair_sums<SPLIT>(g, u, ncols, [&](int c, float gv, float uv) {
+        if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
+            dst[c * m + row] = rpc_glu(op, gv, uv, alpha, limit);
         }
-    }
+        if (q8 != nullptr && (!SPLIT || threadIdx.y == 0)) {
+            rpc_quantize_when_complete(dst + c * m, row, q8 + (long long)c * (m / 32) * RPC_Q8_1_BYTES,
+                                       q8_block, counters + c * (m / q8_block));
+        }
+    });
 }
 
 // The rows one pair of the Q/K/V-with-RoPE launch covers: its segment's output, the two rows,
@@ -188,38 +187,32 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
     const int pair = SPLIT ? (int)blockIdx.x : (int)(blockIdx.x * RPC_MV_WARPS + threadIdx.y);
     if (!SPLIT && pair >= (mq + mk + mv) / 2) return;
     const RpcQkvPair q = rpc_qkv_pair(pair, wq, wk, wv, dq, dk, dv, mq, mk, mv, head_dim, mode);
-    const int first = SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
-    const int stride = SPLIT ? RPC_WARP * RPC_MV_WARPS : RPC_WARP;
+    const int first = rpc_mv_first<SPLIT>(), stride = rpc_mv_stride<SPLIT>();
     float a0[RPC_MV_MAXCOLS], a1[RPC_MV_MAXCOLS];
     if (q.seg == 2) {  // V: weights of type TV (K-quant mixes keep more bits for V)
-        RpcMvLane<TV, QUANT>::run(q.w + q.r0 * v_row_bytes, y, k, ncols, y_col, first, stride, a0);
-        RpcMvLane<TV, QUANT>::run(q.w + q.r1 * v_row_bytes, y, k, ncols, y_col, first, stride, a1);
+        rpc_mv_lane_of<TV, QUANT>(q.w + q.r0 * v_row_bytes, y, k, ncols, y_col, first, stride, a0);
+        rpc_mv_lane_of<TV, QUANT>(q.w + q.r1 * v_row_bytes, y, k, ncols, y_col, first, stride, a1);
     } else {
-        RpcMvLane<T, QUANT>::run(q.w + q.r0 * w_row_bytes, y, k, ncols, y_col, first, stride, a0);
-        RpcMvLane<T, QUANT>::run(q.w + q.r1 * w_row_bytes, y, k, ncols, y_col, first, stride, a1);
+        rpc_mv_lane_of<T, QUANT>(q.w + q.r0 * w_row_bytes, y, k, ncols, y_col, first, stride, a0);
+        rpc_mv_lane_of<T, QUANT>(q.w + q.r1 * w_row_bytes, y, k, ncols, y_col, first, stride, a1);
     }
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-        if (c < ncols) {
-            const float x0 = rpc_mv_row_sum<SPLIT>(a0[c]);
-            const float x1 = rpc_mv_row_sum<SPLIT>(a1[c]);
-            if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
-                RpcRowStore st = {nullptr, nullptr, 0, 0, 1, 0, 0};  // a copy: no stack
-                if (q.seg == 1) st = k_store;
-                if (q.seg == 2) st = v_store;
-                const long long at = (long long)c * q.m;
-                if (q.p < 0) {
-                    rpc_store_value(st, q.d, at + q.r0, x0);
-                    rpc_store_value(st, q.d, at + q.r1, x1);
-                } else {
-                    float cs, sn;
-                    rpc_rope_cs(f, (float)pos[c], q.p, q.p, ff ? ff[q.p] : 1.0f, &cs, &sn);
-                    rpc_store_value(st, q.d, at + q.r0, x0 * cs - x1 * sn);
-                    rpc_store_value(st, q.d, at + q.r1, x0 * sn + x1 * cs);
-                }
+    rpc_mv_pair_sums<SPLIT>(a0, a1, ncols, [&](int c, float x0, float x1) {
+        if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
+            RpcRowStore st = {nullptr, nullptr, 0, 0, 1, 0, 0};  // a copy: no stack
+            if (q.seg == 1) st = k_store;
+            if (q.seg == 2) st = v_store;
+            const long long at = (long long)c * q.m;
+            if (q.p < 0) {
+                rpc_store_value(st, q.d, at + q.r0, x0);
+                rpc_store_value(st, q.d, at + q.r1, x1);
+            } else {
+                float cs, sn;
+                rpc_rope_cs(f, (float)pos[c], q.p, q.p, ff ? ff[q.p] : 1.0f, &cs, &sn);
+                rpc_store_value(st, q.d, at + q.r0, x0 * cs - x1 * sn);
+                rpc_store_value(st, q.d, at + q.r1, x0 * sn + x1 * cs);
             }
         }
-    }
+    });
 }
 
 #define RPC_MV_QKV_ARGS                                                                          \
@@ -252,31 +245,12 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
     gate, up, dst, m, y, k, ncols, w_row_bytes, y_col, op, alpha, limit, q8, q8_block, counters
 
 #define RPC_MV_GROUP_KERNELS(T, name, QUANT)                                                     \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mv_group_##name(RPC_MV_GROUP_ARGS) {                                                  \
-        rpc_mv_group<T, QUANT, false>(RPC_MV_GROUP_PASS);                                         \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mv_group_split_##name(RPC_MV_GROUP_ARGS) {                                            \
-        rpc_mv_group<T, QUANT, true>(RPC_MV_GROUP_PASS);                                          \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mv_glu_##name(RPC_MV_GLU_ARGS) {                                                      \
-        rpc_mv_glu<T, QUANT, false>(RPC_MV_GLU_PASS);                                             \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mv_glu_split_##name(RPC_MV_GLU_ARGS) {                                                \
-        rpc_mv_glu<T, QUANT, true>(RPC_MV_GLU_PASS);                                              \
-    }
+    RPC_MV_KERNEL_PAIR(rpc_mv_group, name, RPC_MV_GROUP_ARGS, RPC_MV_GROUP_PASS, rpc_mv_group, T, \
+                       QUANT)                                                                     \
+    RPC_MV_KERNEL_PAIR(rpc_mv_glu, name, RPC_MV_GLU_ARGS, RPC_MV_GLU_PASS, rpc_mv_glu, T, QUANT)
 #define RPC_MV_QKV_KERNEL_PAIR(T, TV, name, QUANT)                                               \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mv_qkv_rope_##name(RPC_MV_QKV_ARGS) {                                                 \
-        rpc_mv_qkv_rope<T, TV, QUANT, false>(RPC_MV_QKV_PASS);                                    \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(RPC_WARP * RPC_MV_WARPS)                         \
-        rpc_mv_qkv_rope_split_##name(RPC_MV_QKV_ARGS) {                                           \
-        rpc_mv_qkv_rope<T, TV, QUANT, true>(RPC_MV_QKV_PASS);                                     \
-    }
+    RPC_MV_KERNEL_PAIR(rpc_mv_qkv_rope, name, RPC_MV_QKV_ARGS, RPC_MV_QKV_PASS, rpc_mv_qkv_rope, \
+                       T, TV, QUANT)
 #define RPC_MV_QKV_KERNELS(T, name, QUANT) RPC_MV_QKV_KERNEL_PAIR(T, T, name, QUANT)
 #define RPC_MV_GROUP_QUANT(T, name)                                                              \
     RPC_MV_GROUP_KERNELS(T, name, true)                                                           \

@@ -39,35 +39,42 @@ __device__ __forceinline__ long long rpc_set_rows_dst(const uint8_t* ids, int id
     return ids_i64 ? *(const long long*)p : (long long)*(const int*)p;
 }
 
-// Launch: block 256, grid (ceil(ne00/256), min(ne01, 65535), ne02*ne03).
-template <typename E>
-__device__ __forceinline__ void rpc_set_rows(const float* src, const uint8_t* ids, int ids_i64,
-                                             uint8_t* dst, int ne00, int ne02, int ne11, int ne12,
-                                             long long sb1, long long sb2, long long sb3,
-                                             long long ib0, long long ib1, long long ib2,
-                                             long long db1, long long db2, long long db3,
-                                             long long ne01, long long dst_rows) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= ne00) return;
+#define RPC_SET_ROWS_ARGS                                                                        \
+    const float *src, const uint8_t *ids, int ids_i64, uint8_t *dst, int ne00, int ne02,          \
+        int ne11, int ne12, long long sb1, long long sb2, long long sb3, long long ib0,           \
+        long long ib1, long long ib2, long long db1, long long db2, long long db3,                \
+        long long ne01, long long dst_rows
+#define RPC_SET_ROWS_PASS                                                                        \
+    src, ids, ids_i64, dst, ne00, ne02, ne11, ne12, sb1, sb2, sb3, ib0, ib1, ib2, db1, db2, db3,  \
+        ne01, dst_rows
+
+// The rows of this block's plane (blockIdx.z over ne02*ne03, rows on grid.y) whose ids land
+// inside the destination: put(source row, destination row).
+template <typename F>
+__device__ __forceinline__ void rpc_set_rows_each(RPC_SET_ROWS_ARGS, F put) {
     const long long i02 = blockIdx.z % ne02, i03 = blockIdx.z / ne02;
     RPC_FOR_ROWS_Y(i01, ne01) {
         const long long row =
             rpc_set_rows_dst(ids, ids_i64, i01, i02, i03, ne11, ne12, ib0, ib1, ib2);
         if (row < 0 || row >= dst_rows) continue;  // a client's bad id writes nothing
         const float* s = (const float*)((const uint8_t*)src + i01 * sb1 + i02 * sb2 + i03 * sb3);
-        typename E::T* d = (typename E::T*)(dst + row * db1 + i02 * db2 + i03 * db3);
-        E::store(d + i, s[i]);
+        put(s, dst + row * db1 + i02 * db2 + i03 * db3);
     }
 }
 
+// Launch: block 256, grid (ceil(ne00/256), min(ne01, 65535), ne02*ne03).
+template <typename E>
+__device__ __forceinline__ void rpc_set_rows(RPC_SET_ROWS_ARGS) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= ne00) return;
+    rpc_set_rows_each(RPC_SET_ROWS_PASS, [&](const float* s, uint8_t* d) {
+        E::store((typename E::T*)d + i, s[i]);
+    });
+}
+
 #define RPC_SET_ROWS_KERNEL(E, name)                                                             \
-    extern "C" __global__ void rpc_set_rows_##name(                                              \
-        const float* src, const uint8_t* ids, int ids_i64, uint8_t* dst, int ne00, int ne02,      \
-        int ne11, int ne12, long long sb1, long long sb2, long long sb3, long long ib0,           \
-        long long ib1, long long ib2, long long db1, long long db2, long long db3,                \
-        long long ne01, long long dst_rows) {                                                     \
-        rpc_set_rows<E>(src, ids, ids_i64, dst, ne00, ne02, ne11, ne12, sb1, sb2, sb3, ib0, ib1,  \
-                        ib2, db1, db2, db3, ne01, dst_rows);                                      \
+    extern "C" __global__ void rpc_set_rows_##name(RPC_SET_ROWS_ARGS) {                          \
+        rpc_set_rows<E>(RPC_SET_ROWS_PASS);                                                       \
     }
 RPC_SET_ROWS_KERNEL(RpcF32, f32)
 RPC_SET_ROWS_KERNEL(RpcF16, f16)
@@ -76,28 +83,18 @@ RPC_SET_ROWS_KERNEL(RpcBF16, bf16)
 // q8_0 destination (quantized KV cache): one warp per 32-value block, like ggml's quantizer
 // (d = amax/127, q = round(x / d)).
 // Launch: block (32, 8), grid (ceil(ne00/32/8), min(ne01, 65535), ne02*ne03).
-extern "C" __global__ void rpc_set_rows_q8_0(const float* src, const uint8_t* ids, int ids_i64,
-                                             uint8_t* dst, int ne00, int ne02, int ne11, int ne12,
-                                             long long sb1, long long sb2, long long sb3,
-                                             long long ib0, long long ib1, long long ib2,
-                                             long long db1, long long db2, long long db3,
-                                             long long ne01, long long dst_rows) {
+extern "C" __global__ void rpc_set_rows_q8_0(RPC_SET_ROWS_ARGS) {
     const int blk = blockIdx.x * blockDim.y + threadIdx.y;
     if (blk >= ne00 / 32) return;
-    const long long i02 = blockIdx.z % ne02, i03 = blockIdx.z / ne02;
-    RPC_FOR_ROWS_Y(i01, ne01) {
-        const long long row =
-            rpc_set_rows_dst(ids, ids_i64, i01, i02, i03, ne11, ne12, ib0, ib1, ib2);
-        if (row < 0 || row >= dst_rows) continue;  // a client's bad id writes nothing
-        const float* s = (const float*)((const uint8_t*)src + i01 * sb1 + i02 * sb2 + i03 * sb3);
+    rpc_set_rows_each(RPC_SET_ROWS_PASS, [&](const float* s, uint8_t* out) {
         const float v = s[blk * 32 + threadIdx.x];
         const float amax = rpc_warp_max(fabsf(v));
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint8_t* b = dst + row * db1 + i02 * db2 + i03 * db3 + blk * 34;
+        uint8_t* b = out + blk * 34;
         b[2 + threadIdx.x] = (uint8_t)(int8_t)roundf(v * id);
         if (threadIdx.x == 0) {
             *(uint16_t*)b = rpc_float_to_half(d);  // rows and blocks are 34 bytes: 2-byte aligned
         }
-    }
+    });
 }
