@@ -62,10 +62,10 @@ from rpcnet.transport.negotiate import ServerNegotiation
 
 log = logging.getLogger("rpcnet.server")
 
-
+# What a client's bad input raises: it closes that connection only, with one log line.
+CLIENT_ERRORS = (ProtocolViolation, ComputeError, _native.NativeError)
 _HEADER = struct.Struct("<BQ")
 _SIZE = struct.Struct("<Q")
-CLIENT_ERRORS = (ProtocolViolation, ComputeError, _native.NativeError)
 LARGE_WRITE = 64 * 1024
 # A GPU's SET_TENSOR payloads up to this size are received whole in the protocol callback
 # (a decode step's inputs), larger ones piece by piece through the bounded staging slots.
