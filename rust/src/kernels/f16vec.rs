@@ -81,14 +81,26 @@ pub unsafe fn dot_f16_avx2(x: &[u16], y: &[u16]) -> f32 {
         }
         i += STEP;
     }
-    let a02 = _mm256_add_ps(acc[0], acc[2]);
-    let a13 = _mm256_add_ps(acc[1], acc[3]);
-    let a = _mm256_add_ps(a02, a13);
-    let t0 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    reduce_avx2(&acc, np..n, |p| fp16_to_f32(x[p]) * fp16_to_f32(y[p]))
+}
+
+/// `GGML_F32x8_REDUCE` of the four accumulators (`(a0 + a2) + (a1 + a3)`, halves, two
+/// horizontal adds), then the leftover elements' products `product(p)`, `p` in `tail`, added
+/// in f64.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn reduce_avx2(
+    acc: &[std::arch::x86_64::__m256; 4],
+    tail: std::ops::Range<usize>,
+    product: impl Fn(usize) -> f32,
+) -> f32 {
+    use std::arch::x86_64::*;
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     let t1 = _mm_hadd_ps(t0, t0);
     let mut sum = f64::from(_mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
-    for p in np..n {
-        sum += f64::from(fp16_to_f32(x[p]) * fp16_to_f32(y[p]));
+    for p in tail {
+        sum += f64::from(product(p));
     }
     sum as f32
 }
@@ -122,17 +134,7 @@ pub unsafe fn dot_f16_wide_avx2<const R: usize>(x: &[u16], ys: [&[f32]; R]) -> [
         }
         i += STEP;
     }
-    std::array::from_fn(|r| {
-        let a = &acc[r];
-        let s = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
-        let t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        let t1 = _mm_hadd_ps(t0, t0);
-        let mut sum = f64::from(_mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
-        for p in np..n {
-            sum += f64::from(fp16_to_f32(x[p]) * ys[r][p]);
-        }
-        sum as f32
-    })
+    std::array::from_fn(|r| reduce_avx2(&acc[r], np..n, |p| fp16_to_f32(x[p]) * ys[r][p]))
 }
 
 /// `y[i] = f16(x[i]·v + y[i])` (fused), as `ggml_vec_mad_f16`.
@@ -218,72 +220,56 @@ pub unsafe fn scale_f16_avx2(y: &mut [u16], v: f32) {
     scale_f16_portable(&mut y[np..], v);
 }
 
-/// float32 values to f16 bits, rounding to nearest even (ggml's `from_float` for f16).
-pub fn f32_row_to_f16(x: &[f32], out: &mut [u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: the features were detected above.
-        return unsafe { f32_row_to_f16_avx2(x, out) };
-    }
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = f32_to_fp16(*v);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32_row_to_f16_avx2(x: &[f32], out: &mut [u16]) {
-    use std::arch::x86_64::*;
-    let n = x.len().min(out.len());
-    let np = n & !(LANES - 1);
-    let mut i = 0;
-    while i < np {
-        // SAFETY: i + 8 <= np <= len of both slices.
-        unsafe {
-            let v = _mm256_loadu_ps(x.as_ptr().add(i));
-            _mm_storeu_si128(
-                out.as_mut_ptr().add(i) as *mut __m128i,
-                _mm256_cvtps_ph::<0>(v),
-            );
+/// A row conversion `$name(x, out)`, element by element with `$one`, and its AVX2 build `$avx2`
+/// converting eight at a time with `$eight` (`$x`, `$o`: pointers to the eight values).
+macro_rules! row_conversion {
+    ($(#[$doc:meta])* $name:ident, $avx2:ident, $a:ty => $b:ty, $one:expr,
+     |$x:ident, $o:ident| $eight:expr) => {
+        $(#[$doc])*
+        pub fn $name(x: &[$a], out: &mut [$b]) {
+            #[cfg(target_arch = "x86_64")]
+            if use_avx2() {
+                // SAFETY: the features were detected above.
+                return unsafe { $avx2(x, out) };
+            }
+            for (o, v) in out.iter_mut().zip(x) {
+                *o = $one(*v);
+            }
         }
-        i += LANES;
-    }
-    for p in np..n {
-        out[p] = f32_to_fp16(x[p]);
-    }
-}
 
-/// f16 bits to float32 values (exact).
-pub fn f16_row_to_f32(x: &[u16], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: the features were detected above.
-        return unsafe { f16_row_to_f32_avx2(x, out) };
-    }
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = fp16_to_f32(*v);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_row_to_f32_avx2(x: &[u16], out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = x.len().min(out.len());
-    let np = n & !(LANES - 1);
-    let mut i = 0;
-    while i < np {
-        // SAFETY: i + 8 <= np <= len of both slices.
-        unsafe {
-            let v = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $avx2(x: &[$a], out: &mut [$b]) {
+            use std::arch::x86_64::*;
+            let n = x.len().min(out.len());
+            let np = n & !(LANES - 1);
+            let mut i = 0;
+            while i < np {
+                // SAFETY: i + 8 <= np <= len of both slices.
+                unsafe {
+                    let ($x, $o) = (x.as_ptr().add(i), out.as_mut_ptr().add(i));
+                    $eight;
+                }
+                i += LANES;
+            }
+            for p in np..n {
+                out[p] = $one(x[p]);
+            }
         }
-        i += LANES;
-    }
-    for p in np..n {
-        out[p] = fp16_to_f32(x[p]);
-    }
+    };
 }
+
+row_conversion!(
+    /// float32 values to f16 bits, rounding to nearest even (ggml's `from_float` for f16).
+    f32_row_to_f16, f32_row_to_f16_avx2, f32 => u16, f32_to_fp16,
+    |x, o| _mm_storeu_si128(o as *mut __m128i, _mm256_cvtps_ph::<0>(_mm256_loadu_ps(x)))
+);
+
+row_conversion!(
+    /// f16 bits to float32 values (exact).
+    f16_row_to_f32, f16_row_to_f32_avx2, u16 => f32, fp16_to_f32,
+    |x, o| _mm256_storeu_ps(o, _mm256_cvtph_ps(_mm_loadu_si128(x as *const __m128i)))
+);
 
 #[cfg(test)]
 mod tests {

@@ -64,7 +64,66 @@ impl Converted {
     }
 }
 
-pub type RowsFn = fn(&[u8], usize, usize, usize, &Converted, &mut [f32], bool);
+/// One call of a rows function: weight rows `first..first + out.len() / act.rows` of `w`
+/// (`stride` bytes apart, `k` values each) against every activation row of `act`, into
+/// `out[(i - first) * act.rows + r]`; `gemm`: in the order ggml's MUL_MAT takes for N >= 2.
+pub struct RowsJob<'a> {
+    pub w: &'a [u8],
+    pub stride: usize,
+    pub first: usize,
+    pub k: usize,
+    pub act: &'a Converted,
+    pub out: &'a mut [f32],
+    pub gemm: bool,
+}
+
+impl<'a> RowsJob<'a> {
+    pub fn new(
+        w: &'a [u8],
+        stride: usize,
+        first: usize,
+        k: usize,
+        act: &'a Converted,
+        out: &'a mut [f32],
+        gemm: bool,
+    ) -> Self {
+        Self {
+            w,
+            stride,
+            first,
+            k,
+            act,
+            out,
+            gemm,
+        }
+    }
+
+    /// The fields: `(w, stride, first, k, act, out, gemm)`.
+    #[allow(clippy::type_complexity)]
+    pub fn into_parts(
+        self,
+    ) -> (
+        &'a [u8],
+        usize,
+        usize,
+        usize,
+        &'a Converted,
+        &'a mut [f32],
+        bool,
+    ) {
+        (
+            self.w,
+            self.stride,
+            self.first,
+            self.k,
+            self.act,
+            self.out,
+            self.gemm,
+        )
+    }
+}
+
+pub type RowsFn = fn(RowsJob<'_>);
 
 /// A rows function that writes weight rows `first..first + rows` straight into the `[n][m]`
 /// output (w, stride, first, rows, k, act, out, m).

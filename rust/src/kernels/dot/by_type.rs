@@ -100,25 +100,14 @@ macro_rules! tiled_dot {
         }
         #[cfg(target_arch = "x86_64")]
         #[inline(always)]
-        unsafe fn tiled_rows_simd(
-            w: &[u8],
-            stride: usize,
-            first: usize,
-            k: usize,
-            act: &crate::kernels::operand::Converted,
-            out: &mut [f32],
-        ) -> bool {
+        unsafe fn tiled_rows_simd(job: crate::kernels::operand::RowsJob<'_>) -> bool {
             let shape = kquant_tiles::Shape {
                 block_bytes: $bytes,
                 has_min: $has_min,
                 codes: $codes,
             };
             // SAFETY: the caller guarantees AVX2, FMA and F16C and the packed activations.
-            unsafe {
-                crate::kernels::dot::kquant_gemm::rows(
-                    w, stride, first, k, act, out, shape, $decode,
-                )
-            };
+            unsafe { crate::kernels::dot::kquant_gemm::rows(job, shape, $decode) };
             true
         }
     };
@@ -412,7 +401,7 @@ row_dot!(Q5K, 256, 176, Q8K, {
     }
     simd_dot!(q5_k);
     tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        k4_decode(wb, t, |wb, q| q5k_codes(wb, q))
+        k4_decode(wb, t, q5k_codes)
     });
 });
 

@@ -12,7 +12,7 @@
 use super::kquant_tiles::{Codes, Decoded, Shape, Q8K_BYTES};
 use crate::kernels::cpu::avx512_vnni_active;
 use crate::kernels::cpu::simd_active;
-use crate::kernels::operand::Converted;
+use crate::kernels::operand::{Converted, RowsJob};
 
 /// Activation rows per packed group: one per 32-bit lane.
 const GROUP: usize = 8;
@@ -103,17 +103,9 @@ impl Default for WeightSlab {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn rows(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-    shape: Shape,
-    decode: impl Fn(&[u8], &mut Decoded),
-) {
+pub unsafe fn rows(job: RowsJob<'_>, shape: Shape, decode: impl Fn(&[u8], &mut Decoded)) {
     use std::arch::x86_64::*;
+    let (w, stride, first, k, act, out, _) = job.into_parts();
     let (n, nb, bb) = (act.rows, k / 256, shape.block_bytes);
     if n == 0 || nb == 0 {
         return;

@@ -2,7 +2,7 @@
 
 use crate::kernels::formats::ActFormat;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::operand::Converted;
+use crate::kernels::operand::RowsJob;
 
 /// A weight type's row dot product against activations in its `vec_dot_type`.
 pub trait RowDot {
@@ -91,14 +91,7 @@ pub trait RowDot {
     /// The CPU must support AVX2, FMA and F16C; for the K-quant formats `act` is packed.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn tiled_rows_simd(
-        _w: &[u8],
-        _stride: usize,
-        _first: usize,
-        _k: usize,
-        _act: &Converted,
-        _out: &mut [f32],
-    ) -> bool {
+    unsafe fn tiled_rows_simd(_job: RowsJob<'_>) -> bool {
         false
     }
 

@@ -4,7 +4,7 @@
 
 use super::row_dot::RowDot;
 use crate::kernels::cpu::simd_active;
-use crate::kernels::operand::{Converted, RowsFn};
+use crate::kernels::operand::{RowsFn, RowsJob};
 
 /// Most weight rows per tile.
 pub const TILE_ROWS: usize = 16;
@@ -17,15 +17,8 @@ const GEMM_ACT_BLOCK: usize = 64;
 /// Weight rows `first..first + out.len() / rows` against every activation row;
 /// `out[(i - first) * rows + r]`.
 #[inline(always)]
-fn rows_impl<D: RowDot, const SIMD: bool>(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-    gemm: bool,
-) {
+fn rows_impl<D: RowDot, const SIMD: bool>(job: RowsJob<'_>) {
+    let (w, stride, first, k, act, out, gemm) = job.into_parts();
     let n = act.rows;
     let wrow_bytes = k / D::BLOCK * D::BLOCK_BYTES;
     let rows_total = out.len() / n.max(1);
@@ -42,7 +35,8 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
     if gemm {
         // SAFETY: SIMD is only true inside `rows_avx2`, entered after detection; the K-quant
         // activations were packed (`Layout::KquantLanes`, prepared by `matmul_converted`).
-        if SIMD && unsafe { D::tiled_rows_simd(w, stride, first, k, act, out) } {
+        if SIMD && unsafe { D::tiled_rows_simd(RowsJob::new(w, stride, first, k, act, out, gemm)) }
+        {
             return;
         }
         // the multi-row kernels decode each weight block once for a block of activation rows
@@ -117,47 +111,22 @@ fn rows_impl<D: RowDot, const SIMD: bool>(
     }
 }
 
-pub(crate) fn rows_portable<D: RowDot>(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-    gemm: bool,
-) {
-    rows_impl::<D, false>(w, stride, first, k, act, out, gemm)
+pub(crate) fn rows_portable<D: RowDot>(job: RowsJob<'_>) {
+    rows_impl::<D, false>(job)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_avx2<D: RowDot>(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-    gemm: bool,
-) {
-    rows_impl::<D, true>(w, stride, first, k, act, out, gemm)
+fn rows_avx2<D: RowDot>(job: RowsJob<'_>) {
+    rows_impl::<D, true>(job)
 }
 
 /// [`rows_avx2`] behind a safe signature, for the SIMD table.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn rows_simd<D: RowDot>(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-    gemm: bool,
-) {
+pub(crate) fn rows_simd<D: RowDot>(job: RowsJob<'_>) {
     // SAFETY: only the SIMD table and `rows_fn` hand this out, after simd_active() checked
     // AVX2, FMA and F16C on this CPU.
-    unsafe { rows_avx2::<D>(w, stride, first, k, act, out, gemm) }
+    unsafe { rows_avx2::<D>(job) }
 }
 
 /// The rows function of a type outside the table (a re-laid format) for the build this CPU

@@ -145,7 +145,7 @@ mod tests {
     use crate::kernels::dot::kquant_gemm;
     use crate::kernels::dot::rows::rows_fn;
     use crate::kernels::formats::{type_info, ActFormat};
-    use crate::kernels::operand::Converted;
+    use crate::kernels::operand::{Converted, RowsJob};
     use crate::kernels::test_util::{noise, weights};
 
     const TYPES: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39];
@@ -176,8 +176,8 @@ mod tests {
             let mut a = vec![0.0f32; n * m];
             let mut b = vec![0.0f32; n * m];
             let act = Converted::new(info.act, &x, k);
-            PORTABLE.rows(t).unwrap()(&w, row, 0, k, &act, &mut a, false);
-            table().rows(t).unwrap()(&w, row, 0, k, &act, &mut b, false);
+            PORTABLE.rows(t).unwrap()(RowsJob::new(&w, row, 0, k, &act, &mut a, false));
+            table().rows(t).unwrap()(RowsJob::new(&w, row, 0, k, &act, &mut b, false));
             assert_eq!(a, b, "type {t}");
             assert!(a.iter().all(|v| v.is_finite()), "type {t}");
         }
@@ -193,8 +193,8 @@ mod tests {
             let x = noise(23, n * k);
             let act = Converted::new(ActFormat::F16, &x, k);
             let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
-            rows_portable::<dot::F16>(&w, 2 * k, 0, k, &act, &mut a, false);
-            rows_fn::<dot::F16>()(&w, 2 * k, 0, k, &act, &mut b, false);
+            rows_portable::<dot::F16>(RowsJob::new(&w, 2 * k, 0, k, &act, &mut a, false));
+            rows_fn::<dot::F16>()(RowsJob::new(&w, 2 * k, 0, k, &act, &mut b, false));
             assert_eq!(a, b, "n {n}");
         }
     }
@@ -211,10 +211,10 @@ mod tests {
             let mut a = vec![0.0f32; n * m];
             let mut b = vec![0.0f32; n * m];
             for_type!(t, D => {
-                rows_portable::<D>(&w, row, 0, k, &act, &mut a, true);
+                rows_portable::<D>(RowsJob::new(&w, row, 0, k, &act, &mut a, true));
                 // the AVX2 rows take the packed activations (as `matmul_converted` gives them)
                 let packed = kquant_gemm::serves(t).then(|| kquant_gemm::pack(&act, k));
-                rows_fn::<D>()(&w, row, 0, k, packed.as_ref().unwrap_or(&act), &mut b, true);
+                rows_fn::<D>()(RowsJob::new(&w, row, 0, k, packed.as_ref().unwrap_or(&act), &mut b, true));
                 // one row at a time (`dot_gemm`) gives the same bits as the row blocks
                 for i in [0, m - 1] {
                     for r in [0, 63, 64, n - 1] {

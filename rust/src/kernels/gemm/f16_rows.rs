@@ -5,7 +5,8 @@
 //! values instead of two. On an AVX2-only Zen 3 VM, where one 8-lane conversion takes several
 //! cycles, f16 decode was bound by the conversions rather than by memory.
 
-use crate::kernels::{cpu::simd_active, operand::Converted};
+use crate::kernels::cpu::simd_active;
+use crate::kernels::operand::{Converted, RowsJob};
 
 /// Whether the widened rows serve f16 vec_dot products on this CPU (the portable build keeps
 /// the f16 rows and the row dots).
@@ -37,15 +38,8 @@ pub fn widen(act: &Converted, k: usize) -> Converted {
 /// The rows function (`RowsFn`) over [`widen`]ed activations: weight rows
 /// `first..first + out.len() / n`, `out[(i - first) * n + r]`; each weight row is met by every
 /// activation row while it is in L1.
-pub fn rows(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-    _gemm: bool,
-) {
+pub fn rows(job: RowsJob<'_>) {
+    let (w, stride, first, k, act, out, _) = job.into_parts();
     let n = act.rows;
     assert!(act.row_bytes == k * 4 && act.data.len() >= n * k * 4);
     assert!(serves(), "f16_rows needs AVX2, FMA and F16C");

@@ -115,19 +115,24 @@ pub fn rows_fn(type_id: u32) -> RowsFn {
     {
         if simd_active() {
             if type_id == 1 && avx512_vnni_active() {
-                return |w, s, f, k, a, o, _| avx512::rows_f16_entry(w, s, f, k, a, o);
+                return avx512::rows_f16_entry;
             }
             return match type_id {
-                1 => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F16, w, s, f, k, a, o),
-                30 => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::BF16, w, s, f, k, a, o),
-                _ => |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F32, w, s, f, k, a, o),
+                1 => |job| unsafe_rows_avx2(ActFormat::F16, job),
+                30 => |job| unsafe_rows_avx2(ActFormat::BF16, job),
+                _ => |job| unsafe_rows_avx2(ActFormat::F32, job),
             };
         }
     }
+    portable_rows_fn(type_id)
+}
+
+/// The portable build's rows function of a float type.
+fn portable_rows_fn(type_id: u32) -> RowsFn {
     match weight_format(type_id) {
-        ActFormat::F16 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F16, w, s, f, k, a, o),
-        ActFormat::BF16 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::BF16, w, s, f, k, a, o),
-        _ => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F32, w, s, f, k, a, o),
+        ActFormat::F16 => |job| rows::<false>(ActFormat::F16, job),
+        ActFormat::BF16 => |job| rows::<false>(ActFormat::BF16, job),
+        _ => |job| rows::<false>(ActFormat::F32, job),
     }
 }
 
@@ -152,6 +157,7 @@ mod tests {
         by_type::{BF16, F16, F32},
         row_dot::RowDot,
     };
+    use crate::kernels::operand::RowsJob;
     use crate::kernels::test_util::noise;
 
     fn encode(type_id: u32, v: &[f32]) -> Vec<u8> {
@@ -205,29 +211,19 @@ mod tests {
                     })
                     .collect();
                 let wide = widen_activations(&act, fmt, k);
-                let mut builds: Vec<RowsFn> = vec![match t {
-                    1 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F16, w, s, f, k, a, o),
-                    30 => |w, s, f, k, a, o, _| rows::<false>(ActFormat::BF16, w, s, f, k, a, o),
-                    _ => |w, s, f, k, a, o, _| rows::<false>(ActFormat::F32, w, s, f, k, a, o),
-                }];
+                let mut builds: Vec<RowsFn> = vec![portable_rows_fn(t)];
                 if simd_active() {
                     builds.push(match t {
-                        1 => {
-                            |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F16, w, s, f, k, a, o)
-                        }
-                        30 => |w, s, f, k, a, o, _| {
-                            unsafe_rows_avx2(ActFormat::BF16, w, s, f, k, a, o)
-                        },
-                        _ => {
-                            |w, s, f, k, a, o, _| unsafe_rows_avx2(ActFormat::F32, w, s, f, k, a, o)
-                        }
+                        1 => |job| unsafe_rows_avx2(ActFormat::F16, job),
+                        30 => |job| unsafe_rows_avx2(ActFormat::BF16, job),
+                        _ => |job| unsafe_rows_avx2(ActFormat::F32, job),
                     });
                     builds.push(rows_fn(t)); // the best build on this CPU (AVX-512 for f16)
                 }
                 let row = k * fmt.block_bytes();
                 for (b, f) in builds.into_iter().enumerate() {
                     let mut got = vec![0.0f32; m * n]; // [row][col]
-                    f(&w, row, 0, k, &wide, &mut got, true);
+                    f(RowsJob::new(&w, row, 0, k, &wide, &mut got, true));
                     for (o, want) in want.iter().enumerate() {
                         let (r, i) = (o / m, o % m);
                         let same = got[i * n + r].to_bits() == want.to_bits();

@@ -11,7 +11,7 @@ use super::float_tiles::{avx2::hsum4, unsafe_rows_avx2};
 use crate::kernels::blocks::half::fp16_to_f32;
 use crate::kernels::cpu::avx512_vnni_active;
 use crate::kernels::formats::ActFormat;
-use crate::kernels::operand::Converted;
+use crate::kernels::operand::{Converted, RowsJob};
 
 /// Weight rows per register tile (four register pairs), tiles per panel, activation rows
 /// per tile, and the most bytes of widened activations at once.
@@ -32,23 +32,17 @@ pub(super) const MIN_ROWS: usize = 16;
 const PAIRS: usize = ROWS / 2;
 const NR: usize = 4;
 
-pub fn rows_f16_entry(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-) {
+pub fn rows_f16_entry(job: RowsJob<'_>) {
     assert!(avx512_vnni_active(), "the AVX-512 f16 tiles need AVX-512");
-    let n = act.rows;
-    let kp = k.next_multiple_of(8);
+    let (n, k) = (job.act.rows, job.k);
     if n == 0 || k == 0 {
         return;
     }
     if n < MIN_ROWS {
-        return unsafe_rows_avx2(ActFormat::F16, w, stride, first, k, act, out);
+        return unsafe_rows_avx2(ActFormat::F16, job);
     }
+    let (w, stride, first, k, act, out, _) = job.into_parts();
+    let kp = k.next_multiple_of(8);
     let rows_total = out.len() / n;
     assert!(kp >= 8 && act.row_bytes == kp * 2 && act.data.len() >= n * act.row_bytes);
     assert!(rows_total == 0 || w.len() >= (first + rows_total - 1) * stride + 2 * k);

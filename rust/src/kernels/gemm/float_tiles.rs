@@ -5,7 +5,7 @@
 use crate::kernels::blocks::half::fp16_to_f32;
 use crate::kernels::dot::lanes::hsum8;
 use crate::kernels::formats::ActFormat;
-use crate::kernels::operand::Converted;
+use crate::kernels::operand::RowsJob;
 
 /// Weight rows per micro-tile and activation rows per micro-tile.
 pub(crate) const MR: usize = 4;
@@ -27,45 +27,22 @@ pub(crate) fn element(fmt: ActFormat, b: &[u8], i: usize) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn unsafe_rows_avx2(
-    fmt: ActFormat,
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-) {
+pub(crate) fn unsafe_rows_avx2(fmt: ActFormat, job: RowsJob<'_>) {
     // SAFETY: only chosen by `rows_fn` after simd_active() checked AVX2, FMA and F16C.
-    unsafe { rows_avx2(fmt, w, stride, first, k, act, out) }
+    unsafe { rows_avx2(fmt, job) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn rows_avx2(
-    fmt: ActFormat,
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-) {
-    rows::<true>(fmt, w, stride, first, k, act, out)
+pub(crate) fn rows_avx2(fmt: ActFormat, job: RowsJob<'_>) {
+    rows::<true>(fmt, job)
 }
 
 /// Weight rows `first..first + out.len() / n` (type `fmt`, `stride` bytes apart) against every
 /// widened activation row; `out[(i - first) * n + r]`.
 #[inline(always)]
-pub(crate) fn rows<const SIMD: bool>(
-    fmt: ActFormat,
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-) {
+pub(crate) fn rows<const SIMD: bool>(fmt: ActFormat, job: RowsJob<'_>) {
+    let (w, stride, first, k, act, out, gemm) = job.into_parts();
     let n = act.rows;
     if n == 0 {
         return;
@@ -91,7 +68,7 @@ pub(crate) fn rows<const SIMD: bool>(
     #[cfg(target_arch = "x86_64")]
     if SIMD && half {
         // SAFETY: SIMD is only true inside `rows_avx2` (AVX2, FMA, F16C present).
-        return unsafe { rows_f16_simd(w, stride, first, k, kp, act, out) };
+        return unsafe { rows_f16_simd(RowsJob::new(w, stride, first, k, act, out, gemm), kp) };
     }
     let rows_total = out.len() / n;
     let panel_rows = (PANEL_BYTES / (kp * 4)).clamp(MR, 16) / MR * MR;
@@ -142,15 +119,8 @@ pub(crate) const PREFETCH_LINES: usize = 4;
 /// AVX2, FMA and F16C present.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn rows_f16_simd(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    kp: usize,
-    act: &Converted,
-    out: &mut [f32],
-) {
+pub(crate) unsafe fn rows_f16_simd(job: RowsJob<'_>, kp: usize) {
+    let (w, stride, first, k, act, out, _) = job.into_parts();
     let n = act.rows;
     let rows_total = out.len() / n;
     let panel_rows = (PANEL_BYTES / (kp * 2)).clamp(MR16, 32) / MR16 * MR16;

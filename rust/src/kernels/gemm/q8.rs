@@ -19,7 +19,7 @@ use crate::kernels::blocks::half::fp16_to_f32;
 use crate::kernels::cpu::avx512_vnni_active;
 use crate::kernels::cpu::simd_active;
 use crate::kernels::gemm::float_tiles::store_tile;
-use crate::kernels::operand::{Converted, RowsFn};
+use crate::kernels::operand::{Converted, RowsFn, RowsJob};
 
 /// Weight rows and activation rows per register tile.
 const MR: usize = 4;
@@ -115,15 +115,7 @@ pub fn pack(act: &Converted, type_id: u32, vnni: bool) -> Converted {
     }
 }
 
-fn rows_entry<const TYPE_ID: u32, const VNNI: bool>(
-    w: &[u8],
-    stride: usize,
-    first: usize,
-    k: usize,
-    act: &Converted,
-    out: &mut [f32],
-    _gemm: bool,
-) {
+fn rows_entry<const TYPE_ID: u32, const VNNI: bool>(job: RowsJob<'_>) {
     #[cfg(target_arch = "x86_64")]
     {
         if VNNI {
@@ -132,11 +124,11 @@ fn rows_entry<const TYPE_ID: u32, const VNNI: bool>(
                 "gemm_q8's VNNI tiles need AVX-512 F, BW and VNNI"
             );
             // SAFETY: checked just above.
-            return unsafe { vnni::rows(TYPE_ID, w, stride, first, k, act, out) };
+            return unsafe { vnni::rows(TYPE_ID, job) };
         }
         assert!(simd_active(), "gemm_q8 needs AVX2, FMA and F16C");
         // SAFETY: checked just above.
-        unsafe { avx2::rows(TYPE_ID, w, stride, first, k, act, out) }
+        unsafe { avx2::rows(TYPE_ID, job) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("gemm_q8 is only chosen on x86-64 with AVX2")
@@ -147,7 +139,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{
-        block_bytes, offset, packed_bytes, Block, Converted, KC_BLOCKS, KC_FROM, MR, NR, PANEL,
+        block_bytes, offset, packed_bytes, Block, RowsJob, KC_BLOCKS, KC_FROM, MR, NR, PANEL,
         XBLOCK_BYTES,
     };
     use crate::kernels::dot::avx2::common::{bytes_from_bits, hsum, nibbles32};
@@ -193,15 +185,8 @@ mod avx2 {
 
     /// Weight rows `first..first + out.len() / n` against every activation row.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn rows(
-        type_id: u32,
-        w: &[u8],
-        stride: usize,
-        first: usize,
-        k: usize,
-        act: &Converted,
-        out: &mut [f32],
-    ) {
+    pub unsafe fn rows(type_id: u32, job: RowsJob<'_>) {
+        let (w, stride, first, k, act, out, _) = job.into_parts();
         let n = act.rows;
         let nb = k / 32;
         let bb = block_bytes(type_id).expect("served type");
@@ -348,7 +333,8 @@ mod avx2 {
 mod vnni {
     use std::arch::x86_64::*;
 
-    use super::{block_bytes, offset, packed_bytes, Block, Converted, KC_BLOCKS, KC_FROM, PANEL};
+    use super::RowsJob;
+    use super::{block_bytes, offset, packed_bytes, Block, KC_BLOCKS, KC_FROM, PANEL};
     use super::{f16, XBLOCK_BYTES};
     use crate::kernels::dot::avx2::common::{bytes_from_bits, nibbles32};
     use crate::kernels::dot::lanes::hsum8;
@@ -381,15 +367,8 @@ mod vnni {
 
     /// Weight rows `first..first + out.len() / n` against every activation row.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn rows(
-        type_id: u32,
-        w: &[u8],
-        stride: usize,
-        first: usize,
-        k: usize,
-        act: &Converted,
-        out: &mut [f32],
-    ) {
+    pub unsafe fn rows(type_id: u32, job: RowsJob<'_>) {
+        let (w, stride, first, k, act, out, _) = job.into_parts();
         let n = act.rows;
         let nb = k / 32;
         let bb = block_bytes(type_id).expect("served type");
@@ -550,7 +529,15 @@ mod tests {
                 let act = Converted::new(ActFormat::Q8_0, &x, k);
                 let mut got = vec![0.0f32; m * n];
                 let packed = pack(&act, t, vnni);
-                rows_fn(t, vnni)(&w, k / 32 * bb, 0, k, &packed, &mut got, false);
+                rows_fn(t, vnni)(RowsJob::new(
+                    &w,
+                    k / 32 * bb,
+                    0,
+                    k,
+                    &packed,
+                    &mut got,
+                    false,
+                ));
                 let row = k / 32 * bb;
                 for r in 0..n {
                     for i in 0..m {

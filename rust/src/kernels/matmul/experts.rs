@@ -14,7 +14,7 @@ use super::run::{RowsPlan, MIN_BYTES_PER_THREAD, SCRATCH_KEEP, STREAM_CHUNK_ROWS
 use crate::kernels::dot::rows::TILE_ROWS;
 use crate::kernels::error::KernelError;
 use crate::kernels::formats::{type_info, TypeInfo};
-use crate::kernels::operand::{Converted, Operand};
+use crate::kernels::operand::{Converted, Operand, RowsJob};
 use crate::kernels::pool;
 
 /// `w` the experts in blocks (`ne` = [blocks per row, M, experts, 1]), `x` f32 activations
@@ -230,7 +230,8 @@ impl MulMatId {
                     scratch.resize(rows * n, 0.0);
                 }
                 let results = &mut scratch[..rows * n];
-                (p.plan.f)(w, self.w.nb[1], first, k, &p.act, results, p.plan.gemm);
+                let job = RowsJob::new(w, self.w.nb[1], first, k, &p.act, results, p.plan.gemm);
+                (p.plan.f)(job);
                 // SAFETY: this task alone writes columns first..first + rows of these rows
                 unsafe { self.scatter(&out, &r.rows, first, rows, results) };
                 if scratch.capacity() > SCRATCH_KEEP {

@@ -3,7 +3,7 @@
 
 use crate::kernels::cpu::simd_active;
 use crate::kernels::dot::rows::TILE_ROWS;
-use crate::kernels::operand::{Converted, DirectFn, RowsFn};
+use crate::kernels::operand::{Converted, DirectFn, RowsFn, RowsJob};
 use crate::kernels::pool;
 
 /// Work chunks per thread in a multi-threaded call (each row's result is the same whichever
@@ -191,7 +191,7 @@ pub(crate) fn run_rows(
                 scratch.resize(rows * n, 0.0);
             }
             let results = &mut scratch[..rows * n];
-            f(w, stride, first, k, act, results, gemm);
+            f(RowsJob::new(w, stride, first, k, act, results, gemm));
             // SAFETY: task i alone owns columns first..first + rows
             unsafe { shared.scatter(results, first) };
             if scratch.capacity() > SCRATCH_KEEP {

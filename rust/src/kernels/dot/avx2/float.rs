@@ -54,20 +54,7 @@ pub unsafe fn f16_wide(w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(w.len() >= 2 * k && x.len() >= 4 * k);
     let (wp, xp) = (w.as_ptr(), x.as_ptr() as *const f32);
     let np = k & !31;
-    let mut s = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    let pf = prefetch_f16_rows();
-    while i < np {
-        if pf {
-            prefetch_ahead(wp.add(2 * i));
-        }
-        for (j, sj) in s.iter_mut().enumerate() {
-            let a = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (i + 8 * j)) as *const __m128i));
-            let b = _mm256_loadu_ps(xp.add(i + 8 * j));
-            *sj = _mm256_fmadd_ps(a, b, *sj);
-        }
-        i += 32;
-    }
+    let [s] = wide_steps(wp, [xp], np, prefetch_f16_rows());
     f16_finish(&s, np, k, |i| {
         (f16_at(wp.add(2 * i)), xp.add(i).read_unaligned())
     })
@@ -90,6 +77,27 @@ unsafe fn wide_step<const R: usize>(
     }
 }
 
+/// [`wide_step`] over the values `0..np` (a multiple of 32), prefetching the weights if `pf`:
+/// each activation row's four accumulators.
+#[inline(always)]
+unsafe fn wide_steps<const R: usize>(
+    wp: *const u8,
+    xs: [*const f32; R],
+    np: usize,
+    pf: bool,
+) -> [[__m256; 4]; R] {
+    let mut s = [[_mm256_setzero_ps(); 4]; R];
+    let mut i = 0;
+    while i < np {
+        if pf {
+            prefetch_ahead(wp.add(2 * i));
+        }
+        wide_step(wp, xs, i, &mut s);
+        i += 32;
+    }
+    s
+}
+
 /// [`f16_wide`] of one weight row against two widened activation rows: each weight vector
 /// converted once for both, each row's accumulators, reduction and tail as in [`f16_wide`]
 /// (same bits).
@@ -102,16 +110,7 @@ pub unsafe fn f16_wide_x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
     let wp = w.as_ptr();
     let xp = xs.map(|x| x.as_ptr() as *const f32);
     let np = k & !31;
-    let mut s = [[_mm256_setzero_ps(); 4]; 2];
-    let mut i = 0;
-    let pf = prefetch_f16_rows();
-    while i < np {
-        if pf {
-            prefetch_ahead(wp.add(2 * i));
-        }
-        wide_step(wp, xp, i, &mut s);
-        i += 32;
-    }
+    let s = wide_steps(wp, xp, np, prefetch_f16_rows());
     [0, 1].map(|r| {
         f16_finish(&s[r], np, k, |i| {
             (f16_at(wp.add(2 * i)), xp[r].add(i).read_unaligned())
@@ -139,16 +138,7 @@ pub unsafe fn f16_wide_rows8<const R: usize>(
     debug_assert!(k.is_multiple_of(32));
     let mut red = [[_mm256_setzero_ps(); 8]; R];
     for row in 0..8 {
-        let wp = w.add(row * stride);
-        let mut s = [[_mm256_setzero_ps(); 4]; R];
-        let mut i = 0;
-        while i < k {
-            if pf {
-                prefetch_ahead(wp.add(2 * i));
-            }
-            wide_step(wp, xs, i, &mut s);
-            i += 32;
-        }
+        let s = wide_steps(w.add(row * stride), xs, k, pf);
         for (rr, sr) in red.iter_mut().zip(&s) {
             rr[row] = _mm256_add_ps(_mm256_add_ps(sr[0], sr[2]), _mm256_add_ps(sr[1], sr[3]));
         }

@@ -39,6 +39,29 @@ pub unsafe fn q4_k(w: &[u8], x: &[u8], k: usize) -> f32 {
     })
 }
 
+/// Σ over the `k / 256` super-blocks (`w_bytes` each, against q8_K blocks) of `d · sumi` in one
+/// float register, then its `hsum`: `block(i, wb, yb, acc)` gives super-block `i`'s `d` and
+/// integer lanes, after any FMA of its own into `acc`.
+#[inline(always)]
+unsafe fn superblocks_acc(
+    w: &[u8],
+    x: &[u8],
+    k: usize,
+    w_bytes: usize,
+    mut block: impl FnMut(usize, *const u8, *const u8, &mut __m256) -> (f32, __m256i),
+) -> f32 {
+    let nb = k / 256;
+    assert!(w.len() >= nb * w_bytes && x.len() >= nb * 292);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let wb = w.as_ptr().add(w_bytes * i);
+        let yb = x.as_ptr().add(292 * i);
+        let (d, sumi) = block(i, wb, yb, &mut acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
+}
+
 /// The 128 six-bit codes of half `j` of a Q6_K super-block (low bits at `ql`, high bits at
 /// `qh`), as four registers of 32 unsigned bytes in element order.
 #[inline(always)]
@@ -70,8 +93,6 @@ unsafe fn q6k_codes(
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 256;
-    assert!(w.len() >= nb * 210 && x.len() >= nb * 292);
     let m15 = _mm256_set1_epi8(15);
     let m3 = _mm256_set1_epi8(3);
     // bytes 0-7 of pair_at[p] pick scale 2p, bytes 8-15 scale 2p + 1 ([`split_scale`])
@@ -81,10 +102,7 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
             (0x0101_0101_0101_0101u64 * (2 * p as u64)) as i64,
         )
     });
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let wb = w.as_ptr().add(210 * i);
-        let yb = x.as_ptr().add(292 * i);
+    superblocks_acc(w, x, k, 210, |_, wb, yb, _| {
         for line in 0..4 {
             prefetch_ahead(wb.add(64 * line));
         }
@@ -104,9 +122,8 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
             }
         }
         let sumi = _mm256_sub_epi32(sumi, sub);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum(acc)
+        (d, sumi)
+    })
 }
 
 /// IQ4_XS weights · q8_K activations.
@@ -115,13 +132,8 @@ pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq4_xs(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 256;
-    assert!(w.len() >= nb * 136 && x.len() >= nb * 292);
     let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let wb = w.as_ptr().add(136 * i);
-        let yb = x.as_ptr().add(292 * i);
+    superblocks_acc(w, x, k, 136, |_, wb, yb, _| {
         let sh = u16::from_le_bytes([*wb.add(2), *wb.add(3)]) as i32;
         let mut sumi = _mm256_setzero_si256();
         for ib in 0..8 {
@@ -133,9 +145,8 @@ pub unsafe fn iq4_xs(w: &[u8], x: &[u8], k: usize) -> f32 {
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(ls as i16)));
         }
         let d = f16_at(wb) * q8k_d(yb);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum(acc)
+        (d, sumi)
+    })
 }
 
 /// Q5_K weights · q8_K activations.
@@ -144,14 +155,9 @@ pub unsafe fn iq4_xs(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_k(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 256;
-    assert!(w.len() >= nb * 176 && x.len() >= nb * 292);
     let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
-    for i in 0..nb {
-        let wb = w.as_ptr().add(176 * i);
-        let yb = x.as_ptr().add(292 * i);
+    let sum = superblocks_acc(w, x, k, 176, |i, wb, yb, _| {
         let yd = q8k_d(yb);
         let d = yd * f16_at(wb);
         let dmin = -yd * f16_at(wb.add(2));
@@ -184,9 +190,9 @@ pub unsafe fn q5_k(w: &[u8], x: &[u8], k: usize) -> f32 {
             let ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1] as i16), ph);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum(acc) + summs
+        (d, sumi)
+    });
+    sum + summs
 }
 
 /// Q2_K weights · q8_K activations.
@@ -195,20 +201,15 @@ pub unsafe fn q5_k(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q2_k(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 256;
-    assert!(w.len() >= nb * 84 && x.len() >= nb * 292);
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let wb = w.as_ptr().add(84 * i);
-        let yb = x.as_ptr().add(292 * i);
+    superblocks_acc(w, x, k, 84, |_, wb, yb, acc| {
         let yd = q8k_d(yb);
         let d = yd * f16_at(wb.add(80));
         let dmin = -yd * f16_at(wb.add(82));
         let raw = _mm_loadu_si128(wb as *const __m128i);
         let mins8 = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0xF));
         let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins8), load32(yb.add(260)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), *acc);
         let sc: [i8; 16] = std::array::from_fn(|j| (*wb.add(j) & 15) as i8);
         let (qs, q8) = (wb.add(16), yb.add(4));
         let mut sumi = _mm256_setzero_si256();
@@ -222,9 +223,8 @@ pub unsafe fn q2_k(w: &[u8], x: &[u8], k: usize) -> f32 {
                     _mm256_add_epi32(sumi, _mm256_madd_epi16(split_scale(sc[at], sc[at + 1]), p));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum(acc)
+        (d, sumi)
+    })
 }
 
 /// Q3_K weights · q8_K activations.
@@ -233,13 +233,8 @@ pub unsafe fn q2_k(w: &[u8], x: &[u8], k: usize) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q3_k(w: &[u8], x: &[u8], k: usize) -> f32 {
-    let nb = k / 256;
-    assert!(w.len() >= nb * 110 && x.len() >= nb * 292);
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let wb = w.as_ptr().add(110 * i);
-        let yb = x.as_ptr().add(292 * i);
+    superblocks_acc(w, x, k, 110, |i, wb, yb, _| {
         let d = q8k_d(yb) * f16_at(wb.add(108));
         let sc = q3k_scales(&w[110 * i + 96..110 * i + 108]);
         let hbits = load32(wb);
@@ -261,9 +256,8 @@ pub unsafe fn q3_k(w: &[u8], x: &[u8], k: usize) -> f32 {
                 );
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum(acc)
+        (d, sumi)
+    })
 }
 
 /// [`q4_k`] for 4 activation rows sharing each decoded weight super-block.
