@@ -7,7 +7,8 @@
 #
 #   1. installs the carried wheels into a private site dir, and a reference env (.refenv: the
 #      llama.cpp v8 client, the real quantizer and the e2e client; Debian 13 libs);
-#   2. `pytest -m gpu tests/test_cuda_gpu.py` (every CUDA kernel against gguf/NumPy oracles);
+#   2. `pytest -m gpu tests/test_cuda_gpu.py tests/test_cuda_gpu_device.py` (every CUDA kernel
+#      against gguf/NumPy oracles; the backend's memory, capture and device seams);
 #   3. the end to end run with the real v8 client on a cuda device (`tests/test_e2e_models.py
 #      -m gpu`: prefill + decode, FA off and on, logits vs the client's local CPU run);
 #   4. bench/gpu_bench.py: matvec GB/s per type and shape, upload GB/s, prefill TFLOP/s;
@@ -84,7 +85,7 @@ log "install: $install_ok"
 # ---- 2. GPU tests ----------------------------------------------------------------------------
 tests_rc=-1
 if $install_ok; then
-    if $DRY; then test_args=(tests/test_cuda_emulated.py tests/test_cuda_strict.py); else test_args=(-m gpu tests/test_cuda_gpu.py); fi
+    if $DRY; then test_args=(tests/test_cuda_emulated.py tests/test_cuda_strict.py); else test_args=(-m gpu tests/test_cuda_gpu.py tests/test_cuda_gpu_device.py); fi
     timeout "$(cap 130)" "$PY" -m pytest -q -rfEs -p no:cacheprovider "${test_args[@]}" \
         --junitxml="$WORK/gpu_tests.xml" >"$WORK/gpu_tests.log" 2>&1
     tests_rc=$?
