@@ -351,12 +351,16 @@ impl<'a> K4Block<'a> {
     }
 }
 
-/// The tiled decode of a Q4_K/Q5_K super-block; `codes` unpacks its codes.
+/// The tiled decode of a Q4_K (`Q5` false) or Q5_K super-block.
 #[inline(always)]
-fn k4_decode(wb: &[u8], t: &mut Decoded, codes: impl Fn(&[u8], &mut [i8; 256])) {
+fn k4_decode<const Q5: bool>(wb: &[u8], t: &mut Decoded) {
     let (sc, mn) = scale_min_k4(&wb[4..16]);
     (t.sc, t.mn) = (per16(&sc), per16(&mn));
-    codes(wb, &mut t.q);
+    if Q5 {
+        q5k_codes(wb, &mut t.q);
+    } else {
+        k4_nibbles(&wb[16..144], &mut t.q);
+    }
     (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
 }
 
@@ -380,7 +384,7 @@ row_dot!(Q4K, 256, 144, Q8K, {
     simd_dot!(q4_k);
     simd_dot4!(q4_k_x4);
     tiled_dot!(144, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        k4_decode(wb, t, |wb, q| k4_nibbles(&wb[16..144], q))
+        k4_decode::<false>(wb, t)
     });
 });
 
@@ -401,7 +405,7 @@ row_dot!(Q5K, 256, 176, Q8K, {
     }
     simd_dot!(q5_k);
     tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        k4_decode(wb, t, q5k_codes)
+        k4_decode::<true>(wb, t)
     });
 });
 
