@@ -57,9 +57,8 @@ __device__ __forceinline__ void rpc_attn_decode(
     __syncthreads();
 
     // SOFT_MAX over the positions (and the sink)
-    const float sink = sinks != nullptr ? sinks[h] : -3.402823466e38f;
     const float inv = rpc_softmax_exp(
-        n_kv, RPC_AD_THREADS, sinks != nullptr, sink, s_red, [&](int j) { return s_p[j]; },
+        n_kv, RPC_AD_THREADS, sinks, h, s_red, [&](int j) { return s_p[j]; },
         [&](int j, float e) { s_p[j] = e; });
     for (int j = threadIdx.x; j < n_kv; j += RPC_AD_THREADS) s_p[j] = rpc_act<VT>(s_p[j] * inv);
     __syncthreads();

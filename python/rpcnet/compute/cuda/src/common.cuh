@@ -46,13 +46,15 @@ __device__ __forceinline__ float rpc_block_max(float v, float* scratch32) {
 }
 
 // SOFT_MAX of a row whose n logits value(i) are spread over the block's threads (i = threadIdx.x,
-// + stride, ...), with an optional sink logit (has_sink): write(i, e) keeps each exp(logit - max)
-// and the result is 1 / their sum (0 for an empty sum). Every thread must call it.
-template <typename V, typename W>
-__device__ __forceinline__ float rpc_softmax_exp(int n, int stride, bool has_sink, float sink,
+// + stride, ...; S is the stride's type, as the caller's loop had it), with the sink logit
+// sinks[head] when sinks is given: write(i, e) keeps each exp(logit - max) and the result is
+// 1 / their sum (0 for an empty sum). Every thread must call it.
+template <typename S, typename V, typename W>
+__device__ __forceinline__ float rpc_softmax_exp(int n, S stride, const float* sinks, int head,
                                                  float* scratch32, V value, W write) {
     float mx = -3.402823466e38f;
     for (int i = threadIdx.x; i < n; i += stride) mx = fmaxf(mx, value(i));
+    const float sink = sinks != nullptr ? sinks[head] : -3.402823466e38f;
     mx = fmaxf(rpc_block_max(mx, scratch32), sink);
     float sum = 0.0f;
     for (int i = threadIdx.x; i < n; i += stride) {
@@ -61,7 +63,7 @@ __device__ __forceinline__ float rpc_softmax_exp(int n, int stride, bool has_sin
         sum += e;
     }
     sum = rpc_block_sum(sum, scratch32);
-    if (has_sink) sum += expf(sink - mx);
+    if (sinks != nullptr) sum += expf(sink - mx);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     __syncthreads();
     return inv;

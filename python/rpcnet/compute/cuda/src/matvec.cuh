@@ -8,6 +8,11 @@
 #define RPC_MV_WARPS 4
 #define RPC_MV_MAXCOLS 8
 
+// The activation columns c < ncols of a launch, the loop unrolled over RPC_MV_MAXCOLS:
+// RPC_MV_FOR_COLS(c, ncols) { ... }.
+#define RPC_MV_FOR_COLS(c, ncols)                                                               \
+    _Pragma("unroll") for (int c = 0; c < RPC_MV_MAXCOLS; ++c) if (c < (ncols))
+
 // One thread's share of a weight row times up to RPC_MV_MAXCOLS q8_1 activation columns: the
 // row's 32-groups first, first + stride, ... (a warp's lanes, or a whole block's threads).
 template <int T>
@@ -20,12 +25,9 @@ __device__ __forceinline__ void rpc_mv_lane(const uint8_t* wrow, const uint8_t* 
     for (int s = first; s < k / 32; s += stride) {
         const RpcSub sub = Blk<T>::sub(wrow + (s / subs_per_block) * Blk<T>::BYTES,
                                        s % subs_per_block);
-#pragma unroll
-        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-            if (c < ncols) {
-                acc[c] += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(
-                    sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
-            }
+        RPC_MV_FOR_COLS(c, ncols) {
+            acc[c] += rpc_dot_sub_q8_1<rpc_act_q8_k(T)>(
+                sub, y + c * y_col_bytes + s * RPC_Q8_1_BYTES);
         }
     }
 }
@@ -40,13 +42,15 @@ template <int T> __device__ __forceinline__ void rpc_unpack16(uint4 v, float* ou
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        if (T == RPC_F32) {
-            out[i] = __int_as_float((int)w[i]);
-        } else {
-            out[2 * i] = rpc_float16_value<T>((uint16_t)(w[i] & 0xffffu));
-            out[2 * i + 1] = rpc_float16_value<T>((uint16_t)(w[i] >> 16));
-        }
+        out[2 * i] = rpc_float16_value<T>((uint16_t)(w[i] & 0xffffu));
+        out[2 * i + 1] = rpc_float16_value<T>((uint16_t)(w[i] >> 16));
     }
+}
+template <> __device__ __forceinline__ void rpc_unpack16<RPC_F32>(uint4 v, float* out) {
+    out[0] = __int_as_float((int)v.x);
+    out[1] = __int_as_float((int)v.y);
+    out[2] = __int_as_float((int)v.z);
+    out[3] = __int_as_float((int)v.w);
 }
 
 // An activation as ggml's CPU dot product sees it for float weights of type T: rounded to f16
@@ -100,12 +104,9 @@ __device__ __forceinline__ void rpc_mv_lane(const uint8_t* wrow, const float* yc
 __device__ __forceinline__ void rpc_mv_block_reduce(float* acc, int ncols, float* dst,
                                                     const float* add, long long dst_col) {
     __shared__ float s_red[RPC_MV_MAXCOLS][RPC_MV_WARPS];
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-        if (c < ncols) {
-            const float v = rpc_warp_sum(acc[c]);
-            if (threadIdx.x == 0) s_red[c][threadIdx.y] = v;
-        }
+    RPC_MV_FOR_COLS(c, ncols) {
+        const float v = rpc_warp_sum(acc[c]);
+        if (threadIdx.x == 0) s_red[c][threadIdx.y] = v;
     }
     __syncthreads();
     if (threadIdx.y == 0 && (int)threadIdx.x < ncols) {
@@ -147,13 +148,10 @@ __device__ __forceinline__ void rpc_mv_rows(const uint8_t* __restrict__ w, const
         const long long at = chan * dst_chan + row;
         rpc_mv_block_reduce(acc, ncols, dst + at, add != nullptr ? add + at : nullptr, dst_col);
     } else {
-#pragma unroll
-        for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-            if (c < ncols) {
-                const float v = rpc_warp_sum(acc[c]);
-                const long long at = chan * dst_chan + c * dst_col + row;
-                if (threadIdx.x == 0) dst[at] = add != nullptr ? v + add[at] : v;
-            }
+        RPC_MV_FOR_COLS(c, ncols) {
+            const float v = rpc_warp_sum(acc[c]);
+            const long long at = chan * dst_chan + c * dst_col + row;
+            if (threadIdx.x == 0) dst[at] = add != nullptr ? v + add[at] : v;
         }
     }
 }

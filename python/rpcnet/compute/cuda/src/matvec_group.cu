@@ -52,16 +52,6 @@ __device__ __forceinline__ float rpc_mv_row_sum(float v) {
     return total;
 }
 
-// The row sums of two rows' lane products a0 and a1 (rpc_mv_lane_of), column by column:
-// f(c, sum0, sum1) for c < ncols, the sums valid where rpc_mv_row_sum says.
-template <bool SPLIT, typename F>
-__device__ __forceinline__ void rpc_mv_pair_sums(const float* a0, const float* a1, int ncols, F f) {
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-        if (c < ncols) f(c, rpc_mv_row_sum<SPLIT>(a0[c]), rpc_mv_row_sum<SPLIT>(a1[c]));
-    }
-}
-
 template <int T, bool QUANT, bool SPLIT>
 __device__ __forceinline__ void rpc_mv_group(const uint8_t* w0, const uint8_t* w1,
                                              const uint8_t* w2, float* d0, float* d1, float* d2,
@@ -89,12 +79,9 @@ __device__ __forceinline__ void rpc_mv_group(const uint8_t* w0, const uint8_t* w
     const int first = rpc_mv_first<SPLIT>(), stride = rpc_mv_stride<SPLIT>();
     float acc[RPC_MV_MAXCOLS];
     rpc_mv_lane_of<T, QUANT>(w + row * w_row_bytes, y, k, ncols, y_col, first, stride, acc);
-#pragma unroll
-    for (int c = 0; c < RPC_MV_MAXCOLS; ++c) {
-        if (c < ncols) {
-            const float v = rpc_mv_row_sum<SPLIT>(acc[c]);
-            if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) d[c * m + row] = v;
-        }
+    RPC_MV_FOR_COLS(c, ncols) {
+        const float v = rpc_mv_row_sum<SPLIT>(acc[c]);
+        if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) d[c * m + row] = v;
     }
 }
 
@@ -110,7 +97,9 @@ __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* u
     float g[RPC_MV_MAXCOLS], u[RPC_MV_MAXCOLS];
     rpc_mv_lane_of<T, QUANT>(gate + row * w_row_bytes, y, k, ncols, y_col, first, stride, g);
     rpc_mv_lane_of<T, QUANT>(up + row * w_row_bytes, y, k, ncols, y_col, first, stride, u);
-    rpc_mv_pair_sums<SPLIT>(g, u, ncols, [&](int c, float gv, float uv) {
+    RPC_MV_FOR_COLS(c, ncols) {
+        const float gv = rpc_mv_row_sum<SPLIT>(g[c]);
+        const float uv = rpc_mv_row_sum<SPLIT>(u[c]);
         if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
             dst[c * m + row] = rpc_glu(op, gv, uv, alpha, limit);
         }
@@ -118,7 +107,7 @@ __device__ __forceinline__ void rpc_mv_glu(const uint8_t* gate, const uint8_t* u
             rpc_quantize_when_complete(dst + c * m, row, q8 + (long long)c * (m / 32) * RPC_Q8_1_BYTES,
                                        q8_block, counters + c * (m / q8_block));
         }
-    });
+    }
 }
 
 // The rows one pair of the Q/K/V-with-RoPE launch covers: its segment's output, the two rows,
@@ -196,7 +185,9 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
         rpc_mv_lane_of<T, QUANT>(q.w + q.r0 * w_row_bytes, y, k, ncols, y_col, first, stride, a0);
         rpc_mv_lane_of<T, QUANT>(q.w + q.r1 * w_row_bytes, y, k, ncols, y_col, first, stride, a1);
     }
-    rpc_mv_pair_sums<SPLIT>(a0, a1, ncols, [&](int c, float x0, float x1) {
+    RPC_MV_FOR_COLS(c, ncols) {
+        const float x0 = rpc_mv_row_sum<SPLIT>(a0[c]);
+        const float x1 = rpc_mv_row_sum<SPLIT>(a1[c]);
         if (threadIdx.x == 0 && (!SPLIT || threadIdx.y == 0)) {
             RpcRowStore st = {nullptr, nullptr, 0, 0, 1, 0, 0};  // a copy: no stack
             if (q.seg == 1) st = k_store;
@@ -212,7 +203,7 @@ __device__ __forceinline__ void rpc_mv_qkv_rope(
                 rpc_store_value(st, q.d, at + q.r1, x0 * sn + x1 * cs);
             }
         }
-    });
+    }
 }
 
 #define RPC_MV_QKV_ARGS                                                                          \

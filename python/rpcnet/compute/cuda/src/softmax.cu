@@ -31,9 +31,8 @@ extern "C" __global__ void rpc_soft_max_f32(const float* x, const uint8_t* mask,
     const long long mrow = i1 * ms1 + (long long)(i2 % mne2) * ms2 + (long long)(i3 % mne3) * ms3;
     const float slope = rpc_alibi_slope(max_bias, i2, n_head_log2, m0, m1);
 
-    const float sink = sinks != nullptr ? sinks[i2] : -3.402823466e38f;
     const float inv = rpc_softmax_exp(
-        ncols, blockDim.x, sinks != nullptr, sink, scratch,
+        ncols, blockDim.x, sinks, i2, scratch,
         [&](int i) { return xr[i] * scale + slope * rpc_mask_at(mask, mask_type, mrow + i); },
         [&](int i, float e) { dr[i] = e; });
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) dr[i] *= inv;
