@@ -4,6 +4,8 @@ the array-code fallback)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from rpcnet import _native
@@ -81,11 +83,21 @@ def _fa_operands(
     return q, k, v, mask, sinks
 
 
-def _fa_ok(node: Tensor) -> bool:
-    parts = _fa_operands(node)
-    if parts is None:
-        return False
-    q, k, v, mask, sinks = parts
+def _fa_check(fits: Callable[..., bool]) -> Callable[[Tensor], bool]:
+    """A FLASH_ATTN_EXT predicate: fits(node, q, k, v, mask, sinks) where _fa_operands has them."""
+
+    @functools.wraps(fits)
+    def ok(node: Tensor) -> bool:
+        parts = _fa_operands(node)
+        return parts is not None and fits(node, *parts)
+
+    return ok
+
+
+@_fa_check
+def _fa_ok(
+    node: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None
+) -> bool:
     dk, n_q, n_head, n3 = q.ne
     n_kv = k.ne[1]
     return (
@@ -120,13 +132,12 @@ FA_DECODE_MAX_Q = 32  # query rows per head for the CUDA C kernel (one block eac
 FA_MAX_HEAD = 512  # 32 lanes x RPC_FA_PER_LANE in flash_attn.cu
 
 
-def _fa_decode_ok(node: Tensor) -> bool:
+@_fa_check
+def _fa_decode_ok(
+    node: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sinks: Tensor | None
+) -> bool:
     """The CUDA C decode kernel: f16, bf16 or q8_0 K/V views as the cache lays them out, f16
     mask."""
-    parts = _fa_operands(node)
-    if parts is None:
-        return False
-    q, k, v, mask, sinks = parts
     d, n_q, n_head, batches = q.ne
     return (
         (_FA_KV.get(k.type), _FA_KV.get(v.type)) in common.FA_KV_PAIRS

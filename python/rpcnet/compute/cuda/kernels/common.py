@@ -3,7 +3,8 @@ plan scratch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,28 @@ def _contiguous_f32_srcs(node: Tensor, n: int) -> list[Tensor] | None:
     """The first `n` sources (as _srcs) of a contiguous f32 node, or None."""
     s = _srcs(node, n)
     return s if s is not None and node.type == F32 and _contiguous(node) else None
+
+
+def on_operands(
+    operands: Callable[[Tensor], Sequence[Tensor | None] | None],
+) -> Callable[[Callable[..., bool]], Predicate]:
+    """Decorator: the node predicate fits(node, *operands(node)), False where operands(node)
+    is None."""
+
+    def wrap(fits: Callable[..., bool]) -> Predicate:
+        @functools.wraps(fits)
+        def ok(node: Tensor) -> bool:
+            parts = operands(node)
+            return parts is not None and fits(node, *parts)
+
+        return ok
+
+    return wrap
+
+
+def on_contiguous_f32(n: int) -> Callable[[Callable[..., bool]], Predicate]:
+    """`on_operands` of a contiguous f32 node's first `n` sources (all in buffers)."""
+    return on_operands(lambda node: _contiguous_f32_srcs(node, n))
 
 
 def _f32_source(node: Tensor, out_type: GgmlType = GgmlType.F32) -> Tensor | None:

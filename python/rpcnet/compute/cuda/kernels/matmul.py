@@ -17,13 +17,10 @@ from rpcnet.ggml_types import type_name
 # ---------------------------------------------------------------------------------- matmul
 
 
-def _mul_mat_ok(node: Tensor) -> bool:
+@common.on_contiguous_f32(2)
+def _mul_mat_ok(node: Tensor, w: Tensor, y: Tensor) -> bool:
     from rpcnet.compute.cuda import sources
 
-    s = common._contiguous_f32_srcs(node, 2)
-    if s is None:
-        return False
-    w, y = s
     wt = common._weight_type(w)
     if wt is None or y.type != common.F32 or not (common._contiguous(w) and common._contiguous(y)):
         return False
@@ -125,13 +122,10 @@ def _elsize(t: Tensor) -> int:
     return int(np.dtype(common._DTYPES[t.type]).itemsize)
 
 
-def _strided_matvec_ok(node: Tensor) -> bool:
+@common.on_contiguous_f32(2)
+def _strided_matvec_ok(node: Tensor, w: Tensor, y: Tensor) -> bool:
     """Few columns against float weights in any row and channel layout (a decode step's
     attention products on the cache's views): elements contiguous along K, heads on ne2."""
-    s = common._contiguous_f32_srcs(node, 2)
-    if s is None:
-        return False
-    w, y = s
     return (
         w.type in (common.F32, common.F16, common.BF16)
         and y.type == common.F32
@@ -206,11 +200,8 @@ def cuda_mul_mat_permuted(mm: Tensor, cont: Tensor) -> Step:
     return _strided_step(mm, cont, (m * channels, m))  # column (token) stride, channel stride
 
 
-def _batched_ok(node: Tensor) -> bool:
-    s = common._contiguous_f32_srcs(node, 2)
-    if s is None:
-        return False
-    a, b = s
+@common.on_contiguous_f32(2)
+def _batched_ok(node: Tensor, a: Tensor, b: Tensor) -> bool:
     return (
         a.type in (common.F32, common.F16)
         and b.type in (common.F32, common.F16)
@@ -252,13 +243,10 @@ def cuda_mul_mat_batched(node: Tensor) -> Step:
     return run
 
 
-def _mul_mat_id_ok(node: Tensor) -> bool:
+@common.on_contiguous_f32(3)
+def _mul_mat_id_ok(node: Tensor, w: Tensor, y: Tensor, ids: Tensor) -> bool:
     from rpcnet.compute.cuda import sources
 
-    s = common._contiguous_f32_srcs(node, 3)
-    if s is None:
-        return False
-    w, y, ids = s
     wt = common._weight_type(w)
     k = w.ne[0]
     return (

@@ -35,11 +35,8 @@ for _op in (Op.CPY, Op.DUP, Op.CONT):
 # ---------------------------------------------------------------------------------- rows
 
 
-def _get_rows_ok(node: Tensor) -> bool:
-    s = common._contiguous_f32_srcs(node, 2)
-    if s is None:
-        return False
-    src, ids = s
+@common.on_contiguous_f32(2)
+def _get_rows_ok(node: Tensor, src: Tensor, ids: Tensor) -> bool:
     return (
         common._weight_type(src) is not None
         and src.ne[2] == src.ne[3] == 1
