@@ -55,7 +55,7 @@ def cuda_sum_rows(node: Tensor) -> Step:
     return run
 
 
-@common.cuda_kernel(Op.CLAMP, "f32 (xp)", lambda n: _f32_unary_ok(n) and n.src[0].ne == n.ne)  # type: ignore[union-attr]
+@common.cuda_kernel(Op.CLAMP, "f32 (xp)", lambda n: common._f32_source(n) is not None)
 def cuda_clamp(node: Tensor) -> Step:
     (src,) = common._need(node, 1)
     be = common._backend(node)
