@@ -88,6 +88,85 @@ fn packed_bytes(blocks: usize, off: u8) -> usize {
     blocks * (32 + 4 + if off != 0 { 32 } else { 0 })
 }
 
+/// One call of the tiles: its sizes and the packed activations (see [`pack`]: values, scales,
+/// offset sums, each `[row][block]`), read in place with unaligned loads.
+#[derive(Clone, Copy)]
+struct Call {
+    /// Activation rows, K blocks, bytes of a weight block, weight rows.
+    n: usize,
+    nb: usize,
+    bb: usize,
+    rows_total: usize,
+    xq: *const Block,
+    dy: *const f32,
+    ysum: *const Block,
+}
+
+impl Call {
+    /// The call of `job`, with its weights, stride, first row and output; `None` when there is
+    /// nothing to compute. The activations must come from [`pack`] with this `vnni`.
+    #[allow(clippy::type_complexity)]
+    fn new(
+        type_id: u32,
+        job: RowsJob<'_>,
+        vnni: bool,
+    ) -> Option<(Self, &[u8], usize, usize, &mut [f32])> {
+        let (w, stride, first, k, act, out, _) = job.into_parts();
+        let (n, nb) = (act.rows, k / 32);
+        let bb = block_bytes(type_id).expect("served type");
+        if n == 0 || nb == 0 {
+            return None;
+        }
+        let blocks = n * nb;
+        let off = offset(type_id, vnni);
+        assert!(act.row_bytes == nb * 34 && act.data.len() >= packed_bytes(blocks, off));
+        let data = act.data.as_ptr();
+        let call = Self {
+            n,
+            nb,
+            bb,
+            rows_total: out.len() / n,
+            xq: data as *const Block,
+            dy: data.wrapping_add(blocks * 32) as *const f32,
+            ysum: data.wrapping_add(blocks * 36) as *const Block,
+        };
+        Some((call, w, stride, first, out))
+    }
+
+    /// `(n, nb, rows_total, xq, dy, ysum)`.
+    #[allow(clippy::type_complexity)]
+    fn parts(&self) -> (usize, usize, usize, *const Block, *const f32, *const Block) {
+        (
+            self.n,
+            self.nb,
+            self.rows_total,
+            self.xq,
+            self.dy,
+            self.ysum,
+        )
+    }
+
+    /// `decode(b, i, block)` for every block `b` of the panel's weight rows `i` (rows `rows` of
+    /// the call; rows past the end repeat the last one, their results dropped).
+    #[inline(always)]
+    fn decode_panel(
+        &self,
+        w: &[u8],
+        stride: usize,
+        first: usize,
+        rows: std::ops::Range<usize>,
+        mut decode: impl FnMut(usize, usize, *const u8),
+    ) {
+        for i in 0..PANEL {
+            let at = (first + (rows.start + i).min(rows.end - 1)) * stride;
+            let row = &w[at..at + self.nb * self.bb];
+            for (b, blk) in row.chunks_exact(self.bb).enumerate() {
+                decode(b, i, blk.as_ptr());
+            }
+        }
+    }
+}
+
 /// q8_0 activation rows (`act`) laid out once per matmul for the tiles of every thread: the
 /// 32 values of each block back to back, then the f32 scales, then (where the weights carry an
 /// offset) the offset lane sums (negated for `vnni`, whose `vpdpbusd` starts from them), each
@@ -138,10 +217,7 @@ fn rows_entry<const TYPE_ID: u32, const VNNI: bool>(job: RowsJob<'_>) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{
-        block_bytes, offset, packed_bytes, Block, RowsJob, KC_BLOCKS, KC_FROM, MR, NR, PANEL,
-        XBLOCK_BYTES,
-    };
+    use super::{offset, Block, Call, RowsJob, KC_BLOCKS, KC_FROM, MR, NR, PANEL, XBLOCK_BYTES};
     use crate::kernels::dot::avx2::common::{bytes_from_bits, hsum, nibbles32};
 
     /// One weight block: the unsigned operand of `maddubs` (|v| for q8_0, `v + offset`
@@ -186,21 +262,11 @@ mod avx2 {
     /// Weight rows `first..first + out.len() / n` against every activation row.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rows(type_id: u32, job: RowsJob<'_>) {
-        let (w, stride, first, k, act, out, _) = job.into_parts();
-        let n = act.rows;
-        let nb = k / 32;
-        let bb = block_bytes(type_id).expect("served type");
-        if n == 0 || nb == 0 {
+        let Some((call, w, stride, first, out)) = Call::new(type_id, job, false) else {
             return;
-        }
+        };
+        let (n, nb, rows_total, xq, dy, ysum) = call.parts();
         let off = offset(type_id, false);
-        let blocks = n * nb;
-        assert!(act.row_bytes == nb * 34 && act.data.len() >= packed_bytes(blocks, off));
-        let rows_total = out.len() / n;
-        // the packed activations (see `pack`): values, scales, offset sums, each [row][block]
-        let xq = act.data.as_ptr() as *const Block; // read with unaligned loads only
-        let dy = act.data.as_ptr().add(blocks * 32) as *const f32; // read unaligned
-        let ysum = act.data.as_ptr().add(blocks * 36) as *const Block;
         // the decoded panel, each [block][row]: unsigned operands, signed values (q8_0 only),
         // scales
         let mut wa = vec![Block([0; 32]); PANEL * nb];
@@ -224,15 +290,10 @@ mod avx2 {
             let r1 = n.min(r0 + xblock);
             for t0 in (0..rows_total).step_by(PANEL) {
                 let t1 = rows_total.min(t0 + PANEL);
-                for i in 0..PANEL {
-                    // rows past the end repeat the last one; their results are dropped
-                    let at = (first + (t0 + i).min(t1 - 1)) * stride;
-                    let row = &w[at..at + nb * bb];
-                    for (b, blk) in row.chunks_exact(bb).enumerate() {
-                        let (a, s) = (&mut wa[b * PANEL + i], &mut ws[b * PANEL + i]);
-                        dw[b * PANEL + i] = decode_simd(type_id, blk.as_ptr(), a, s);
-                    }
-                }
+                call.decode_panel(w, stride, first, t0..t1, |b, i, blk| {
+                    let (a, s) = (&mut wa[b * PANEL + i], &mut ws[b * PANEL + i]);
+                    dw[b * PANEL + i] = decode_simd(type_id, blk, a, s);
+                });
                 accs.fill(zero);
                 for kb in (0..nb).step_by(kc) {
                     let kn = kc.min(nb - kb);
@@ -334,8 +395,8 @@ mod vnni {
     use std::arch::x86_64::*;
 
     use super::RowsJob;
-    use super::{block_bytes, offset, packed_bytes, Block, KC_BLOCKS, KC_FROM, PANEL};
     use super::{f16, XBLOCK_BYTES};
+    use super::{Block, Call, KC_BLOCKS, KC_FROM, PANEL};
     use crate::kernels::dot::avx2::common::{bytes_from_bits, nibbles32};
     use crate::kernels::dot::lanes::hsum8;
 
@@ -368,23 +429,10 @@ mod vnni {
     /// Weight rows `first..first + out.len() / n` against every activation row.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     pub unsafe fn rows(type_id: u32, job: RowsJob<'_>) {
-        let (w, stride, first, k, act, out, _) = job.into_parts();
-        let n = act.rows;
-        let nb = k / 32;
-        let bb = block_bytes(type_id).expect("served type");
-        if n == 0 || nb == 0 {
+        let Some((call, w, stride, first, out)) = Call::new(type_id, job, true) else {
             return;
-        }
-        let blocks = n * nb;
-        assert!(
-            act.row_bytes == nb * 34
-                && act.data.len() >= packed_bytes(blocks, offset(type_id, true))
-        );
-        let rows_total = out.len() / n;
-        // the packed activations (see `pack`): values, scales, negated offset sums
-        let xq = act.data.as_ptr() as *const Block; // read with unaligned loads only
-        let dy = act.data.as_ptr().add(blocks * 32) as *const f32; // read unaligned
-        let ysum = act.data.as_ptr().add(blocks * 36) as *const Block;
+        };
+        let (n, nb, rows_total, xq, dy, ysum) = call.parts();
         // the decoded panel: unsigned operands [block][PANEL], and each row pair's scales
         // spread over the halves of a register, [block][pair][16]
         let mut wa = vec![Block([0; 32]); PANEL * nb];
@@ -398,16 +446,10 @@ mod vnni {
             let r1 = n.min(r0 + xblock);
             for t0 in (0..rows_total).step_by(PANEL) {
                 let t1 = rows_total.min(t0 + PANEL);
-                for i in 0..PANEL {
-                    // rows past the end repeat the last one; their results are dropped
-                    let at = (first + (t0 + i).min(t1 - 1)) * stride;
-                    let row = &w[at..at + nb * bb];
-                    for (b, blk) in row.chunks_exact(bb).enumerate() {
-                        let d = decode(type_id, blk.as_ptr(), &mut wa[b * PANEL + i]);
-                        let half = &mut dw[b * PANEL_PAIRS + i / 2][(i % 2) * 8..(i % 2) * 8 + 8];
-                        half.fill(d);
-                    }
-                }
+                call.decode_panel(w, stride, first, t0..t1, |b, i, blk| {
+                    let d = decode(type_id, blk, &mut wa[b * PANEL + i]);
+                    dw[b * PANEL_PAIRS + i / 2][(i % 2) * 8..(i % 2) * 8 + 8].fill(d);
+                });
                 accs.fill(zero);
                 for kb in (0..nb).step_by(kc) {
                     let kn = kc.min(nb - kb);

@@ -124,8 +124,9 @@ fn one_call_gives_each_experts_own_product() {
     }
 }
 
-#[test]
-fn an_id_out_of_range_writes_nothing() {
+/// Three q8_0 experts of 32 × 64, two tokens of one row each routed to two slots: the case,
+/// its weights and activations.
+fn small_q8_0_case() -> (Case, Vec<u8>, Vec<f32>) {
     let case = Case {
         type_id: 8,
         m: 32,
@@ -137,6 +138,12 @@ fn an_id_out_of_range_writes_nothing() {
     };
     let w = weights(8, case.m * case.n_exp, case.k, 1);
     let x = noise(2, 2 * case.k);
+    (case, w, x)
+}
+
+#[test]
+fn an_id_out_of_range_writes_nothing() {
+    let (case, w, x) = small_q8_0_case();
     let mut out = vec![1.5f32; 2 * 2 * case.m];
     for bad in [3, -1, i32::MAX] {
         let ids = [0, 1, 2, bad];
@@ -148,17 +155,7 @@ fn an_id_out_of_range_writes_nothing() {
 
 #[test]
 fn check_rejects_mismatched_shapes() {
-    let case = Case {
-        type_id: 8,
-        m: 32,
-        k: 64,
-        n_exp: 3,
-        slots: 2,
-        per_token: 1,
-        tokens: 2,
-    };
-    let w = weights(8, case.m * case.n_exp, case.k, 1);
-    let x = noise(2, 2 * case.k);
+    let (case, w, x) = small_q8_0_case();
     let ids = [0, 1, 2, 0];
     let mut out = vec![0.0f32; 2 * 2 * case.m];
     let step = case.step(&w, &x, &ids, &mut out);
