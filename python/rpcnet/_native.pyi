@@ -167,38 +167,24 @@ def nelements(ne: tuple[int, ...] | list[int]) -> int:
 class RpcTensor:
     """One 296-byte rpc_tensor. Immutable, hashable, compared by value (all 296 bytes)."""
 
-    @property
-    def id(self) -> int: ...
-    @property
-    def type(self) -> int: ...
-    @property
-    def buffer(self) -> int: ...
-    @property
-    def ne(self) -> tuple[int, int, int, int]: ...
-    @property
-    def nb(self) -> tuple[int, int, int, int]: ...
-    @property
-    def op(self) -> int: ...
-    @property
-    def op_params(self) -> bytes:
-        """The 64 raw bytes."""
-    @property
-    def flags(self) -> int:
-        """i32."""
-    @property
-    def src(self) -> tuple[int, int, int, int, int, int, int, int, int, int]: ...
-    @property
-    def view_src(self) -> int: ...
-    @property
-    def view_offs(self) -> int: ...
-    @property
-    def data(self) -> int: ...
-    @property
-    def name(self) -> str:
-        """Bytes up to the first NUL, decoded as UTF-8 with replacement."""
-    @property
-    def use_count(self) -> int:
-        """i32."""
+    id: Final[int]
+    type: Final[int]
+    buffer: Final[int]
+    ne: Final[tuple[int, int, int, int]]
+    nb: Final[tuple[int, int, int, int]]
+    op: Final[int]
+    op_params: Final[bytes]
+    """The 64 raw bytes."""
+    flags: Final[int]
+    """i32."""
+    src: Final[tuple[int, int, int, int, int, int, int, int, int, int]]
+    view_src: Final[int]
+    view_offs: Final[int]
+    data: Final[int]
+    name: Final[str]
+    """Bytes up to the first NUL, decoded as UTF-8 with replacement."""
+    use_count: Final[int]
+    """i32."""
     def __new__(
         cls,
         *,
@@ -247,16 +233,12 @@ def decode_tensors(data: Buffer, offset: int, count: int) -> list[RpcTensor]:
 class Graph:
     """A decoded GRAPH_COMPUTE payload (lists are built once; treat them as read-only)."""
 
-    @property
-    def device(self) -> int: ...
-    @property
-    def uid(self) -> int:
-        """0 for v7."""
-    @property
-    def nodes(self) -> list[int]:
-        """Node tensor ids in execution order."""
-    @property
-    def tensors(self) -> list[RpcTensor]: ...
+    device: Final[int]
+    uid: Final[int]
+    """0 for v7."""
+    nodes: Final[list[int]]
+    """Node tensor ids in execution order."""
+    tensors: Final[list[RpcTensor]]
     def walk(
         self, regions: dict[int, tuple[int, int]], check_empty: bool
     ) -> list[tuple[int, tuple[int | None, ...]]]:
@@ -506,20 +488,14 @@ class RdmaGid:
     ) -> RdmaGid:
         """gid: 16 bytes, sysfs text or IPv6 text; kind also accepts "IB/RoCE v1" (ValueError
         for anything else)."""
-    @property
-    def index(self) -> int: ...
-    @property
-    def gid(self) -> bytes: ...
-    @property
-    def gid_text(self) -> str:
-        """sysfs spelling: eight groups of four hex digits."""
-    @property
-    def address(self) -> str:
-        """The address the GID carries ("10.0.0.1" for ::ffff:10.0.0.1, IPv6 text otherwise)."""
-    @property
-    def kind(self) -> str: ...
-    @property
-    def ndev(self) -> str | None: ...
+    index: Final[int]
+    gid: Final[bytes]
+    gid_text: Final[str]
+    """sysfs spelling: eight groups of four hex digits."""
+    address: Final[str]
+    """The address the GID carries ("10.0.0.1" for ::ffff:10.0.0.1, IPv6 text otherwise)."""
+    kind: Final[str]
+    ndev: Final[str | None]
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
@@ -534,62 +510,42 @@ class RdmaPort:
         state: str | None = None,
         link_layer: str | None = None,
     ) -> RdmaPort: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    @property
-    def state(self) -> str | None:
-        """sysfs text, e.g. "4: ACTIVE"."""
-    @property
-    def active(self) -> bool | None:
-        """False only when the state is known and is not ACTIVE (such ports are skipped)."""
-    @property
-    def link_layer(self) -> str | None:
-        """Link layer: "Ethernet" (RoCE) or "InfiniBand"."""
-    @property
-    def gids(self) -> list[RdmaGid]: ...
+    device: Final[str]
+    port: Final[int]
+    state: Final[str | None]
+    """sysfs text, e.g. "4: ACTIVE"."""
+    active: Final[bool | None]
+    """False only when the state is known and is not ACTIVE (such ports are skipped)."""
+    link_layer: Final[str | None]
+    """Link layer: "Ethernet" (RoCE) or "InfiniBand"."""
+    gids: Final[list[RdmaGid]]
 
 @final
 class RdmaEnv:
     """The RDMA environment variables found (RPCNET_* before GGML_* names)."""
 
-    @property
-    def disabled_by(self) -> str | None:
-        """GGML_RPC_NO_RDMA / RPCNET_NO_RDMA when set (any value)."""
-    @property
-    def device(self) -> str | None: ...
-    @property
-    def device_var(self) -> str | None: ...
-    @property
-    def gid_index(self) -> int | None: ...
-    @property
-    def gid_var(self) -> str | None: ...
+    disabled_by: Final[str | None]
+    """GGML_RPC_NO_RDMA / RPCNET_NO_RDMA when set (any value)."""
+    device: Final[str | None]
+    device_var: Final[str | None]
+    gid_index: Final[int | None]
+    gid_var: Final[str | None]
 
 @final
 class RdmaSelection:
     """The device, port and GID index a connection would use."""
 
-    @property
-    def device(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    @property
-    def gid_index(self) -> int: ...
-    @property
-    def gid(self) -> bytes: ...
-    @property
-    def gid_text(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def ndev(self) -> str | None: ...
-    @property
-    def target(self) -> bytes:
-        """The local address the selection was made for, in GID form."""
-    @property
-    def how(self) -> str:
-        """How it was chosen, e.g. "GID matching local address 10.0.0.1 (RoCE v2)"."""
+    device: Final[str]
+    port: Final[int]
+    gid_index: Final[int]
+    gid: Final[bytes]
+    gid_text: Final[str]
+    kind: Final[str]
+    ndev: Final[str | None]
+    target: Final[bytes]
+    """The local address the selection was made for, in GID form."""
+    how: Final[str]
+    """How it was chosen, e.g. "GID matching local address 10.0.0.1 (RoCE v2)"."""
 
 def rdma_scan(root: str | None = None) -> list[RdmaPort]:
     """Every device port and its non-empty GIDs under root (default RDMA_SYSFS_ROOT), devices in

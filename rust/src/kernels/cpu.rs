@@ -57,17 +57,25 @@ fn avx512_vnni_available() -> bool {
     detected().avx512_vnni
 }
 
+/// Whether this CPU has every listed x86 feature (never on other architectures).
+macro_rules! has_features {
+    ($($feature:tt),+) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            $(std::arch::is_x86_feature_detected!($feature))&&+
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }};
+}
+
+#[cfg(test)] // the exp kernels' tests skip themselves on CPUs without the features
+pub(crate) use has_features;
+
 fn detect_avx512_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    has_features!("avx512f", "avx512bw", "avx512vnni")
 }
 
 /// Whether calls take the SIMD build on this CPU right now.
@@ -80,16 +88,7 @@ fn simd_available() -> bool {
 }
 
 fn detect_simd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    has_features!("avx2", "fma", "f16c")
 }
 
 static PORTABLE_ONLY: AtomicBool = AtomicBool::new(false);

@@ -147,7 +147,7 @@ mod tests {
     use super::*;
 
     fn have() -> bool {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        crate::kernels::cpu::has_features!("avx2", "fma")
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -82,14 +82,7 @@ mod tests {
 
     /// glibc runs another build of expf on a CPU without FMA; nothing here to compare there.
     fn fma_host() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("fma")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
+        crate::kernels::cpu::has_features!("fma")
     }
 
     /// Every 61st f32 bit pattern (70 M inputs: every exponent, both signs, NaNs and
