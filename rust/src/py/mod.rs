@@ -4,6 +4,7 @@
 mod buffer;
 mod exceptions;
 mod functions;
+mod getters;
 mod graph;
 mod hash;
 mod kernels;

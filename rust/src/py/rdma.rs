@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use super::exceptions::NativeError;
+use super::getters::pymethods_with_fields;
 use crate::rdma::{self, Caps, GidEntry, GidKind, PortInfo, RdmaEnv, Selection};
 
 create_exception!(
@@ -61,12 +62,11 @@ fn addr_arg(text: &str) -> PyResult<std::net::IpAddr> {
     rdma::parse_addr(text).map_err(|e| PyValueError::new_err(e.reason))
 }
 
-/// The `#[pymethods]` of a class whose `inner` holds a GID with its kind and net device: the
-/// class's own methods, then the getters of those three.
+/// [`pymethods_with_fields`] of a class whose `inner` also holds a GID with its kind and net
+/// device: the getters of those three too.
 macro_rules! gid_pymethods {
-    ($class:ty { $($own:tt)* }) => {
-        #[pymethods]
-        impl $class {
+    ($class:ty, [$($fields:tt)*] { $($own:tt)* }) => {
+        pymethods_with_fields!($class, [$($fields)*, ndev: Option<String>] {
             $($own)*
 
             #[getter]
@@ -85,12 +85,7 @@ macro_rules! gid_pymethods {
             fn kind(&self) -> &'static str {
                 self.inner.kind.label()
             }
-
-            #[getter]
-            fn ndev(&self) -> Option<String> {
-                self.inner.ndev.clone()
-            }
-        }
+        });
     };
 }
 
@@ -109,7 +104,7 @@ pub struct PyRdmaGid {
     inner: GidEntry,
 }
 
-gid_pymethods!(PyRdmaGid {
+gid_pymethods!(PyRdmaGid, [index: u32] {
     #[new]
     #[pyo3(signature = (index, gid, kind="unknown", ndev=None))]
     fn new(index: u32, gid: &Bound<'_, PyAny>, kind: &str, ndev: Option<String>) -> PyResult<Self> {
@@ -123,11 +118,6 @@ gid_pymethods!(PyRdmaGid {
                 ndev: ndev.filter(|s| !s.is_empty()),
             },
         })
-    }
-
-    #[getter]
-    fn index(&self) -> u32 {
-        self.inner.index
     }
 
     /// The address the GID carries ("10.0.0.1", "fe80::1").
@@ -154,8 +144,15 @@ pub struct PyRdmaPort {
     inner: PortInfo,
 }
 
-#[pymethods]
-impl PyRdmaPort {
+pymethods_with_fields!(
+    PyRdmaPort,
+    [
+        device: String,
+        port: u32,
+        /// sysfs text such as "4: ACTIVE", None when unknown.
+        state: Option<String>,
+        link_layer: Option<String>,
+    ] {
     #[new]
     #[pyo3(signature = (device, port, gids=Vec::new(), state=None, link_layer=None))]
     fn new(
@@ -176,31 +173,10 @@ impl PyRdmaPort {
         }
     }
 
-    #[getter]
-    fn device(&self) -> String {
-        self.inner.device.clone()
-    }
-
-    #[getter]
-    fn port(&self) -> u32 {
-        self.inner.port
-    }
-
-    /// sysfs text such as "4: ACTIVE", None when unknown.
-    #[getter]
-    fn state(&self) -> Option<String> {
-        self.inner.state.clone()
-    }
-
     /// False only when the state is known and is not ACTIVE.
     #[getter]
     fn active(&self) -> Option<bool> {
         self.inner.is_active()
-    }
-
-    #[getter]
-    fn link_layer(&self) -> Option<String> {
-        self.inner.link_layer.clone()
     }
 
     #[getter]
@@ -221,7 +197,7 @@ impl PyRdmaPort {
             opt_repr(&self.inner.state)
         )
     }
-}
+});
 
 /// The RDMA environment variables that were found, parsed.
 #[pyclass(module = "rpcnet._native", name = "RdmaEnv", frozen, from_py_object)]
@@ -230,14 +206,12 @@ pub struct PyRdmaEnv {
     inner: RdmaEnv,
 }
 
-#[pymethods]
-impl PyRdmaEnv {
-    /// Name of the variable that disables RDMA, if one is set.
-    #[getter]
-    fn disabled_by(&self) -> Option<String> {
-        self.inner.disabled_by.clone()
-    }
-
+pymethods_with_fields!(
+    PyRdmaEnv,
+    [
+        /// Name of the variable that disables RDMA, if one is set.
+        disabled_by: Option<String>,
+    ] {
     #[getter]
     fn device(&self) -> Option<String> {
         self.inner.device.as_ref().map(|(_, v)| v.clone())
@@ -275,7 +249,7 @@ impl PyRdmaEnv {
             pair(&gid)
         )
     }
-}
+});
 
 /// The device, port and GID index a connection would use.
 #[pyclass(module = "rpcnet._native", name = "RdmaSelection", frozen)]
@@ -284,32 +258,17 @@ pub struct PyRdmaSelection {
     inner: Selection,
 }
 
-gid_pymethods!(PyRdmaSelection {
-    #[getter]
-    fn device(&self) -> String {
-        self.inner.device.clone()
-    }
-
-    #[getter]
-    fn port(&self) -> u32 {
-        self.inner.port
-    }
-
-    #[getter]
-    fn gid_index(&self) -> u32 {
-        self.inner.gid_index
-    }
-
+gid_pymethods!(PyRdmaSelection, [
+    device: String,
+    port: u32,
+    gid_index: u32,
+    /// How it was chosen, for logs.
+    how: String
+] {
     /// The local address the selection was made for, in GID form.
     #[getter]
     fn target<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.inner.target)
-    }
-
-    /// How it was chosen, for logs.
-    #[getter]
-    fn how(&self) -> String {
-        self.inner.how.clone()
     }
 
     fn __repr__(&self) -> String {

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use super::buffer::ByteView;
+use super::getters::pymethods_with_fields;
 use crate::errors::TensorError;
 use crate::tensor::{RpcTensor, GGML_MAX_NAME, GGML_MAX_OP_PARAMS};
 use crate::types;
@@ -46,8 +47,18 @@ fn pad_into<T: Copy>(dst: &mut [T], src: &[T], field: &str) -> PyResult<()> {
     Ok(())
 }
 
-#[pymethods]
-impl PyRpcTensor {
+pymethods_with_fields!(
+    PyRpcTensor,
+    [
+        id: u64,
+        buffer: u64,
+        op: u32,
+        flags: i32,
+        view_src: u64,
+        view_offs: u64,
+        data: u64,
+        use_count: i32,
+    ] {
     #[new]
     #[pyo3(signature = (
         *, id=0, r#type=0, buffer=0, ne=[1, 1, 1, 1], nb=None, op=0, op_params=None, flags=0,
@@ -108,19 +119,9 @@ impl PyRpcTensor {
         Ok(t.into())
     }
 
-    #[getter]
-    fn id(&self) -> u64 {
-        self.inner.id
-    }
-
     #[getter(r#type)]
     fn type_id(&self) -> u32 {
         self.inner.type_id
-    }
-
-    #[getter]
-    fn buffer(&self) -> u64 {
-        self.inner.buffer
     }
 
     #[getter]
@@ -134,18 +135,8 @@ impl PyRpcTensor {
     }
 
     #[getter]
-    fn op(&self) -> u32 {
-        self.inner.op
-    }
-
-    #[getter]
     fn op_params<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.inner.op_params)
-    }
-
-    #[getter]
-    fn flags(&self) -> i32 {
-        self.inner.flags
     }
 
     #[getter]
@@ -154,28 +145,8 @@ impl PyRpcTensor {
     }
 
     #[getter]
-    fn view_src(&self) -> u64 {
-        self.inner.view_src
-    }
-
-    #[getter]
-    fn view_offs(&self) -> u64 {
-        self.inner.view_offs
-    }
-
-    #[getter]
-    fn data(&self) -> u64 {
-        self.inner.data
-    }
-
-    #[getter]
     fn name(&self) -> String {
         String::from_utf8_lossy(self.inner.name_bytes()).into_owned()
-    }
-
-    #[getter]
-    fn use_count(&self) -> i32 {
-        self.inner.use_count
     }
 
     fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -220,7 +191,7 @@ impl PyRpcTensor {
             String::from_utf8_lossy(t.name_bytes()).escape_default(),
         )
     }
-}
+});
 
 impl PyRpcTensor {
     fn op_param_bits(&self, i: usize) -> PyResult<u32> {
