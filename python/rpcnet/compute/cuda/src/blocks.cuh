@@ -156,94 +156,39 @@ template <> struct Blk<RPC_BF16> {
     static RPC_HD float value(const uint8_t* b, int) { return rpc_bf16_to_float(rpc_ld_u16a(b)); }
 };
 
-// Q4_0: half d, 16 bytes of nibbles; element j<16 is the low nibble of byte j, j>=16 the high
-// nibble of byte j-16; value d*(q-8).
-template <> struct Blk<RPC_Q4_0> {
-    static const int QK = 32, BYTES = 18;
+// Q4_0, Q4_1, Q5_0 and Q5_1 (the 32-element blocks with nibbles): half d, then half m when M
+// (Q4_1, Q5_1), then when HI (Q5_0, Q5_1) 32 high bits (bit j belongs to element j), then 16
+// bytes of nibbles: element j<16 is the low nibble of byte j, j>=16 the high nibble of byte
+// j-16. Value d*(q-8) (Q4_0), d*(q-16) (Q5_0), or d*q + m (Q4_1, Q5_1).
+template <bool M, bool HI> struct RpcBlkNibbles {
+    static const int QK = 32, HEAD = M ? 4 : 2, QS = HEAD + (HI ? 4 : 0), BYTES = QS + 16;
+    static const int BIAS = HI ? 16 : 8;
     static RPC_HD int q(const uint8_t* b, int i) {
-        const uint8_t v = b[2 + (i & 15)];
-        return i < 16 ? (v & 0xF) : (v >> 4);
-    }
-    static RPC_HD float value(const uint8_t* b, int i) { return rpc_ld_half(b) * (q(b, i) - 8); }
-    static RPC_HD RpcSub sub(const uint8_t* b, int) {
-        RpcSub s;
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t v = rpc_ld_u32a<2>(b + 2 + 4 * k);
-            s.w[k] = (int)(v & 0x0F0F0F0Fu);
-            s.w[k + 4] = (int)((v >> 4) & 0x0F0F0F0Fu);
-        }
-        const float d = rpc_ld_half(b);
-        rpc_sub_uniform(&s, d, -8.0f * d);
-        return s;
-    }
-};
-
-// Q4_1: half d, half m, nibbles as Q4_0; value d*q + m.
-template <> struct Blk<RPC_Q4_1> {
-    static const int QK = 32, BYTES = 20;
-    static RPC_HD float value(const uint8_t* b, int i) {
-        const uint8_t v = b[4 + (i & 15)];
-        const int q = i < 16 ? (v & 0xF) : (v >> 4);
-        return rpc_ld_half(b) * q + rpc_ld_half(b + 2);
-    }
-    static RPC_HD RpcSub sub(const uint8_t* b, int) {
-        RpcSub s;
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t v = rpc_ld_u32a<4>(b + 4 + 4 * k);
-            s.w[k] = (int)(v & 0x0F0F0F0Fu);
-            s.w[k + 4] = (int)((v >> 4) & 0x0F0F0F0Fu);
-        }
-        rpc_sub_uniform(&s, rpc_ld_half(b), rpc_ld_half(b + 2));
-        return s;
-    }
-};
-
-// Q5_0: half d, 32 high bits (bit j belongs to element j), nibbles as Q4_0; value d*(q-16).
-template <> struct Blk<RPC_Q5_0> {
-    static const int QK = 32, BYTES = 22;
-    static RPC_HD int q(const uint8_t* b, int i) {
-        const uint8_t v = b[6 + (i & 15)];
+        const uint8_t v = b[QS + (i & 15)];
         const int lo = i < 16 ? (v & 0xF) : (v >> 4);
-        return lo | (((rpc_ld_u32(b + 2) >> i) & 1) << 4);
-    }
-    static RPC_HD float value(const uint8_t* b, int i) { return rpc_ld_half(b) * (q(b, i) - 16); }
-    static RPC_HD RpcSub sub(const uint8_t* b, int) {
-        RpcSub s;
-        const uint32_t qh = rpc_ld_u32a<2>(b + 2);
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t v = rpc_ld_u32a<2>(b + 6 + 4 * k);
-            s.w[k] = (int)((v & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (4 * k)));
-            s.w[k + 4] = (int)(((v >> 4) & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (16 + 4 * k)));
-        }
-        const float d = rpc_ld_half(b);
-        rpc_sub_uniform(&s, d, -16.0f * d);
-        return s;
-    }
-};
-
-// Q5_1: half d, half m, high bits and nibbles as Q5_0; value d*q + m.
-template <> struct Blk<RPC_Q5_1> {
-    static const int QK = 32, BYTES = 24;
-    static RPC_HD int q(const uint8_t* b, int i) {
-        const uint8_t v = b[8 + (i & 15)];
-        const int lo = i < 16 ? (v & 0xF) : (v >> 4);
-        return lo | (((rpc_ld_u32(b + 4) >> i) & 1) << 4);
+        return HI ? lo | (((rpc_ld_u32(b + HEAD) >> i) & 1) << 4) : lo;
     }
     static RPC_HD float value(const uint8_t* b, int i) {
-        return rpc_ld_half(b) * q(b, i) + rpc_ld_half(b + 2);
+        return M ? rpc_ld_half(b) * q(b, i) + rpc_ld_half(b + 2) : rpc_ld_half(b) * (q(b, i) - BIAS);
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
-        const uint32_t qh = rpc_ld_u32a<4>(b + 4);
+        const uint32_t qh = HI ? rpc_ld_u32a<HEAD>(b + HEAD) : 0u;
         for (int k = 0; k < 4; ++k) {
-            const uint32_t v = rpc_ld_u32a<4>(b + 8 + 4 * k);
-            s.w[k] = (int)((v & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (4 * k)));
-            s.w[k + 4] = (int)(((v >> 4) & 0x0F0F0F0Fu) | rpc_spread4_bit4(qh >> (16 + 4 * k)));
+            const uint32_t v = rpc_ld_u32a<HEAD>(b + QS + 4 * k);
+            s.w[k] = (int)((v & 0x0F0F0F0Fu) | (HI ? rpc_spread4_bit4(qh >> (4 * k)) : 0u));
+            s.w[k + 4] =
+                (int)(((v >> 4) & 0x0F0F0F0Fu) | (HI ? rpc_spread4_bit4(qh >> (16 + 4 * k)) : 0u));
         }
-        rpc_sub_uniform(&s, rpc_ld_half(b), rpc_ld_half(b + 2));
+        const float d = rpc_ld_half(b);
+        rpc_sub_uniform(&s, d, M ? rpc_ld_half(b + 2) : -(float)BIAS * d);
         return s;
     }
 };
+template <> struct Blk<RPC_Q4_0> : RpcBlkNibbles<false, false> {};
+template <> struct Blk<RPC_Q4_1> : RpcBlkNibbles<true, false> {};
+template <> struct Blk<RPC_Q5_0> : RpcBlkNibbles<false, true> {};
+template <> struct Blk<RPC_Q5_1> : RpcBlkNibbles<true, true> {};
 
 // Q8_0: half d, 32 int8; value d*q.
 template <> struct Blk<RPC_Q8_0> {
@@ -296,24 +241,31 @@ template <> struct Blk<RPC_MXFP4> {
     }
 };
 
+// The 2-bit low parts of Q2_K and Q3_K (qs[64]): element e is bits 2j, 2j+1 of byte l of the
+// 32-byte chunk n (n = e/128, j = (e%128)/32, l = e%32); group of 32 s is chunk s/4, pair s%4.
+RPC_HD int rpc_q2_bits(const uint8_t* qs, int e) {
+    const int n = e >> 7, j = (e & 127) >> 5, l = e & 31;
+    return (qs[32 * n + l] >> (2 * j)) & 3;
+}
+// Word k (elements 4k..4k+3) of group s, one 2-bit value a byte; qs A-byte aligned.
+template <int A> RPC_HD uint32_t rpc_q2_bits4(const uint8_t* qs, int s, int k) {
+    return (rpc_ld_u32a<A>(qs + 32 * (s >> 2) + 4 * k) >> (2 * (s & 3))) & 0x03030303u;
+}
+
 // Q2_K (84 bytes): scales[16] (low nibble scale, high nibble min), qs[64] 2-bit, half d, dmin.
 // Element e: 128-chunk n=e/128, within it shift pair j=(e%128)/32, byte l=e%32 of qs+32n;
 // group of 16 is e/16; value d*sc*q - dmin*min.
 template <> struct Blk<RPC_Q2_K> {
     static const int QK = RPC_QK_K, BYTES = 84;
     static RPC_HD float value(const uint8_t* b, int e) {
-        const int n = e >> 7, j = (e & 127) >> 5, l = e & 31;
-        const int q = (b[16 + 32 * n + l] >> (2 * j)) & 3;
+        const int q = rpc_q2_bits(b + 16, e);
         const uint8_t sc = b[e >> 4];
         const float d = rpc_ld_half(b + 80), dmin = rpc_ld_half(b + 82);
         return d * (sc & 0xF) * q - dmin * (sc >> 4);
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int s) {
         RpcSub r;
-        const int n = s >> 2, j = s & 3;
-        for (int k = 0; k < 8; ++k) {
-            r.w[k] = (int)((rpc_ld_u32a<4>(b + 16 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u);
-        }
+        for (int k = 0; k < 8; ++k) r.w[k] = (int)rpc_q2_bits4<4>(b + 16, s, k);
         const float d = rpc_ld_half(b + 80), dmin = rpc_ld_half(b + 82);
         for (int h = 0; h < 2; ++h) {
             const uint8_t sc = b[2 * s + h];
@@ -330,7 +282,7 @@ template <> struct Blk<RPC_Q3_K> {
     static const int QK = RPC_QK_K, BYTES = 110;
     static RPC_HD float value(const uint8_t* b, int e) {
         const int n = e >> 7, j = (e & 127) >> 5, l = e & 31;
-        const int lo = (b[32 + 32 * n + l] >> (2 * j)) & 3;
+        const int lo = rpc_q2_bits(b + 32, e);
         const int hi = (b[l] >> (4 * n + j)) & 1;
         return rpc_ld_half(b + 108) * rpc_scale_q3k(e >> 4, b + 96) * (lo - (hi ? 0 : 4));
     }
@@ -338,7 +290,7 @@ template <> struct Blk<RPC_Q3_K> {
         RpcSub r;
         const int n = s >> 2, j = s & 3;
         for (int k = 0; k < 8; ++k) {
-            const uint32_t lo = (rpc_ld_u32a<2>(b + 32 + 32 * n + 4 * k) >> (2 * j)) & 0x03030303u;
+            const uint32_t lo = rpc_q2_bits4<2>(b + 32, s, k);
             const uint32_t hi = (rpc_ld_u32a<2>(b + 4 * k) >> (4 * n + j)) & 0x01010101u;
             r.w[k] = (int)(lo | (hi << 2));  // q + 4 in 0..7; the -4 goes into m
         }
@@ -351,49 +303,27 @@ template <> struct Blk<RPC_Q3_K> {
     }
 };
 
-// Q4_K (144 bytes): half d, dmin, scales[12] (8 six-bit scale/min pairs), qs[128]. Group of 32
-// s: 64-chunk c=s/2 of qs+32c, low nibbles for even s, high for odd; value d*sc*q - dmin*min.
-template <> struct Blk<RPC_Q4_K> {
-    static const int QK = RPC_QK_K, BYTES = 144;
+// Q4_K (144 bytes) and, HI, Q5_K (176 bytes): half d, dmin, scales[12] (8 six-bit scale/min
+// pairs), for Q5_K qh[32] (the fifth bit of element e=32s+l is bit s of qh[l]), then qs[128] (at
+// byte 16, or 48). Group of 32 s: 64-chunk c=s/2 of qs+32c, low nibbles for even s, high for
+// odd; value d*sc*q - dmin*min.
+template <bool HI> struct RpcBlkK45 {
+    static const int QK = RPC_QK_K, BYTES = HI ? 176 : 144, QS = HI ? 48 : 16;
     static RPC_HD float value(const uint8_t* b, int e) {
         const int s = e >> 5, l = e & 31;
         int sc, mn;
         rpc_scale_min_k4(s, b + 4, &sc, &mn);
-        const uint8_t v = b[16 + 32 * (s >> 1) + l];
-        const int q = (s & 1) ? (v >> 4) : (v & 0xF);
+        const uint8_t v = b[QS + 32 * (s >> 1) + l];
+        const int lo = (s & 1) ? (v >> 4) : (v & 0xF);
+        const int q = HI ? lo | (((b[16 + l] >> s) & 1) << 4) : lo;
         return rpc_ld_half(b) * sc * q - rpc_ld_half(b + 2) * mn;
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int s) {
         RpcSub r;
         const int shift = 4 * (s & 1);
         for (int k = 0; k < 8; ++k) {
-            r.w[k] = (int)((rpc_ld_u32a<4>(b + 16 + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu);
-        }
-        int sc, mn;
-        rpc_scale_min_k4(s, b + 4, &sc, &mn);
-        rpc_sub_uniform(&r, rpc_ld_half(b) * sc, -rpc_ld_half(b + 2) * mn);
-        return r;
-    }
-};
-
-// Q5_K (176 bytes): as Q4_K plus qh[32] after the scales; the fifth bit of element e=32s+l is
-// bit s of qh[l]; qs follows at byte 48.
-template <> struct Blk<RPC_Q5_K> {
-    static const int QK = RPC_QK_K, BYTES = 176;
-    static RPC_HD float value(const uint8_t* b, int e) {
-        const int s = e >> 5, l = e & 31;
-        int sc, mn;
-        rpc_scale_min_k4(s, b + 4, &sc, &mn);
-        const uint8_t v = b[48 + 32 * (s >> 1) + l];
-        const int q = ((s & 1) ? (v >> 4) : (v & 0xF)) | (((b[16 + l] >> s) & 1) << 4);
-        return rpc_ld_half(b) * sc * q - rpc_ld_half(b + 2) * mn;
-    }
-    static RPC_HD RpcSub sub(const uint8_t* b, int s) {
-        RpcSub r;
-        const int shift = 4 * (s & 1);
-        for (int k = 0; k < 8; ++k) {
-            const uint32_t lo = (rpc_ld_u32a<4>(b + 48 + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu;
-            const uint32_t hi = (rpc_ld_u32a<4>(b + 16 + 4 * k) >> s) & 0x01010101u;
+            const uint32_t lo = (rpc_ld_u32a<4>(b + QS + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu;
+            const uint32_t hi = HI ? (rpc_ld_u32a<4>(b + 16 + 4 * k) >> s) & 0x01010101u : 0u;
             r.w[k] = (int)(lo | (hi << 4));
         }
         int sc, mn;
@@ -402,6 +332,8 @@ template <> struct Blk<RPC_Q5_K> {
         return r;
     }
 };
+template <> struct Blk<RPC_Q4_K> : RpcBlkK45<false> {};
+template <> struct Blk<RPC_Q5_K> : RpcBlkK45<true> {};
 
 // Q6_K (210 bytes): ql[128] low nibbles, qh[64] two high bits, int8 scales[16], half d.
 // Element e: 128-chunk n, quarter j=(e%128)/32, l=e%32: low nibble from ql[64n + l + 32*(j&1)]
