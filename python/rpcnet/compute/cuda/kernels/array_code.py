@@ -15,11 +15,6 @@ from rpcnet.compute.tensor import Tensor
 # (NORM, SUM_ROWS, ARGSORT, the 3-D GET_ROWS) are registered uncapturable.
 
 
-def _f32_unary_ok(node: Tensor) -> bool:
-    s = common._srcs(node, 1)
-    return s is not None and s[0].type == common.F32 and node.type == common.F32
-
-
 # NORM: the mean and variance are CuPy temporaries
 @common.uncapturable(Op.NORM, "f32 (xp)", lambda n: common._f32_source(n) is not None)
 def cuda_norm(node: Tensor) -> Step:
@@ -39,7 +34,12 @@ def cuda_norm(node: Tensor) -> Step:
 
 def _sum_rows_ok(node: Tensor) -> bool:
     s = common._srcs(node, 1)
-    return _f32_unary_ok(node) and s is not None and node.ne == (1, *s[0].ne[1:])
+    return (
+        s is not None
+        and s[0].type == common.F32
+        and node.type == common.F32
+        and node.ne == (1, *s[0].ne[1:])
+    )
 
 
 @common.uncapturable(Op.SUM_ROWS, "f32 (xp)", _sum_rows_ok)  # a reduction
