@@ -13,6 +13,92 @@ pub fn noise(seed: u64, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `v` as the weights of float type `type_id`: f16 (1), bf16 (30, truncated) or f32.
+pub fn float_weights(type_id: u32, v: &[f32]) -> Vec<u8> {
+    match type_id {
+        1 => v
+            .iter()
+            .flat_map(|x| crate::kernels::blocks::half::f32_to_fp16(*x).to_le_bytes())
+            .collect(),
+        30 => v
+            .iter()
+            .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// The `(m, k, n)` shapes the float matmul tests run: ragged ones; K a multiple of 8 (f16
+/// rows read in place, the next tile prefetched); for the AVX-512 tiles K in three slices and
+/// activation rows in one chunk of more than XF_BYTES, then in two chunks.
+const FLOAT_SHAPES: [(usize, usize, usize); 10] = [
+    (4, 8, 2),
+    (12, 37, 5),
+    (40, 300, 33),
+    (8, 1, 3),
+    (6, 20, 3),
+    (40, 256, 33),
+    (50, 64, 7),
+    (36, 1100, 40),
+    (16, 4100, 70),
+    (16, 4100, 100),
+];
+
+/// [`float_case`] of every float type and [`FLOAT_SHAPES`] shape, with the type and shape.
+#[allow(clippy::type_complexity)]
+pub fn float_cases() -> impl Iterator<
+    Item = (
+        u32,
+        (usize, usize, usize),
+        Vec<u8>,
+        Vec<f32>,
+        crate::kernels::operand::Converted,
+        Vec<f32>,
+    ),
+> {
+    [0u32, 1, 30].into_iter().flat_map(|t| {
+        FLOAT_SHAPES.into_iter().map(move |(m, k, n)| {
+            let (w, x, act, want) = float_case(t, m, k, n);
+            (t, (m, k, n), w, x, act, want)
+        })
+    })
+}
+
+/// A float matmul case (type 0, 1 or 30): `m × k` weights and `n × k` activations from noise,
+/// the activations converted for the type, and every output `[r][i]` as the one-pair
+/// tinyBLAS-order dot computes it.
+pub fn float_case(
+    type_id: u32,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> (
+    Vec<u8>,
+    Vec<f32>,
+    crate::kernels::operand::Converted,
+    Vec<f32>,
+) {
+    use crate::kernels::dot::by_type::{BF16, F16, F32};
+    use crate::kernels::dot::row_dot::RowDot;
+    let w = float_weights(type_id, &noise(3 + type_id as u64, m * k));
+    let x = noise(9, n * k);
+    let fmt = crate::kernels::formats::type_info(type_id).unwrap().act;
+    let act = crate::kernels::operand::Converted::new(fmt, &x, k);
+    let row = k * fmt.block_bytes();
+    let want = (0..n * m)
+        .map(|o| {
+            let (r, i) = (o / m, o % m);
+            let (wr, xr) = (&w[i * row..(i + 1) * row], act.row(r));
+            match type_id {
+                1 => F16::dot_gemm(wr, xr, k),
+                30 => BF16::dot_gemm(wr, xr, k),
+                _ => F32::dot_gemm(wr, xr, k),
+            }
+        })
+        .collect();
+    (w, x, act, want)
+}
+
 /// Random bytes for a weight type whose f16 scales are small finite numbers.
 pub fn weights(type_id: u32, m: usize, k: usize, seed: u64) -> Vec<u8> {
     let info = crate::kernels::formats::type_info(type_id).unwrap();

@@ -42,21 +42,17 @@ pub fn mul_mat_id_step(
     };
     mm.check(o.ne)
         .map_err(|e| PyValueError::new_err(format!("mul_mat_id: {}", e.reason)))?;
-    Ok(NativeStep {
-        kernel: Kernel::MulMatId(Box::new(mm)),
-        threads: threads.max(1),
-        _keep: ops.keep,
-    })
+    Ok(NativeStep::new(
+        Kernel::MulMatId(Box::new(mm)),
+        threads,
+        ops,
+    ))
 }
 
 fn routing_step(op: Routing, threads: usize, ops: Operands, what: &str) -> PyResult<NativeStep> {
     op.check()
         .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-    Ok(NativeStep {
-        kernel: Kernel::Routing(Box::new(op)),
-        threads: threads.max(1),
-        _keep: ops.keep,
-    })
+    Ok(NativeStep::new(Kernel::Routing(Box::new(op)), threads, ops))
 }
 
 /// ARGSORT of f32 rows into i32 indices of the same shape (stable; NaNs last).
@@ -68,9 +64,7 @@ pub fn argsort_step(
     descending: bool,
     threads: usize,
 ) -> PyResult<NativeStep> {
-    let mut ops = Operands::new();
-    let x = ops.take(&x, 4, false, "x")?;
-    let out = ops.take(&out, 4, true, "out")?;
+    let (ops, x, out) = Operands::f32_in_out(&x, &out)?;
     let op = Routing::ArgSort { x, out, descending };
     routing_step(op, threads, ops, "argsort")
 }
@@ -79,9 +73,7 @@ pub fn argsort_step(
 #[pyfunction]
 #[pyo3(signature = (x, out, threads = 1))]
 pub fn sum_rows_step(x: TensorArg<'_>, out: TensorArg<'_>, threads: usize) -> PyResult<NativeStep> {
-    let mut ops = Operands::new();
-    let x = ops.take(&x, 4, false, "x")?;
-    let out = ops.take(&out, 4, true, "out")?;
+    let (ops, x, out) = Operands::f32_in_out(&x, &out)?;
     routing_step(Routing::SumRows { x, out }, threads, ops, "sum_rows")
 }
 
@@ -95,8 +87,6 @@ pub fn clamp_step(
     max: f32,
     threads: usize,
 ) -> PyResult<NativeStep> {
-    let mut ops = Operands::new();
-    let x = ops.take(&x, 4, false, "x")?;
-    let out = ops.take(&out, 4, true, "out")?;
+    let (ops, x, out) = Operands::f32_in_out(&x, &out)?;
     routing_step(Routing::Clamp { x, out, min, max }, threads, ops, "clamp")
 }

@@ -40,6 +40,15 @@ unsafe impl Send for NativeStep {}
 unsafe impl Sync for NativeStep {}
 
 impl NativeStep {
+    /// A step running `kernel` on `threads` threads (at least one), holding `ops`' exports.
+    pub(super) fn new(kernel: Kernel, threads: usize, ops: Operands) -> Self {
+        Self {
+            kernel,
+            threads: threads.max(1),
+            _keep: ops.keep,
+        }
+    }
+
     /// False when a row index in the data was out of range.
     fn run(&self) -> bool {
         // SAFETY: operands were checked against their buffers when the step was built, and
@@ -209,11 +218,7 @@ fn same_ne(a: &Operand, b: &Operand, what: &str) -> PyResult<()> {
 }
 
 fn row_step(op: RowOp, threads: usize, ops: Operands) -> NativeStep {
-    NativeStep {
-        kernel: Kernel::Row(Box::new(op)),
-        threads: threads.max(1),
-        _keep: ops.keep,
-    }
+    NativeStep::new(Kernel::Row(Box::new(op)), threads, ops)
 }
 
 /// RMS_NORM of f32 rows into f32 rows of the same shape.
@@ -225,9 +230,7 @@ pub fn rms_norm_step(
     eps: f32,
     threads: usize,
 ) -> PyResult<NativeStep> {
-    let mut ops = Operands::new();
-    let x = ops.take(&x, 4, false, "x")?;
-    let out = ops.take(&out, 4, true, "out")?;
+    let (ops, x, out) = Operands::f32_in_out(&x, &out)?;
     same_ne(&x, &out, "rms_norm")?;
     Ok(row_step(RowOp::RmsNorm { x, out, eps }, threads, ops))
 }
@@ -410,6 +413,17 @@ impl Operands {
         Self { keep: Vec::new() }
     }
 
+    /// The f32 input `x` and f32 output `out` of a row op, checked in that order.
+    pub(super) fn f32_in_out(
+        x: &TensorArg<'_>,
+        out: &TensorArg<'_>,
+    ) -> PyResult<(Self, Operand, Operand)> {
+        let mut ops = Self::new();
+        let x = ops.take(x, 4, false, "x")?;
+        let out = ops.take(out, 4, true, "out")?;
+        Ok((ops, x, out))
+    }
+
     /// Check that every element of a tensor of `elem`-byte elements (rows contiguous) lies
     /// inside its buffer; `writable` for outputs.
     pub(super) fn take(
@@ -525,11 +539,11 @@ pub fn flash_attn_ext_step(
         kv_f32,
     };
     fa.check().map_err(|e| PyValueError::new_err(e.reason))?;
-    Ok(NativeStep {
-        kernel: Kernel::FlashAttn(Box::new(fa)),
-        threads: threads.max(1),
-        _keep: ops.keep,
-    })
+    Ok(NativeStep::new(
+        Kernel::FlashAttn(Box::new(fa)),
+        threads,
+        ops,
+    ))
 }
 
 /// ADD / SUB / MUL / DIV (`op` 0..3) of f32 tensors, `b` repeated over `a` (every dim of `b`
@@ -651,9 +665,5 @@ pub fn mul_mat_step(
     };
     mm.check(o.ne)
         .map_err(|e| PyValueError::new_err(format!("mul_mat: {}", e.reason)))?;
-    Ok(NativeStep {
-        kernel: Kernel::MulMat(Box::new(mm)),
-        threads: threads.max(1),
-        _keep: ops.keep,
-    })
+    Ok(NativeStep::new(Kernel::MulMat(Box::new(mm)), threads, ops))
 }

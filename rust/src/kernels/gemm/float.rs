@@ -152,83 +152,32 @@ pub(crate) fn direct_fn(type_id: u32, n: usize) -> Option<DirectFn> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::blocks::half::f32_to_fp16;
-    use crate::kernels::dot::{
-        by_type::{BF16, F16, F32},
-        row_dot::RowDot,
-    };
     use crate::kernels::operand::RowsJob;
-    use crate::kernels::test_util::noise;
-
-    fn encode(type_id: u32, v: &[f32]) -> Vec<u8> {
-        match type_id {
-            1 => v
-                .iter()
-                .flat_map(|x| f32_to_fp16(*x).to_le_bytes())
-                .collect(),
-            30 => v
-                .iter()
-                .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
-                .collect(),
-            _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        }
-    }
+    use crate::kernels::test_util::float_cases;
 
     /// Every output equals the one-pair tinyBLAS-order dot, on both builds, for ragged shapes.
     #[test]
     fn tiles_equal_the_pairwise_tinyblas_order() {
-        for &t in &[0u32, 1, 30] {
-            for &(m, k, n) in &[
-                (4usize, 8usize, 2usize),
-                (12, 37, 5),
-                (40, 300, 33),
-                (8, 1, 3),
-                (6, 20, 3),
-                // K a multiple of 8: f16 rows read in place, the next tile prefetched
-                (40, 256, 33),
-                (50, 64, 7),
-                // the AVX-512 tiles: K in three slices; activation rows in one chunk of
-                // more than XF_BYTES, then in two chunks
-                (36, 1100, 40),
-                (16, 4100, 70),
-                (16, 4100, 100),
-            ] {
-                let wv = noise(3 + t as u64, m * k);
-                let w = encode(t, &wv);
-                let x = noise(9, n * k);
-                let fmt = weight_format(t);
-                let act = Converted::new(fmt, &x, k);
-                let want: Vec<f32> = (0..n * m)
-                    .map(|o| {
-                        let (r, i) = (o / m, o % m);
-                        let wr = &w[i * k * fmt.block_bytes()..(i + 1) * k * fmt.block_bytes()];
-                        let xr = &act.data[r * act.row_bytes..(r + 1) * act.row_bytes];
-                        match t {
-                            1 => F16::dot_gemm(wr, xr, k),
-                            30 => BF16::dot_gemm(wr, xr, k),
-                            _ => F32::dot_gemm(wr, xr, k),
-                        }
-                    })
-                    .collect();
-                let wide = widen_activations(&act, fmt, k);
-                let mut builds: Vec<RowsFn> = vec![portable_rows_fn(t)];
-                if simd_active() {
-                    builds.push(match t {
-                        1 => |job| unsafe_rows_avx2(ActFormat::F16, job),
-                        30 => |job| unsafe_rows_avx2(ActFormat::BF16, job),
-                        _ => |job| unsafe_rows_avx2(ActFormat::F32, job),
-                    });
-                    builds.push(rows_fn(t)); // the best build on this CPU (AVX-512 for f16)
-                }
-                let row = k * fmt.block_bytes();
-                for (b, f) in builds.into_iter().enumerate() {
-                    let mut got = vec![0.0f32; m * n]; // [row][col]
-                    f(RowsJob::new(&w, row, 0, k, &wide, &mut got, true));
-                    for (o, want) in want.iter().enumerate() {
-                        let (r, i) = (o / m, o % m);
-                        let same = got[i * n + r].to_bits() == want.to_bits();
-                        assert!(same, "type {t} m {m} k {k} n {n} build {b} at {r},{i}");
-                    }
+        for (t, (m, k, n), w, _, act, want) in float_cases() {
+            let fmt = weight_format(t);
+            let wide = widen_activations(&act, fmt, k);
+            let mut builds: Vec<RowsFn> = vec![portable_rows_fn(t)];
+            if simd_active() {
+                builds.push(match t {
+                    1 => |job| unsafe_rows_avx2(ActFormat::F16, job),
+                    30 => |job| unsafe_rows_avx2(ActFormat::BF16, job),
+                    _ => |job| unsafe_rows_avx2(ActFormat::F32, job),
+                });
+                builds.push(rows_fn(t)); // the best build on this CPU (AVX-512 for f16)
+            }
+            let row = k * fmt.block_bytes();
+            for (b, f) in builds.into_iter().enumerate() {
+                let mut got = vec![0.0f32; m * n]; // [row][col]
+                f(RowsJob::new(&w, row, 0, k, &wide, &mut got, true));
+                for (o, want) in want.iter().enumerate() {
+                    let (r, i) = (o / m, o % m);
+                    let same = got[i * n + r].to_bits() == want.to_bits();
+                    assert!(same, "type {t} m {m} k {k} n {n} build {b} at {r},{i}");
                 }
             }
         }

@@ -2,13 +2,13 @@
 //! row dots (or of ggml's order for that row count), whatever the threads and strides.
 
 use super::plan::matmul_quant;
-use crate::kernels::blocks::half::{f32_to_fp16, fp16_to_f32};
-use crate::kernels::dot::by_type::{BF16, F16, F32};
+use crate::kernels::blocks::half::fp16_to_f32;
+use crate::kernels::dot::by_type::F16;
 use crate::kernels::dot::row_dot::RowDot;
 use crate::kernels::formats::{type_info, ActFormat};
 use crate::kernels::gemm::f16_rows;
 use crate::kernels::operand::Converted;
-use crate::kernels::test_util::{noise, weights};
+use crate::kernels::test_util::{float_cases, noise, weights};
 
 const TYPES: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39];
 
@@ -117,47 +117,17 @@ fn widened_rows_keep_the_row_dots_bits() {
 /// tinyBLAS-order dot (the tiles themselves are compared in `gemm::float`).
 #[test]
 fn float_weights_follow_tinyblas_through_matmul_quant() {
-    for &t in &[0u32, 1, 30] {
-        for &(m, k, n) in &[
-            (4usize, 8usize, 2usize),
-            (8, 1, 3),
-            (40, 300, 33),
-            (40, 256, 33),
-            (36, 1100, 40),
-            (16, 4100, 70),
-        ] {
-            let wv = noise(3 + t as u64, m * k);
-            let w: Vec<u8> = match t {
-                1 => wv
-                    .iter()
-                    .flat_map(|x| f32_to_fp16(*x).to_le_bytes())
-                    .collect(),
-                30 => wv
-                    .iter()
-                    .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
-                    .collect(),
-                _ => wv.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            };
-            let x = noise(9, n * k);
-            let fmt = type_info(t).unwrap().act;
-            let act = Converted::new(fmt, &x, k);
-            let row = k * fmt.block_bytes();
-            let mut got = vec![0.0f32; n * m];
-            matmul_quant(t, &w, row, m, k, &x, &mut got, 3, true).unwrap();
-            for (o, got) in got.iter().enumerate() {
-                let (r, i) = (o / m, o % m);
-                let (wr, xr) = (&w[i * row..(i + 1) * row], act.row(r));
-                let want = match t {
-                    1 => F16::dot_gemm(wr, xr, k),
-                    30 => BF16::dot_gemm(wr, xr, k),
-                    _ => F32::dot_gemm(wr, xr, k),
-                };
-                assert_eq!(
-                    got.to_bits(),
-                    want.to_bits(),
-                    "type {t} m {m} k {k} n {n} at {r},{i}"
-                );
-            }
+    for (t, (m, k, n), w, x, _, want) in float_cases() {
+        let row = k * type_info(t).unwrap().act.block_bytes();
+        let mut got = vec![0.0f32; n * m];
+        matmul_quant(t, &w, row, m, k, &x, &mut got, 3, true).unwrap();
+        for (o, (got, want)) in got.iter().zip(&want).enumerate() {
+            let (r, i) = (o / m, o % m);
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "type {t} m {m} k {k} n {n} at {r},{i}"
+            );
         }
     }
 }
