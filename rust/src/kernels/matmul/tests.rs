@@ -117,7 +117,9 @@ fn widened_rows_keep_the_row_dots_bits() {
 /// tinyBLAS-order dot (the tiles themselves are compared in `gemm::float`).
 #[test]
 fn float_weights_follow_tinyblas_through_matmul_quant() {
-    for (t, (m, k, n), w, x, _, want) in float_cases() {
+    // (M % 4 != 0 takes the rows of vec_dot instead)
+    let tiled = float_cases().filter(|(_, (m, _, _), ..)| m % 4 == 0);
+    for (t, (m, k, n), w, x, _, want) in tiled {
         let row = k * type_info(t).unwrap().act.block_bytes();
         let mut got = vec![0.0f32; n * m];
         matmul_quant(t, &w, row, m, k, &x, &mut got, 3, true).unwrap();
