@@ -43,15 +43,21 @@ fn block_pairs<'a>(
         .take(k / block)
 }
 
-/// [`block_pairs`] of a K-quant row: `w_bytes`-byte super-blocks against q8_K blocks.
+/// The portable dot of a K-quant row (`w_bytes`-byte super-blocks against q8_K blocks): eight
+/// float lanes, `block(acc, wb, q8k(yb))` adding each super-block's FMAs, then `hsum_float_8`.
 #[inline(always)]
-fn superblocks<'a>(
-    w: &'a [u8],
-    x: &'a [u8],
+fn superblock_dot(
+    w: &[u8],
+    x: &[u8],
     k: usize,
     w_bytes: usize,
-) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
-    block_pairs(w, x, k, 256, (w_bytes, 292))
+    mut block: impl FnMut(&mut [f32; 8], &[u8], (f32, &[u8], [i32; 16])),
+) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (wb, yb) in block_pairs(w, x, k, 256, (w_bytes, 292)) {
+        block(&mut acc, wb, q8k(yb));
+    }
+    hsum8(&acc)
 }
 
 /// Overrides `dot_simd4` with a multi-row function of [`super::avx2`].
@@ -151,17 +157,13 @@ simple_q8_0!(
 simple_q8_0!(
     Q5_0,
     22,
-    |b: &[u8]| -> [i8; 32] {
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        let n = nibbles(&b[6..22]);
-        std::array::from_fn(|i| (n[i] | (((qh >> i) & 1) << 4) as u8) as i8 - 16)
-    },
+    |b: &[u8]| -> [i8; 32] { q5_codes(&b[2..22]).map(|v| v as i8 - 16) },
     q5_0
 );
 
 /// Q4_1/Q5_1 × q8_1: lanes of unsigned codes, plus `Σ m · s` accumulated with a scalar FMA.
 macro_rules! min_q8_1 {
-    ($name:ident, $bytes:expr, $decode:expr, $scale:expr, $simd:ident) => {
+    ($name:ident, $bytes:expr, $decode:expr, $simd:ident) => {
         row_dot!($name, 32, $bytes, Q8_1, {
             #[inline(always)]
             fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
@@ -170,11 +172,8 @@ macro_rules! min_q8_1 {
                 for (wb, yb) in block_pairs(w, x, k, 32, ($bytes, 36)) {
                     summs = f16_at(wb, 2).mul_add(f16_at(yb, 2), summs);
                     let q: [i8; 32] = $decode(wb);
-                    fma_lanes(
-                        &mut acc,
-                        $scale(f16_at(wb, 0), f16_at(yb, 0)),
-                        &chunk_lanes(&q, &yb[4..]),
-                    );
+                    let d = f16_at(wb, 0) * f16_at(yb, 0);
+                    fma_lanes(&mut acc, d, &chunk_lanes(&q, &yb[4..]));
                 }
                 hsum8(&acc) + summs
             }
@@ -186,19 +185,13 @@ macro_rules! min_q8_1 {
 min_q8_1!(
     Q4_1,
     20,
-    |b: &[u8]| -> [i8; 32] { nibbles(&b[4..20]).map(|v| v as i8) },
-    |dx: f32, dy: f32| dx * dy,
+    |b: &[u8]| nibbles(&b[4..20]).map(|v| v as i8),
     q4_1
 );
 min_q8_1!(
     Q5_1,
     24,
-    |b: &[u8]| -> [i8; 32] {
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        let n = nibbles(&b[8..24]);
-        std::array::from_fn(|i| (n[i] | (((qh >> i) & 1) << 4) as u8) as i8)
-    },
-    |dx: f32, dy: f32| dx * dy,
+    |b: &[u8]| q5_codes(&b[4..24]).map(|v| v as i8),
     q5_1
 );
 
@@ -269,9 +262,7 @@ table_q8_0!(
 row_dot!(Q2K, 256, 84, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
-        let mut acc = [0.0f32; 8];
-        for (wb, yb) in superblocks(w, x, k, 84) {
-            let (yd, q8, bs) = q8k(yb);
+        superblock_dot(w, x, k, 84, |acc, wb, (yd, q8, bs)| {
             let d = yd * f16_at(wb, 80);
             let dmin = -yd * f16_at(wb, 82);
             let scales = &wb[..16];
@@ -279,16 +270,15 @@ row_dot!(Q2K, 256, 84, Q8K, {
                 (scales[2 * l] >> 4) as i32 * bs[2 * l]
                     + (scales[2 * l + 1] >> 4) as i32 * bs[2 * l + 1]
             });
-            fma_lanes(&mut acc, dmin, &prod);
+            fma_lanes(acc, dmin, &prod);
             let sc: [i32; 16] = std::array::from_fn(|i| (scales[i] & 15) as i32);
             let mut q = [0i8; 256];
             q2k_codes(wb, &mut q);
-            fma_lanes(&mut acc, d, &superblock_lanes(&q, &sc, q8));
-        }
-        hsum8(&acc)
+            fma_lanes(acc, d, &superblock_lanes(&q, &sc, q8));
+        })
     }
     simd_dot!(q2_k);
-    tiled_dot!(84, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
+    tiled_dot!(84, true, Codes::Biased(0), |wb, t| {
         let scales = &wb[..16];
         t.sc = std::array::from_fn(|i| (scales[i] & 15) as i32);
         t.mn = std::array::from_fn(|i| (scales[i] >> 4) as i32);
@@ -300,28 +290,19 @@ row_dot!(Q2K, 256, 84, Q8K, {
 row_dot!(Q3K, 256, 110, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
-        let mut acc = [0.0f32; 8];
-        for (wb, yb) in superblocks(w, x, k, 110) {
-            let (yd, q8, _) = q8k(yb);
+        superblock_dot(w, x, k, 110, |acc, wb, (yd, q8, _)| {
             let d = yd * f16_at(wb, 108);
             let sc = q3k_scales(&wb[96..108]);
             let mut q = [0i8; 256];
             q3k_codes(wb, &mut q);
-            fma_lanes(&mut acc, d, &superblock_lanes(&q, &sc, q8));
-        }
-        hsum8(&acc)
+            fma_lanes(acc, d, &superblock_lanes(&q, &sc, q8));
+        })
     }
     simd_dot!(q3_k);
-    tiled_dot!(
-        110,
-        false,
-        Codes::Biased(4),
-        |wb: &[u8], t: &mut Decoded| {
-            q3k_codes(wb, &mut t.q);
-            t.sc = q3k_scales(&wb[96..108]);
-            t.d = f16_at(wb, 108);
-        }
-    );
+    tiled_dot!(110, false, Codes::Biased(4), |wb, t| {
+        q3k_codes(wb, &mut t.q);
+        (t.sc, t.d) = (q3k_scales(&wb[96..108]), f16_at(wb, 108));
+    });
 });
 
 /// What Q4_K and Q5_K take from a super-block and its q8_K block besides the codes: `d` and
@@ -337,8 +318,7 @@ struct K4Block<'a> {
 
 impl<'a> K4Block<'a> {
     #[inline(always)]
-    fn new(wb: &[u8], yb: &'a [u8]) -> Self {
-        let (yd, q8, bs) = q8k(yb);
+    fn new(wb: &[u8], (yd, q8, bs): (f32, &'a [u8], [i32; 16])) -> Self {
         let (sc, mn) = scale_min_k4(&wb[4..16]);
         Self {
             d: yd * f16_at(wb, 0),
@@ -364,58 +344,61 @@ fn k4_decode<const Q5: bool>(wb: &[u8], t: &mut Decoded) {
     (t.d, t.dmin) = (f16_at(wb, 0), f16_at(wb, 2));
 }
 
-row_dot!(Q4K, 256, 144, Q8K, {
-    #[inline(always)]
-    fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
-        let mut acc = [0.0f32; 8];
-        let mut acc_m = [0.0f32; 4];
-        let mut q = [0i8; 256];
-        for (wb, yb) in superblocks(w, x, k, 144) {
-            let b = K4Block::new(wb, yb);
+/// The portable dot of a Q4_K (`Q5` false) or Q5_K row: ggml keeps Q4_K's min products in
+/// four lanes and Q5_K's in one sum.
+#[inline(always)]
+fn k4_dot<const Q5: bool>(w: &[u8], x: &[u8], k: usize) -> f32 {
+    let mut acc_m = [0.0f32; 4];
+    let mut summs = 0.0f32;
+    let mut q = [0i8; 256];
+    let w_bytes = if Q5 { 176 } else { 144 };
+    let sum = superblock_dot(w, x, k, w_bytes, |acc, wb, yb| {
+        let b = K4Block::new(wb, yb);
+        if Q5 {
+            let mins: i32 = (0..8).map(|j| b.mn[j] * b.s32[j]).sum();
+            summs = b.dmin.mul_add(mins as f32, summs);
+            q5k_codes(wb, &mut q);
+        } else {
             for (t, m) in acc_m.iter_mut().enumerate() {
                 let prod = b.mn[2 * t] * b.s32[2 * t] + b.mn[2 * t + 1] * b.s32[2 * t + 1];
                 *m = b.dmin.mul_add(prod as f32, *m);
             }
             k4_nibbles(&wb[16..144], &mut q);
-            fma_lanes(&mut acc, b.d, &superblock_lanes(&q, &per16(&b.sc), b.q8));
         }
-        hsum8(&acc) + hsum4(&acc_m)
-    }
-    simd_dot!(q4_k);
-    simd_dot4!(q4_k_x4);
-    tiled_dot!(144, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        k4_decode::<false>(wb, t)
+        fma_lanes(acc, b.d, &superblock_lanes(&q, &per16(&b.sc), b.q8));
     });
-});
+    if Q5 {
+        sum + summs
+    } else {
+        sum + hsum4(&acc_m)
+    }
+}
 
-row_dot!(Q5K, 256, 176, Q8K, {
-    #[inline(always)]
-    fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
-        let mut acc = [0.0f32; 8];
-        let mut summs = 0.0f32;
-        let mut q = [0i8; 256];
-        for (wb, yb) in superblocks(w, x, k, 176) {
-            let b = K4Block::new(wb, yb);
-            let mins: i32 = (0..8).map(|j| b.mn[j] * b.s32[j]).sum();
-            summs = b.dmin.mul_add(mins as f32, summs);
-            q5k_codes(wb, &mut q);
-            fma_lanes(&mut acc, b.d, &superblock_lanes(&q, &per16(&b.sc), b.q8));
-        }
-        hsum8(&acc) + summs
-    }
-    simd_dot!(q5_k);
-    tiled_dot!(176, true, Codes::Biased(0), |wb: &[u8], t: &mut Decoded| {
-        k4_decode::<true>(wb, t)
-    });
-});
+/// Q4_K (`$q5` false) and Q5_K, through [`k4_dot`] and [`k4_decode`].
+macro_rules! k4_type {
+    ($name:ident, $bytes:expr, $q5:expr, $simd:ident $(; $simd4:ident)?) => {
+        row_dot!($name, 256, $bytes, Q8K, {
+            #[inline(always)]
+            fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
+                k4_dot::<$q5>(w, x, k)
+            }
+            simd_dot!($simd);
+            $(simd_dot4!($simd4);)?
+            tiled_dot!($bytes, true, Codes::Biased(0), |wb, t| {
+                k4_decode::<$q5>(wb, t)
+            });
+        });
+    };
+}
+
+k4_type!(Q4K, 144, false, q4_k; q4_k_x4);
+k4_type!(Q5K, 176, true, q5_k);
 
 row_dot!(Q6K, 256, 210, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
-        let mut acc = [0.0f32; 8];
         let mut q = [0i8; 256];
-        for (wb, yb) in superblocks(w, x, k, 210) {
-            let (yd, q8, bs) = q8k(yb);
+        superblock_dot(w, x, k, 210, |acc, wb, (yd, q8, bs)| {
             let d = yd * f16_at(wb, 208);
             let sc: [i32; 16] = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
             q6k_codes(wb, &mut q);
@@ -423,24 +406,18 @@ row_dot!(Q6K, 256, 210, Q8K, {
             for (l, v) in lanes.iter_mut().enumerate() {
                 *v -= 32 * (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]);
             }
-            fma_lanes(&mut acc, d, &lanes);
-        }
-        hsum8(&acc)
+            fma_lanes(acc, d, &lanes);
+        })
     }
     simd_dot!(q6_k);
     simd_dot4!(q6_k_x4);
-    tiled_dot!(
-        210,
-        false,
-        Codes::Biased(32),
-        |wb: &[u8], t: &mut Decoded| {
-            // the 6-bit codes minus their bias 32 (ggml removes it through the bsums: same s1)
-            q6k_codes(wb, &mut t.q);
-            t.q.iter_mut().for_each(|v| *v -= 32);
-            t.sc = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
-            t.d = f16_at(wb, 208);
-        }
-    );
+    tiled_dot!(210, false, Codes::Biased(32), |wb, t| {
+        // the 6-bit codes minus their bias 32 (ggml removes it through the bsums: same s1)
+        q6k_codes(wb, &mut t.q);
+        t.q.iter_mut().for_each(|v| *v -= 32);
+        t.sc = std::array::from_fn(|i| wb[192 + i] as i8 as i32);
+        t.d = f16_at(wb, 208);
+    });
 });
 
 /// IQ4_XS's eight 6-bit sub-block scales of one super-block, less 32.
@@ -468,18 +445,15 @@ fn iq4xs_codes(wb: &[u8], q: &mut [i8; 256]) {
 row_dot!(IQ4XS, 256, 136, Q8K, {
     #[inline(always)]
     fn dot(w: &[u8], x: &[u8], k: usize) -> f32 {
-        let mut acc = [0.0f32; 8];
         let mut q = [0i8; 256];
-        for (wb, yb) in superblocks(w, x, k, 136) {
-            let (yd, q8, _) = q8k(yb);
+        superblock_dot(w, x, k, 136, |acc, wb, (yd, q8, _)| {
             iq4xs_codes(wb, &mut q);
             let lanes = superblock_lanes(&q, &per16(&iq4xs_scales(wb)), q8);
-            fma_lanes(&mut acc, f16_at(wb, 0) * yd, &lanes);
-        }
-        hsum8(&acc)
+            fma_lanes(acc, f16_at(wb, 0) * yd, &lanes);
+        })
     }
     simd_dot!(iq4_xs);
-    tiled_dot!(136, false, Codes::Signed, |wb: &[u8], t: &mut Decoded| {
+    tiled_dot!(136, false, Codes::Signed, |wb, t| {
         t.sc = per16(&iq4xs_scales(wb));
         iq4xs_codes(wb, &mut t.q);
         t.d = f16_at(wb, 0);

@@ -67,6 +67,15 @@ pub(crate) fn nibbles(qs: &[u8]) -> [u8; 32] {
     std::array::from_fn(|i| if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 })
 }
 
+/// The 32 five-bit codes of a Q5_0/Q5_1 block from its high bits (4 bytes at `b`) and nibbles
+/// (the next 16 bytes).
+#[inline(always)]
+pub(crate) fn q5_codes(b: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let n = nibbles(&b[4..20]);
+    std::array::from_fn(|i| n[i] | (((qh >> i) & 1) << 4) as u8)
+}
+
 /// q8_K activation block: (d, codes, bsums).
 #[inline(always)]
 pub(crate) fn q8k(y: &[u8]) -> (f32, &[u8], [i32; 16]) {
