@@ -263,6 +263,24 @@ unsafe fn elem_ptr(op: &Operand, i0: usize, i1: usize, i2: usize) -> *const u8 {
     unsafe { op.ptr.add(i0 * op.nb[0] + i1 * op.nb[1] + i2 * op.nb[2]) }
 }
 
+/// The row id at element (i0, i1, i2) of an index tensor (i64 or i32 ids), if it is below
+/// `rows`.
+#[inline]
+unsafe fn row_id(
+    idx: &Operand,
+    (i0, i1, i2): (usize, usize, usize),
+    i64_ids: bool,
+    rows: usize,
+) -> Option<usize> {
+    let ip = unsafe { elem_ptr(idx, i0, i1, i2) };
+    let id = if i64_ids {
+        unsafe { (ip as *const i64).read_unaligned() }
+    } else {
+        i64::from(unsafe { (ip as *const i32).read_unaligned() })
+    };
+    (id >= 0 && (id as u64) < rows as u64).then_some(id as usize)
+}
+
 #[inline]
 unsafe fn f32_row<'a>(op: &Operand, i1: usize, i2: usize, i3: usize, n: usize) -> &'a [f32] {
     unsafe { std::slice::from_raw_parts(row_ptr(op, i1, i2, i3) as *const f32, n) }
@@ -503,20 +521,13 @@ impl RowOp {
                 let n = src.ne[0];
                 for r in r0..r1 {
                     let (i1, i2, i3) = row_index(&src.ne, r);
-                    let ip = unsafe { elem_ptr(idx, i1, i2 % idx.ne[1], i3 % idx.ne[2]) };
-                    let target = if *idx_i64 {
-                        unsafe { (ip as *const i64).read_unaligned() }
-                    } else {
-                        i64::from(unsafe { (ip as *const i32).read_unaligned() })
-                    };
-                    if target < 0 || target as u64 >= dst.ne[1] as u64 {
+                    let at = (i1, i2 % idx.ne[1], i3 % idx.ne[2]);
+                    let Some(t) = (unsafe { row_id(idx, at, *idx_i64, dst.ne[1]) }) else {
                         ok = false;
                         continue;
-                    }
-                    let t = target as usize;
+                    };
                     let xs = unsafe { f32_row(src, i1, i2, i3, n) };
-                    let dp =
-                        unsafe { dst.ptr.add(t * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3]) };
+                    let dp = unsafe { row_ptr(dst, t, i2, i3) };
                     unsafe { store_row(xs, dp as *mut u8, *dst_elem) };
                 }
             }
@@ -529,15 +540,11 @@ impl RowOp {
                 let n = out.ne[0];
                 for r in r0..r1 {
                     let (i1, i2, i3) = row_index(&out.ne, r);
-                    let ip = unsafe { elem_ptr(idx, i1, i2, i3) };
-                    let s = unsafe { (ip as *const i32).read_unaligned() };
-                    if s < 0 || s as u64 >= src.ne[1] as u64 {
+                    let Some(s) = (unsafe { row_id(idx, (i1, i2, i3), false, src.ne[1]) }) else {
                         ok = false;
                         continue;
-                    }
-                    let s = s as usize;
-                    let sp =
-                        unsafe { src.ptr.add(s * src.nb[1] + i2 * src.nb[2] + i3 * src.nb[3]) };
+                    };
+                    let sp = unsafe { row_ptr(src, s, i2, i3) };
                     let ys = unsafe { f32_row_mut(out, i1, i2, i3, n) };
                     unsafe { load_row(sp, *src_elem, ys) };
                 }
