@@ -380,15 +380,47 @@ mod avx2 {
     const RM: usize = 6;
     const RN: usize = 2;
 
-    #[inline(always)]
-    unsafe fn tile<const R: usize, const V: usize>(
+    /// Rows of C (`n` floats apart, from `c`) += the same rows of A (`lda` apart, `k` values
+    /// each, from `a`) · B (`k × n`, from `b`).
+    #[derive(Clone, Copy)]
+    struct Rows {
         c: *mut f32,
         a: *const f32,
         lda: usize,
         b: *const f32,
         k: usize,
         n: usize,
-    ) {
+    }
+
+    impl Rows {
+        /// The rows after the first `i`.
+        #[inline(always)]
+        unsafe fn skip_rows(self, i: usize) -> Self {
+            unsafe {
+                Self {
+                    c: self.c.add(i * self.n),
+                    a: self.a.add(i * self.lda),
+                    ..self
+                }
+            }
+        }
+
+        /// The columns after the first `j`.
+        #[inline(always)]
+        unsafe fn skip_cols(self, j: usize) -> Self {
+            unsafe {
+                Self {
+                    c: self.c.add(j),
+                    b: self.b.add(j),
+                    ..self
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const V: usize>(t: Rows) {
+        let (c, a, lda, b, k, n) = (t.c, t.a, t.lda, t.b, t.k, t.n);
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); V]; R];
             for (i, row) in acc.iter_mut().enumerate() {
@@ -418,22 +450,16 @@ mod avx2 {
 
     /// Rows `R` of one row block: 16-, then 8-wide column tiles, then scalar FMAs.
     #[inline(always)]
-    unsafe fn row_block<const R: usize>(
-        c: *mut f32,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        k: usize,
-        n: usize,
-    ) {
+    unsafe fn row_block<const R: usize>(t: Rows) {
+        let (c, a, lda, b, k, n) = (t.c, t.a, t.lda, t.b, t.k, t.n);
         unsafe {
             let mut j = 0;
             while j + RN * 8 <= n {
-                tile::<R, RN>(c.add(j), a, lda, b.add(j), k, n);
+                tile::<R, RN>(t.skip_cols(j));
                 j += RN * 8;
             }
             while j + 8 <= n {
-                tile::<R, 1>(c.add(j), a, lda, b.add(j), k, n);
+                tile::<R, 1>(t.skip_cols(j));
                 j += 8;
             }
             for jj in j..n {
@@ -461,14 +487,15 @@ mod avx2 {
         k: usize,
         n: usize,
     ) {
+        let t = Rows { c, a, lda, b, k, n };
         unsafe {
             let mut i = 0;
             while i + RM <= m {
-                row_block::<RM>(c.add(i * n), a.add(i * lda), lda, b, k, n);
+                row_block::<RM>(t.skip_rows(i));
                 i += RM;
             }
             while i < m {
-                row_block::<1>(c.add(i * n), a.add(i * lda), lda, b, k, n);
+                row_block::<1>(t.skip_rows(i));
                 i += 1;
             }
         }
