@@ -159,8 +159,9 @@ template <> struct Blk<RPC_BF16> {
 // Q4_0, Q4_1, Q5_0 and Q5_1 (the 32-element blocks with nibbles): half d, then half m when M
 // (Q4_1, Q5_1), then when HI (Q5_0, Q5_1) 32 high bits (bit j belongs to element j), then 16
 // bytes of nibbles: element j<16 is the low nibble of byte j, j>=16 the high nibble of byte
-// j-16. Value d*(q-8) (Q4_0), d*(q-16) (Q5_0), or d*q + m (Q4_1, Q5_1).
-template <bool M, bool HI> struct RpcBlkNibbles {
+// j-16. Value d*(q-8) (Q4_0), d*(q-16) (Q5_0), or d*q + m (Q4_1, Q5_1). LD: the word load the
+// block's alignment allows (each Blk names its own, which the host tests check).
+template <bool M, bool HI, uint32_t (*LD)(const uint8_t*)> struct RpcBlkNibbles {
     static const int QK = 32, HEAD = M ? 4 : 2, QS = HEAD + (HI ? 4 : 0), BYTES = QS + 16;
     static const int BIAS = HI ? 16 : 8;
     static RPC_HD int q(const uint8_t* b, int i) {
@@ -173,9 +174,9 @@ template <bool M, bool HI> struct RpcBlkNibbles {
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int) {
         RpcSub s;
-        const uint32_t qh = HI ? rpc_ld_u32a<HEAD>(b + HEAD) : 0u;
+        const uint32_t qh = HI ? LD(b + HEAD) : 0u;
         for (int k = 0; k < 4; ++k) {
-            const uint32_t v = rpc_ld_u32a<HEAD>(b + QS + 4 * k);
+            const uint32_t v = LD(b + QS + 4 * k);
             s.w[k] = (int)((v & 0x0F0F0F0Fu) | (HI ? rpc_spread4_bit4(qh >> (4 * k)) : 0u));
             s.w[k + 4] =
                 (int)(((v >> 4) & 0x0F0F0F0Fu) | (HI ? rpc_spread4_bit4(qh >> (16 + 4 * k)) : 0u));
@@ -185,10 +186,10 @@ template <bool M, bool HI> struct RpcBlkNibbles {
         return s;
     }
 };
-template <> struct Blk<RPC_Q4_0> : RpcBlkNibbles<false, false> {};
-template <> struct Blk<RPC_Q4_1> : RpcBlkNibbles<true, false> {};
-template <> struct Blk<RPC_Q5_0> : RpcBlkNibbles<false, true> {};
-template <> struct Blk<RPC_Q5_1> : RpcBlkNibbles<true, true> {};
+template <> struct Blk<RPC_Q4_0> : RpcBlkNibbles<false, false, rpc_ld_u32a<2>> {};
+template <> struct Blk<RPC_Q4_1> : RpcBlkNibbles<true, false, rpc_ld_u32a<4>> {};
+template <> struct Blk<RPC_Q5_0> : RpcBlkNibbles<false, true, rpc_ld_u32a<2>> {};
+template <> struct Blk<RPC_Q5_1> : RpcBlkNibbles<true, true, rpc_ld_u32a<4>> {};
 
 // Q8_0: half d, 32 int8; value d*q.
 template <> struct Blk<RPC_Q8_0> {
@@ -247,9 +248,10 @@ RPC_HD int rpc_q2_bits(const uint8_t* qs, int e) {
     const int n = e >> 7, j = (e & 127) >> 5, l = e & 31;
     return (qs[32 * n + l] >> (2 * j)) & 3;
 }
-// Word k (elements 4k..4k+3) of group s, one 2-bit value a byte; qs A-byte aligned.
-template <int A> RPC_HD uint32_t rpc_q2_bits4(const uint8_t* qs, int s, int k) {
-    return (rpc_ld_u32a<A>(qs + 32 * (s >> 2) + 4 * k) >> (2 * (s & 3))) & 0x03030303u;
+// Word k (elements 4k..4k+3) of group s, one 2-bit value a byte, read by LD (the word load the
+// block's alignment allows).
+template <uint32_t (*LD)(const uint8_t*)> RPC_HD uint32_t rpc_q2_bits4(const uint8_t* qs, int s, int k) {
+    return (LD(qs + 32 * (s >> 2) + 4 * k) >> (2 * (s & 3))) & 0x03030303u;
 }
 
 // Q2_K (84 bytes): scales[16] (low nibble scale, high nibble min), qs[64] 2-bit, half d, dmin.
@@ -265,7 +267,7 @@ template <> struct Blk<RPC_Q2_K> {
     }
     static RPC_HD RpcSub sub(const uint8_t* b, int s) {
         RpcSub r;
-        for (int k = 0; k < 8; ++k) r.w[k] = (int)rpc_q2_bits4<4>(b + 16, s, k);
+        for (int k = 0; k < 8; ++k) r.w[k] = (int)rpc_q2_bits4<rpc_ld_u32a<4>>(b + 16, s, k);
         const float d = rpc_ld_half(b + 80), dmin = rpc_ld_half(b + 82);
         for (int h = 0; h < 2; ++h) {
             const uint8_t sc = b[2 * s + h];
@@ -290,7 +292,7 @@ template <> struct Blk<RPC_Q3_K> {
         RpcSub r;
         const int n = s >> 2, j = s & 3;
         for (int k = 0; k < 8; ++k) {
-            const uint32_t lo = rpc_q2_bits4<2>(b + 32, s, k);
+            const uint32_t lo = rpc_q2_bits4<rpc_ld_u32a<2>>(b + 32, s, k);
             const uint32_t hi = (rpc_ld_u32a<2>(b + 4 * k) >> (4 * n + j)) & 0x01010101u;
             r.w[k] = (int)(lo | (hi << 2));  // q + 4 in 0..7; the -4 goes into m
         }
@@ -306,8 +308,8 @@ template <> struct Blk<RPC_Q3_K> {
 // Q4_K (144 bytes) and, HI, Q5_K (176 bytes): half d, dmin, scales[12] (8 six-bit scale/min
 // pairs), for Q5_K qh[32] (the fifth bit of element e=32s+l is bit s of qh[l]), then qs[128] (at
 // byte 16, or 48). Group of 32 s: 64-chunk c=s/2 of qs+32c, low nibbles for even s, high for
-// odd; value d*sc*q - dmin*min.
-template <bool HI> struct RpcBlkK45 {
+// odd; value d*sc*q - dmin*min. LD: the word load the block's alignment allows.
+template <bool HI, uint32_t (*LD)(const uint8_t*)> struct RpcBlkK45 {
     static const int QK = RPC_QK_K, BYTES = HI ? 176 : 144, QS = HI ? 48 : 16;
     static RPC_HD float value(const uint8_t* b, int e) {
         const int s = e >> 5, l = e & 31;
@@ -322,8 +324,8 @@ template <bool HI> struct RpcBlkK45 {
         RpcSub r;
         const int shift = 4 * (s & 1);
         for (int k = 0; k < 8; ++k) {
-            const uint32_t lo = (rpc_ld_u32a<4>(b + QS + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu;
-            const uint32_t hi = HI ? (rpc_ld_u32a<4>(b + 16 + 4 * k) >> s) & 0x01010101u : 0u;
+            const uint32_t lo = (LD(b + QS + 32 * (s >> 1) + 4 * k) >> shift) & 0x0F0F0F0Fu;
+            const uint32_t hi = HI ? (LD(b + 16 + 4 * k) >> s) & 0x01010101u : 0u;
             r.w[k] = (int)(lo | (hi << 4));
         }
         int sc, mn;
@@ -332,8 +334,8 @@ template <bool HI> struct RpcBlkK45 {
         return r;
     }
 };
-template <> struct Blk<RPC_Q4_K> : RpcBlkK45<false> {};
-template <> struct Blk<RPC_Q5_K> : RpcBlkK45<true> {};
+template <> struct Blk<RPC_Q4_K> : RpcBlkK45<false, rpc_ld_u32a<4>> {};
+template <> struct Blk<RPC_Q5_K> : RpcBlkK45<true, rpc_ld_u32a<4>> {};
 
 // Q6_K (210 bytes): ql[128] low nibbles, qh[64] two high bits, int8 scales[16], half d.
 // Element e: 128-chunk n, quarter j=(e%128)/32, l=e%32: low nibble from ql[64n + l + 32*(j&1)]
