@@ -119,8 +119,8 @@ __device__ __forceinline__ void rpc_mv_block_reduce(float* acc, int ncols, float
 }
 
 
-// A thread's first element step along a row and its stride: a warp's lanes (one row a warp) or
-// all the block's threads (SPLIT: one row a block).
+// Where a thread starts along a row (its first 32-group or element) and its stride: a warp's
+// lanes share a row (one row a warp), or all the block's threads do (SPLIT: one row a block).
 template <bool SPLIT> __device__ __forceinline__ int rpc_mv_first() {
     return SPLIT ? (int)(threadIdx.y * RPC_WARP + threadIdx.x) : (int)threadIdx.x;
 }
