@@ -197,12 +197,11 @@ pub fn rows_portable(
     out: &mut [f32],
     decode: impl Fn(&[u8], &mut Decoded),
 ) {
+    let blocks = w[..k / 256 * block_bytes].chunks_exact(block_bytes);
     walk(
-        w,
-        block_bytes,
+        blocks,
         has_min,
         xs,
-        k,
         out,
         decode,
         |_| (),
@@ -213,17 +212,14 @@ pub fn rows_portable(
     )
 }
 
-/// The super-block walk of both builds of the tiled order: each weight super-block decoded,
-/// `prepare` run once on it, then `ints(prepared, decoded, y)` gives each activation block's
-/// integer sums `(s1, s2)`.
+/// The super-block walk of both builds of the tiled order: each weight super-block of
+/// `blocks` decoded, `prepare` run once on it, then `ints(prepared, decoded, y)` gives each
+/// activation block's integer sums `(s1, s2)`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn walk<P>(
-    w: &[u8],
-    block_bytes: usize,
+    blocks: std::slice::ChunksExact<'_, u8>,
     has_min: bool,
     xs: &[&[u8]],
-    k: usize,
     out: &mut [f32],
     decode: impl Fn(&[u8], &mut Decoded),
     prepare: impl Fn(&Decoded) -> P,
@@ -231,8 +227,8 @@ fn walk<P>(
 ) {
     out.fill(0.0);
     let mut dec = Decoded::default();
-    for b in 0..k / 256 {
-        decode(&w[b * block_bytes..(b + 1) * block_bytes], &mut dec);
+    for (b, wb) in blocks.enumerate() {
+        decode(wb, &mut dec);
         let prepared = prepare(&dec);
         for (x, o) in xs.iter().zip(out.iter_mut()) {
             let y = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
@@ -261,7 +257,8 @@ pub unsafe fn rows_avx2(
 ) {
     let prepare = |dec: &Decoded| slab_regs(dec, codes, has_min);
     let ints = |regs: &_, _: &Decoded, y: &[u8]| ints_avx2(regs, codes, has_min, y);
-    walk(w, block_bytes, has_min, xs, k, out, decode, prepare, ints)
+    let blocks = w[..k / 256 * block_bytes].chunks_exact(block_bytes);
+    walk(blocks, has_min, xs, out, decode, prepare, ints)
 }
 
 /// A format as the many-row kernel ([`super::kquant_gemm`]) needs it.
