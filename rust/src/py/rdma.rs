@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use super::exceptions::NativeError;
-use super::getters::pymethods_with_fields;
+use super::getters::{pyclass_with_fields, pymethods_with_fields};
 use crate::rdma::{self, Caps, GidEntry, GidKind, PortInfo, RdmaEnv, Selection};
 
 create_exception!(
@@ -62,11 +62,11 @@ fn addr_arg(text: &str) -> PyResult<std::net::IpAddr> {
     rdma::parse_addr(text).map_err(|e| PyValueError::new_err(e.reason))
 }
 
-/// [`pymethods_with_fields`] of a class whose `inner` also holds a GID with its kind and net
+/// [`pyclass_with_fields`] of a class whose `inner` also holds a GID with its kind and net
 /// device: the getters of those three too.
-macro_rules! gid_pymethods {
-    ($class:ty, [$($fields:tt)*] { $($own:tt)* }) => {
-        pymethods_with_fields!($class, [$($fields)*, ndev: Option<String>] {
+macro_rules! gid_pyclass {
+    ({ $($head:tt)* }, [$($fields:tt)*] { $($own:tt)* }) => {
+        pyclass_with_fields!($($head)*, [$($fields)*, ndev: Option<String>] {
             $($own)*
 
             #[getter]
@@ -91,20 +91,10 @@ macro_rules! gid_pymethods {
 
 // ------------------------------------------------------------------------------------------------
 
-/// One non-empty GID table entry.
-#[pyclass(
-    module = "rpcnet._native",
-    name = "RdmaGid",
-    frozen,
-    eq,
-    from_py_object
-)]
-#[derive(Clone, PartialEq, Eq)]
-pub struct PyRdmaGid {
-    inner: GidEntry,
-}
-
-gid_pymethods!(PyRdmaGid, [index: u32] {
+gid_pyclass!({
+    /// One non-empty GID table entry.
+    PyRdmaGid(GidEntry) as "RdmaGid" [eq, from_py_object] derive(Clone, PartialEq, Eq)
+}, [index: u32] {
     #[new]
     #[pyo3(signature = (index, gid, kind="unknown", ndev=None))]
     fn new(index: u32, gid: &Bound<'_, PyAny>, kind: &str, ndev: Option<String>) -> PyResult<Self> {
@@ -137,15 +127,9 @@ gid_pymethods!(PyRdmaGid, [index: u32] {
     }
 });
 
-/// One port of one RDMA device with its non-empty GIDs.
-#[pyclass(module = "rpcnet._native", name = "RdmaPort", frozen, from_py_object)]
-#[derive(Clone)]
-pub struct PyRdmaPort {
-    inner: PortInfo,
-}
-
-pymethods_with_fields!(
-    PyRdmaPort,
+pyclass_with_fields!(
+    /// One port of one RDMA device with its non-empty GIDs.
+    PyRdmaPort(PortInfo) as "RdmaPort" [from_py_object] derive(Clone),
     [
         device: String,
         port: u32,
@@ -199,15 +183,9 @@ pymethods_with_fields!(
     }
 });
 
-/// The RDMA environment variables that were found, parsed.
-#[pyclass(module = "rpcnet._native", name = "RdmaEnv", frozen, from_py_object)]
-#[derive(Clone)]
-pub struct PyRdmaEnv {
-    inner: RdmaEnv,
-}
-
-pymethods_with_fields!(
-    PyRdmaEnv,
+pyclass_with_fields!(
+    /// The RDMA environment variables that were found, parsed.
+    PyRdmaEnv(RdmaEnv) as "RdmaEnv" [from_py_object] derive(Clone),
     [
         /// Name of the variable that disables RDMA, if one is set.
         disabled_by: Option<String>,
@@ -251,14 +229,10 @@ pymethods_with_fields!(
     }
 });
 
-/// The device, port and GID index a connection would use.
-#[pyclass(module = "rpcnet._native", name = "RdmaSelection", frozen)]
-#[derive(Clone)]
-pub struct PyRdmaSelection {
-    inner: Selection,
-}
-
-gid_pymethods!(PyRdmaSelection, [
+gid_pyclass!({
+    /// The device, port and GID index a connection would use.
+    PyRdmaSelection(Selection) as "RdmaSelection" [] derive(Clone)
+}, [
     device: String,
     port: u32,
     gid_index: u32,
