@@ -27,7 +27,7 @@ fn matrix_shape(buf: &PyBuffer<f32>, what: &str) -> PyResult<(usize, usize)> {
 /// `out[n, m] = Σ_k w[m, k] · x[n, k]` for weights of ggml type `type_id` (rows `row_stride`
 /// bytes apart, in block form) against float32 activations converted like ggml's CPU backend
 /// (quantized to the type's vec_dot type); weight rows split over `threads` threads.
-/// `each_row`: every activation row by the single-row kernels (`matmul::matmul_each_row`, the
+/// `each_row`: every activation row by the single-row kernels (`matmul::Order::EachRow`, the
 /// joint decode of several clients), `llamafile` ignored.
 #[pyfunction]
 #[pyo3(signature = (type_id, w, row_stride, x, out, threads = 1, llamafile = false, each_row = false))]
@@ -64,13 +64,12 @@ pub fn matmul_quant(
     // the weight buffer during the call; `w` keeps the export (and the memory) alive.
     let wb = unsafe { w.raw_slice() };
     py.detach(|| {
-        if each_row {
-            matmul::matmul_each_row(type_id, wb, row_stride, m, k, &xs, &mut res, threads)
+        let order = if each_row {
+            matmul::Order::EachRow
         } else {
-            matmul::matmul_quant(
-                type_id, wb, row_stride, m, k, &xs, &mut res, threads, llamafile,
-            )
-        }
+            matmul::Order::Ggml { llamafile }
+        };
+        matmul::matmul_quant(type_id, wb, row_stride, m, k, &xs, &mut res, threads, order)
     })
     .map_err(|e| PyValueError::new_err(e.reason))?;
     out.copy_from_slice(py, &res)

@@ -1,8 +1,11 @@
 //! MUL_MAT_ID in one call against one [`matmul_quant`] per expert over the rows routed to it.
 
 use super::*;
-use crate::kernels::matmul::plan::matmul_quant;
+use crate::kernels::matmul::plan::{matmul_quant, Order};
 use crate::kernels::test_util::{noise, weights};
+
+/// ggml's order without llamafile.
+const GGML: Order = Order::Ggml { llamafile: false };
 
 const TYPES: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39];
 
@@ -79,7 +82,7 @@ impl Case {
             }
             let mut res = vec![0.0f32; at.len() * m];
             let we = &w[e * m * row..(e + 1) * m * row];
-            matmul_quant(self.type_id, we, row, m, k, &xs, &mut res, 1, false).unwrap();
+            matmul_quant(self.type_id, we, row, m, k, &xs, &mut res, 1, GGML).unwrap();
             for (j, &i) in at.iter().enumerate() {
                 out[i * m..(i + 1) * m].copy_from_slice(&res[j * m..(j + 1) * m]);
             }

@@ -191,7 +191,21 @@ fn checked(
     ))
 }
 
-/// [`matmul_converted`] from float32 activations `x` (`n × k` row-major), converted here.
+/// The order a matmul sums in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// ggml's MUL_MAT: vec_dot rows, or for N >= 2 its many-row kernels (`llamafile`: with
+    /// llamafile's tinyBLAS for the float types and IQ4_NL).
+    Ggml { llamafile: bool },
+    /// Few activation rows, each computed by the single-row kernels (`dot_simd`, and its two-
+    /// and four-row forms that keep each row's bits) over tiles of weight rows that stay in
+    /// cache while every row meets them: the weights are read from memory once, and each row's
+    /// result has the bits one row alone gets (vec_dot order; never the prefill tiles).
+    EachRow,
+}
+
+/// [`matmul_converted`] from float32 activations `x` (`n × k` row-major), converted here, in
+/// the given order.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_quant(
     type_id: u32,
@@ -202,9 +216,19 @@ pub fn matmul_quant(
     x: &[f32],
     out: &mut [f32],
     threads: usize,
-    llamafile: bool,
+    order: Order,
 ) -> Result<(), KernelError> {
     let (info, row_bytes) = checked(type_id, w, row_stride, m, k, x.len(), out.len())?;
+    let llamafile = match order {
+        Order::Ggml { llamafile } => llamafile,
+        Order::EachRow => {
+            if m > 0 && !x.is_empty() {
+                let (plan, act) = each_row_plan(type_id, info, x, k, threads);
+                run_rows(&plan, w, row_stride, m, k, row_bytes, &act, threads, out);
+            }
+            return Ok(());
+        }
+    };
     let n = x.len() / k.max(1);
     let plan = rows_for(type_id, m, n, llamafile);
     if plan.layout == Layout::Widened && m > 0 && n > 0 {
@@ -217,25 +241,15 @@ pub fn matmul_quant(
     matmul_converted(type_id, w, row_stride, m, k, &act, out, threads, llamafile)
 }
 
-/// Few activation rows, each computed by the single-row kernels (`dot_simd`, and its two- and
-/// four-row forms that keep each row's bits) over tiles of weight rows that stay in cache while
-/// every row meets them: the weights are read from memory once, and each row's result has the
-/// bits one row alone gets (vec_dot order; never the prefill tiles).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_each_row(
+/// The rows plan of [`Order::EachRow`] and the activations `x` converted for it.
+fn each_row_plan(
     type_id: u32,
-    w: &[u8],
-    row_stride: usize,
-    m: usize,
-    k: usize,
+    info: TypeInfo,
     x: &[f32],
-    out: &mut [f32],
+    k: usize,
     threads: usize,
-) -> Result<(), KernelError> {
-    let (info, row_bytes) = checked(type_id, w, row_stride, m, k, x.len(), out.len())?;
-    if m == 0 || x.is_empty() {
-        return Ok(());
-    }
+) -> (RowsPlan, Converted) {
+    let act = Converted::new_par(info.act, x, k, threads);
     if type_id == 1 && f16_rows::serves() {
         // f16 rows against widened activations: the single-row product's bits (f16_rows)
         let plan = RowsPlan {
@@ -244,9 +258,7 @@ pub fn matmul_each_row(
             layout: Layout::F16Wide,
             direct: None,
         };
-        let act = f16_rows::widen(&Converted::new_par(info.act, x, k, threads), k);
-        run_rows(&plan, w, row_stride, m, k, row_bytes, &act, threads, out);
-        return Ok(());
+        return (plan, f16_rows::widen(&act, k));
     }
     let plan = RowsPlan {
         f: table::table().rows(type_id).expect("a supported type"),
@@ -254,7 +266,5 @@ pub fn matmul_each_row(
         layout: Layout::Rows,
         direct: None,
     };
-    let act = Converted::new_par(info.act, x, k, threads);
-    run_rows(&plan, w, row_stride, m, k, row_bytes, &act, threads, out);
-    Ok(())
+    (plan, act)
 }

@@ -141,7 +141,7 @@ impl MulMat {
             xs,
             res,
             threads,
-            lf,
+            matmul::Order::Ggml { llamafile: lf },
         );
         debug_assert!(r.is_ok(), "{r:?}");
     }
@@ -279,7 +279,18 @@ pub unsafe fn run_joint(mms: &[&MulMat], threads: usize) {
         .chunks(JOINT_MAX_ROWS * k)
         .zip(res.chunks_mut(JOINT_MAX_ROWS * m))
     {
-        let r = matmul::matmul_each_row(first.type_id, w, first.w.nb[1], m, k, x, out, threads);
+        let order = matmul::Order::EachRow;
+        let r = matmul::matmul_quant(
+            first.type_id,
+            w,
+            first.w.nb[1],
+            m,
+            k,
+            x,
+            out,
+            threads,
+            order,
+        );
         debug_assert!(r.is_ok(), "{r:?}");
     }
     for (mm, row) in mms.iter().zip(res.chunks_exact(m)) {

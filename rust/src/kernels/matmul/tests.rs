@@ -1,7 +1,7 @@
 //! The matmul through its public entry points: every plan it chooses gives the bits of the
 //! row dots (or of ggml's order for that row count), whatever the threads and strides.
 
-use super::plan::matmul_quant;
+use super::plan::{matmul_quant, Order};
 use crate::kernels::blocks::half::fp16_to_f32;
 use crate::kernels::dot::by_type::F16;
 use crate::kernels::dot::row_dot::RowDot;
@@ -9,6 +9,11 @@ use crate::kernels::formats::{type_info, ActFormat};
 use crate::kernels::gemm::f16_rows;
 use crate::kernels::operand::Converted;
 use crate::kernels::test_util::{float_cases, noise, weights};
+
+/// ggml's order with llamafile's tinyBLAS, as a client's MUL_MAT runs.
+const LLAMAFILE: Order = Order::Ggml { llamafile: true };
+/// ggml's order without llamafile.
+const GGML: Order = Order::Ggml { llamafile: false };
 
 const TYPES: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39];
 
@@ -27,8 +32,8 @@ fn threads_and_strides_do_not_change_results() {
         let x = noise(13, n * k);
         let mut one = vec![0.0f32; n * m];
         let mut many = vec![0.0f32; n * m];
-        matmul_quant(t, &dense, row, m, k, &x, &mut one, 1, true).unwrap();
-        matmul_quant(t, &w, stride, m, k, &x, &mut many, 3, true).unwrap();
+        matmul_quant(t, &dense, row, m, k, &x, &mut one, 1, LLAMAFILE).unwrap();
+        matmul_quant(t, &w, stride, m, k, &x, &mut many, 3, LLAMAFILE).unwrap();
         assert_eq!(one, many, "type {t}");
     }
 }
@@ -39,7 +44,7 @@ fn q8_0_close_to_f64() {
     let w = weights(8, m, k, 3);
     let x = noise(4, k);
     let mut out = vec![0.0f32; m];
-    matmul_quant(8, &w, 34 * 3, m, k, &x, &mut out, 1, true).unwrap();
+    matmul_quant(8, &w, 34 * 3, m, k, &x, &mut out, 1, LLAMAFILE).unwrap();
     let act = Converted::new(ActFormat::Q8_0, &x, k);
     for i in 0..m {
         let mut s = 0.0f64;
@@ -65,13 +70,13 @@ fn rejects_bad_sizes() {
     let w = vec![0u8; 34 * 4];
     let x = vec![0.0f32; 64];
     let mut out = vec![0.0f32; 2];
-    assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out, 1, true).is_ok());
-    assert!(matmul_quant(8, &w, 68, 3, 64, &x, &mut out, 1, true).is_err());
-    assert!(matmul_quant(8, &w, 60, 2, 64, &x, &mut out, 1, true).is_err());
-    assert!(matmul_quant(8, &w, 68, 2, 48, &x, &mut out, 1, true).is_err());
-    assert!(matmul_quant(12, &w, 68, 2, 64, &x, &mut out, 1, true).is_err());
-    assert!(matmul_quant(99, &w, 68, 2, 64, &x, &mut out, 1, true).is_err());
-    assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out[..1], 1, true).is_err());
+    assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out, 1, LLAMAFILE).is_ok());
+    assert!(matmul_quant(8, &w, 68, 3, 64, &x, &mut out, 1, LLAMAFILE).is_err());
+    assert!(matmul_quant(8, &w, 60, 2, 64, &x, &mut out, 1, LLAMAFILE).is_err());
+    assert!(matmul_quant(8, &w, 68, 2, 48, &x, &mut out, 1, LLAMAFILE).is_err());
+    assert!(matmul_quant(12, &w, 68, 2, 64, &x, &mut out, 1, LLAMAFILE).is_err());
+    assert!(matmul_quant(99, &w, 68, 2, 64, &x, &mut out, 1, LLAMAFILE).is_err());
+    assert!(matmul_quant(8, &w, 68, 2, 64, &x, &mut out[..1], 1, LLAMAFILE).is_err());
 }
 
 /// Widened rows give the f16 row dot's bits (odd K: the tail added one by one), for one and
@@ -98,7 +103,7 @@ fn widened_rows_keep_the_row_dots_bits() {
         let x: Vec<f32> = noise(7 + k as u64, n * k).iter().map(|v| v * 4.0).collect();
         let act = Converted::new(ActFormat::F16, &x, k);
         let mut got = vec![0.0f32; n * m];
-        matmul_quant(1, &w, 2 * k, m, k, &x, &mut got, 2, false).unwrap();
+        matmul_quant(1, &w, 2 * k, m, k, &x, &mut got, 2, GGML).unwrap();
         for i in 0..m {
             for r in 0..n {
                 // SAFETY: serves() checked AVX2, FMA and F16C.
@@ -122,7 +127,7 @@ fn float_weights_follow_tinyblas_through_matmul_quant() {
     for (t, (m, k, n), w, x, _, want) in tiled {
         let row = k * type_info(t).unwrap().act.block_bytes();
         let mut got = vec![0.0f32; n * m];
-        matmul_quant(t, &w, row, m, k, &x, &mut got, 3, true).unwrap();
+        matmul_quant(t, &w, row, m, k, &x, &mut got, 3, LLAMAFILE).unwrap();
         for (o, (got, want)) in got.iter().zip(&want).enumerate() {
             let (r, i) = (o / m, o % m);
             assert_eq!(
