@@ -219,10 +219,11 @@ def test_refused_connections_do_not_disturb_others(server_factory, pki, tokens):
 
 def test_unread_response_holds_little_ciphertext(server_factory, pki, tokens, monkeypatch):
     """A client that asks for 64 MiB and reads nothing: the server encrypts a piece at a time
-    (server/stream.py), so it holds at most about two pieces of ciphertext plus what the socket
-    queue takes, and the rest stays a view of the buffer. Then it reads it all, intact."""
+    (transport/tlssocket.py), the next only once the socket took the last, so it holds at most
+    one piece of ciphertext, and the rest stays a view of the buffer. Then it reads it all,
+    intact."""
     from rpcnet import _native
-    from rpcnet.server.stream import TLS_PIECE
+    from rpcnet.transport.tlssocket import SEND_PIECE
     from support.raw import frame
 
     monkeypatch.setenv("RPCNET_SHARE_WEIGHTS", "0")  # the buffer's own bytes, read in place
@@ -251,20 +252,22 @@ def test_unread_response_holds_little_ciphertext(server_factory, pki, tokens, mo
         s.sendall(frame(6, t.to_bytes() + b"\0" + struct_pack("<Q", 0) + head))
         s.sendall(frame(8, t.to_bytes() + struct_pack("<QQ", 0, size)))  # GET_TENSOR, unread
 
-        def stream():
+        def transport():
             conns = list(srv.server.connections.values())
-            return conns[0].stream if conns else None
+            return conns[0].stream.transport if conns else None
 
-        wait_until(lambda: srv.call(lambda: bool(stream() and stream()._tls_out)))
+        wait_until(lambda: srv.call(lambda: bool(transport() and transport()._pending)))
         time.sleep(0.3)  # let it settle where the socket stops taking bytes
-        queued, pending = srv.call(
+        cipher, pending, views = srv.call(
             lambda: (
-                stream().transport.get_write_buffer_size(),
-                sum(v.nbytes for v in stream()._tls_out),
+                transport().ciphertext_held(),
+                transport().get_write_buffer_size(),
+                [type(v.obj) for v in transport()._pending],
             )
         )
-        assert queued <= 2 * TLS_PIECE + (64 << 10), queued
+        assert cipher <= SEND_PIECE + (16 << 10), cipher  # a piece and its records' overhead
         assert pending > size // 2  # the rest is still the buffer's own bytes, not ciphertext
+        assert bytes not in views and bytearray not in views, views
         got = bytearray()
         (n,) = struct_unpack("<Q", _recv_exactly(s, 8))
         assert n == size
@@ -304,7 +307,7 @@ def test_tunnel_holds_little_for_a_client_that_does_not_read(server_factory, pki
 
         def server_waits() -> bool:
             conns = list(srv.server.connections.values())
-            return bool(conns and conns[0].stream._tls_out)
+            return bool(conns and conns[0].stream.transport.get_write_buffer_size())
 
         wait_until(lambda: srv.call(server_waits))
         time.sleep(0.3)

@@ -198,7 +198,7 @@ class Tunnel:
         config = self.config
         server_name = (config.server_name or route.to[0]) if route.fingerprint is None else None
         try:
-            sock, status = await asyncio.to_thread(
+            channel, status = await asyncio.to_thread(
                 open_tls,
                 route.to,
                 self.context,
@@ -213,7 +213,7 @@ class Tunnel:
             log.warning("%s: tunnel to %s: %s", who, target, exc or type(exc).__name__)
         else:
             if plain.closed:
-                sock.close()
+                channel.close()
                 return
             if route.fingerprint is None:
                 status["verified_by"] = f"CA {config.ca}"
@@ -221,7 +221,7 @@ class Tunnel:
             status["listen"] = f"{listen[0]}:{listen[1]}" if listen else "?"
             status["client"] = who
             plain.status = status
-            plain.attach(TlsSide(sock, plain))
+            plain.attach(TlsSide(channel, plain))
             self.opened_count += 1
             log.info(
                 "%s: tunnel to %s: %s %s, server certificate sha256 %s, tenant %s",

@@ -1,20 +1,20 @@
 """One `rpcnet tunnel` connection: the client's plain TCP side and the server's TLS side.
 
-The TLS side is a non-blocking `ssl.SSLSocket` watched by the event loop (`add_reader` /
-`add_writer`), not a TLS transport over memory BIOs: OpenSSL encrypts straight from the
-client side's receive buffer and writes the records to the socket itself, and decrypts straight
-from the socket. An upload then costs the tunnel one kernel copy in, one encryption and one
-kernel copy out; no Python `bytes` is made per chunk.
+The TLS side is an `ssl.SSLObject` over memory BIOs on a non-blocking socket watched by the event
+loop (`add_reader` / `add_writer`), not a TLS transport: the socket is written and read in large
+pieces (`SEND_PIECE` of plaintext encrypted at a time, reads of up to `READ_SIZE`), not a TLS
+record (16 KiB) per syscall. On loopback the kernel's per-call and per-segment cost, more than
+the cipher, is what an upload pays for; no Python `bytes` is made per record.
 
 - client -> server: the plain side is a `BufferedProtocol` receiving into one buffer; what
-  arrives goes through the `RequestScanner` and into `SSLSocket.send` at once. Whatever the
-  socket does not take yet stays referenced (the buffer with it), and the plain side stops
-  reading until it is sent: the tunnel holds at most one buffer per connection this way.
-- server -> client: the TLS socket is decrypted into one reused buffer when readable (up to
-  `READ_BURST` bytes per turn), copied once per `READ_SIZE` to the plain transport; past its
-  high-water mark, the TLS side stops reading.
+  arrives goes through the `RequestScanner` and is encrypted from that buffer a piece at a time,
+  each piece once the socket took the last. While any of it is not sent, the plain side stops
+  reading: the tunnel holds the buffer and one piece of ciphertext per connection.
+- server -> client: ciphertext is read when the socket is readable and decrypted into one reused
+  buffer (up to `READ_BURST` bytes per turn), copied once per `READ_SIZE` to the plain
+  transport; past its high-water mark, the TLS side stops reading.
 
-Set-up (connect, handshake, verification, token) runs on a thread with blocking sockets and a
+Set-up (connect, handshake, verification, token) runs on a thread with a blocking socket and a
 deadline (`open_tls`): a few per client, off the forwarding path.
 """
 
@@ -30,6 +30,7 @@ from typing import Any
 
 from rpcnet.server.tokens import ACCEPTED, ANSWER_HEAD, encode_request, parse_answer_head
 from rpcnet.transport import tls as tlsmod
+from rpcnet.transport.tlssocket import read_buffer
 from rpcnet.tunnelwire import (
     HEADER,
     STATUS,
@@ -40,11 +41,36 @@ from rpcnet.tunnelwire import (
 )
 
 RECEIVE = 1 << 20  # the plain side's receive buffer
-SEND_PIECE = 256 << 10  # one SSL_write at most (a blocked write is retried with the same bytes)
-READ_SIZE = 256 << 10  # one TLS receive
+SEND_PIECE = 256 << 10  # plaintext encrypted at a time, sent before the next is encrypted
+READ_SIZE = 256 << 10  # decrypted server bytes per copy to the client
 READ_BURST = 4 << 20  # TLS bytes read per event-loop turn before other connections run
 WRITE_HIGH = 4 << 20  # bytes queued for the client before the TLS side stops reading
-WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError)
+JOIN_MAX = 256 << 10  # small parts sent together go out as one record and one segment
+WOULD_BLOCK = (BlockingIOError, InterruptedError)
+
+
+class TlsChannel:
+    """A connected socket and the TLS state over it: an `ssl.SSLObject` on memory BIOs."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, server_name: str | None):
+        self.sock = sock
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname=server_name)
+
+    def fill(self) -> int:
+        """One socket read into the incoming BIO: the bytes read, 0 at EOF (BlockingIOError
+        on a non-blocking socket with nothing to read)."""
+        view = read_buffer()
+        n = self.sock.recv_into(view)
+        if n:
+            self.incoming.write(view[:n])
+        return n
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
 
 class TunnelError(Exception):
@@ -58,19 +84,20 @@ def open_tls(
     pinned: str | None,
     token: bytes,
     timeout: float,
-) -> tuple[ssl.SSLSocket, dict[str, Any]]:
+) -> tuple[TlsChannel, dict[str, Any]]:
     """Blocking (run it on a thread): TCP, TLS 1.3, the server verified (CA or `pinned`
-    fingerprint) before the token leaves, the token's answer. Returns the socket, non-blocking,
-    and what the tunnel reports of it."""
+    fingerprint) before the token leaves, the token's answer. Returns the channel, its socket
+    non-blocking, and what the tunnel reports of it."""
     deadline = time.monotonic() + timeout
     try:
         raw = socket.create_connection(address, timeout=timeout)
     except TimeoutError as exc:
         raise TunnelError(f"no answer within {timeout:.0f} s") from exc
+    channel = TlsChannel(raw, context, server_name)
     try:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            sock = context.wrap_socket(raw, server_hostname=server_name)
+            _handshake(channel, deadline)
         except ssl.SSLError as exc:
             why = getattr(exc, "verify_message", None) or exc.reason or str(exc)
             raise TunnelError(f"TLS handshake failed: {why}") from exc
@@ -78,47 +105,65 @@ def open_tls(
             raise TunnelError(f"no TLS handshake within {timeout:.0f} s") from exc
         except OSError as exc:
             raise TunnelError(f"TLS handshake failed: {exc or type(exc).__name__}") from exc
-    except BaseException:
-        raw.close()
-        raise
-    try:
-        der = sock.getpeercert(binary_form=True)
+        tls = channel.tls
+        der = tls.getpeercert(binary_form=True)
         if pinned is not None:
             fp = tlsmod.check_fingerprint(der, pinned)  # before the token leaves
         else:
             fp = tlsmod.fingerprint(der or b"")
-        sock.sendall(encode_request(token))
-        status, length = parse_answer_head(_recv_exactly(sock, ANSWER_HEAD.size, deadline))
-        tenant = _recv_exactly(sock, length, deadline).decode(errors="replace")
+        tls.write(encode_request(token))
+        raw.sendall(channel.outgoing.read())
+        status, length = parse_answer_head(_recv_exactly(channel, ANSWER_HEAD.size, deadline))
+        tenant = _recv_exactly(channel, length, deadline).decode(errors="replace")
         if status != ACCEPTED:
             raise TunnelError("the server refused the token")
-        cipher = sock.cipher()
+        cipher = tls.cipher()
         info: dict[str, Any] = {
             "server": f"{address[0]}:{address[1]}",
-            "tls_version": sock.version(),
+            "tls_version": tls.version(),
             "cipher": cipher[0] if cipher else "?",
             "fingerprint": fp,
             "verified_by": "pinned fingerprint" if pinned else "CA",
             "tenant": tenant,
         }
-        sock.setblocking(False)
-        return sock, info
+        raw.setblocking(False)
+        return channel, info
     except BaseException:
-        sock.close()
+        channel.close()
         raise
 
 
-def _recv_exactly(sock: ssl.SSLSocket, n: int, deadline: float) -> bytes:
+def _handshake(channel: TlsChannel, deadline: float) -> None:
+    """The client handshake over the blocking socket, each read within the deadline."""
+    while True:
+        try:
+            channel.tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            channel.sock.sendall(channel.outgoing.read())
+            channel.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+            if not channel.fill():
+                raise ConnectionResetError("the server closed the connection") from None
+    channel.sock.sendall(channel.outgoing.read())
+
+
+def _recv_exactly(channel: TlsChannel, n: int, deadline: float) -> bytes:
     out = bytearray()
     while len(out) < n:
-        sock.settimeout(max(deadline - time.monotonic(), 0.01))
         try:
-            chunk = sock.recv(n - len(out))
+            out += channel.tls.read(n - len(out))
+            continue
+        except ssl.SSLWantReadError:
+            pass
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            raise TunnelError("the server closed the connection (wrong token?)") from None
+        channel.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            got = channel.fill()
         except TimeoutError as exc:
             raise TunnelError("the server did not answer the token") from exc
-        if not chunk:
+        if not got:
             raise TunnelError("the server closed the connection (wrong token?)")
-        out += chunk
     return bytes(out)
 
 
@@ -197,7 +242,7 @@ class PlainSide(asyncio.BufferedProtocol):
     def may_resume(self) -> None:
         """Read the client again once nothing references the buffer."""
         secure = self.secure
-        if self._held is None and secure is not None and not secure.pending and not self.closed:
+        if self._held is None and secure is not None and not secure.busy and not self.closed:
             self.transport.resume_reading()
 
     def attach(self, secure: TlsSide) -> None:
@@ -230,21 +275,31 @@ class PlainSide(asyncio.BufferedProtocol):
 
 
 class TlsSide:
-    """The server side: a non-blocking TLS socket driven by the event loop's fd callbacks."""
+    """The server side: TLS over memory BIOs on a non-blocking socket, driven by the event
+    loop's fd callbacks."""
 
-    def __init__(self, sock: ssl.SSLSocket, plain: PlainSide) -> None:
-        self.sock = sock
+    def __init__(self, channel: TlsChannel, plain: PlainSide) -> None:
+        self.channel = channel
+        self.tls = channel.tls
+        self.sock = channel.sock
         self.plain = plain
         self.loop = asyncio.get_running_loop()
-        self.fd = sock.fileno()
-        self.pending: list[memoryview] = []  # client bytes SSL_write has not taken yet
+        self.fd = self.sock.fileno()
+        self.pending: list[memoryview] = []  # client bytes not yet encrypted
+        self._cipher = memoryview(b"")  # encrypted, not yet taken by the socket
         self._read_view = memoryview(bytearray(READ_SIZE))  # server bytes, decrypted
         self._reading = False
         self._writing = False
+        self._server_eof = False
         self.closed = False
 
     def start(self) -> None:
         self.reading(True)
+
+    @property
+    def busy(self) -> bool:
+        """Client bytes (views of its buffer) or their ciphertext are not sent yet."""
+        return bool(self.pending or self._cipher)
 
     # ------------------------------------------------------------ client -> server
 
@@ -252,35 +307,52 @@ class TlsSide:
         if self.closed:
             return
         views = [memoryview(p).cast("B") for p in parts]
-        if len(views) > 1 and sum(v.nbytes for v in views) <= SEND_PIECE:
+        if len(views) > 1 and sum(v.nbytes for v in views) <= JOIN_MAX:
             # one TLS record and one segment, not one per frame header and payload piece
             views = [memoryview(b"".join(views))]
         self.pending.extend(views)
         self._flush()
-        if self.pending and not self.closed:  # the plain buffer is still referenced
+        if self.busy and not self.closed:  # the plain buffer is still referenced
             self.plain.transport.pause_reading()
-            self._want_write(True)
 
     def _flush(self) -> None:
+        """Encrypt a piece, send it; the next piece only once the socket took the last."""
         pending = self.pending
-        while pending:
+        while self._send_cipher() and pending:
             head = pending[0]
+            if head.nbytes <= SEND_PIECE:
+                pending.pop(0)
+                piece = head
+            else:
+                piece, pending[0] = head[:SEND_PIECE], head[SEND_PIECE:]
             try:
-                n = self.sock.send(head[:SEND_PIECE])
-            except WOULD_BLOCK:
-                return
-            except OSError:
+                self.tls.write(piece)
+            except (ssl.SSLError, ValueError):
                 self._lost()
                 return
-            if n >= head.nbytes:
-                pending.pop(0)
-            else:
-                pending[0] = head[n:]
+
+    def _send_cipher(self) -> bool:
+        """Send what TLS produced; True once the socket took all of it."""
+        if self.closed:
+            return False
+        if not self._cipher and self.channel.outgoing.pending:
+            self._cipher = memoryview(self.channel.outgoing.read())
+        while self._cipher:
+            try:
+                n = self.sock.send(self._cipher)
+            except WOULD_BLOCK:
+                self._want_write(True)
+                return False
+            except OSError:
+                self._lost()
+                return False
+            self._cipher = self._cipher[n:]
+        self._want_write(False)
+        return True
 
     def _on_writable(self) -> None:
         self._flush()
-        if not self.pending and not self.closed:
-            self._want_write(False)
+        if not self.busy and not self.closed:
             self.plain.may_resume()
 
     # ------------------------------------------------------------ server -> client
@@ -291,38 +363,54 @@ class TlsSide:
         self._reading = on
         if on:
             self.loop.add_reader(self.fd, self._on_readable)
-            self._on_readable()  # plaintext OpenSSL already holds would not wake the loop
+            self._on_readable()  # ciphertext already in the BIO would not wake the loop
         else:
             self.loop.remove_reader(self.fd)
 
     def _on_readable(self) -> None:
         if self.closed or not self._reading:
             return
-        view, got, eof = self._read_view, 0, False
-        try:
-            while got < READ_BURST:
-                filled = 0
-                try:
-                    while filled < READ_SIZE:  # a record (16 KiB at most) per call
-                        n = self.sock.recv_into(view[filled:])
-                        if not n:
-                            eof = True
-                            break
-                        filled += n
-                finally:
-                    if filled:  # one copy per READ_SIZE: the buffer is reused
-                        self.plain.transport.write(bytes(view[:filled]))
-                        got += filled
-                if eof or filled < READ_SIZE:
-                    break
-        except WOULD_BLOCK:
-            pass
-        except OSError:
-            eof = True
-        if eof:
+        got, more = 0, True
+        while more and self._reading and got < READ_BURST:
+            filled, more = self._decrypt()
+            if filled:  # one copy per READ_SIZE: the buffer is reused
+                self.plain.transport.write(bytes(self._read_view[:filled]))
+                got += filled
+            if self.closed:
+                return
+        if self._server_eof and not more:
             self._lost()
-        elif got >= READ_BURST and self._reading:  # more may be waiting in OpenSSL
+        elif more and self._reading:  # more may be waiting in the BIO or the socket
             self.loop.call_soon(self._on_readable)
+
+    def _decrypt(self) -> tuple[int, bool]:
+        """Decrypt server bytes into the read buffer: (bytes, whether more may come now)."""
+        view, filled = self._read_view, 0
+        read: Callable[[int, memoryview], int] = self.tls.read  # type: ignore[assignment]
+        while filled < READ_SIZE:
+            try:
+                n = read(READ_SIZE - filled, view[filled:])  # a record at most per call
+            except ssl.SSLWantReadError:
+                if self._server_eof:
+                    return filled, False
+                try:
+                    if not self.channel.fill():
+                        self._server_eof = True
+                except WOULD_BLOCK:
+                    return filled, False
+                except OSError:
+                    self._server_eof = True
+                continue
+            except (ssl.SSLError, ValueError):  # close_notify, a broken record
+                self._server_eof = True
+                return filled, False
+            if not n:
+                self._server_eof = True
+                return filled, False
+            filled += n
+        if self.channel.outgoing.pending:  # TLS itself answered something (a key update)
+            self._flush()
+        return filled, True
 
     # ------------------------------------------------------------ closing
 
@@ -346,10 +434,8 @@ class TlsSide:
         self._want_write(False)
         self.closed = True
         self.pending.clear()
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        self._cipher = memoryview(b"")
+        self.channel.close()
 
 
 async def query_status(host: str, port: int, timeout: float) -> dict[str, Any] | None:

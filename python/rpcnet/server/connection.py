@@ -59,6 +59,7 @@ from rpcnet.server.tokens import (
 )
 from rpcnet.transport.base import ByteStream, ConnectionClosed
 from rpcnet.transport.negotiate import ServerNegotiation
+from rpcnet.transport.tlssocket import TlsHandshakeTimeout
 
 log = logging.getLogger("rpcnet.server")
 
@@ -199,10 +200,8 @@ class Connection:
             assert finish_tls is not None, "TLS needs the TCP stream"
             try:
                 await finish_tls()
-            except ConnectionAbortedError as exc:
-                if "taking longer" in str(exc):
-                    raise Refused(f"no TLS handshake within {timeout:.0f} s", "tls") from exc
-                raise Refused(f"TLS handshake failed: {exc}", "tls") from exc
+            except TlsHandshakeTimeout as exc:
+                raise Refused(f"no TLS handshake within {timeout:.0f} s", "tls") from exc
             except ssl.SSLError as exc:
                 hint = ""
                 if exc.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNSUPPORTED_PROTOCOL"):

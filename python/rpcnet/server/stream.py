@@ -2,27 +2,23 @@
 
 The event loop asks `get_buffer()` where to put incoming bytes. While a coroutine waits in
 `readinto`, that is the caller's destination itself (no intermediate copy); otherwise bytes go
-to a small staging area, and reading pauses once it is full.
+to a small staging area, and reading pauses once it is full. Over TLS the transport is
+`rpcnet.transport.tlssocket`'s: OpenSSL decrypts from the socket into those same buffers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import ssl
 from collections.abc import Callable
 from typing import Any
 
 from rpcnet._native import MAX_CHUNK, chunk_plan
 from rpcnet.transport.base import ConnectionClosed
+from rpcnet.transport.tlssocket import TlsSocketTransport
 
 STAGING = 256 * 1024
 FIRST_READ = 16 * 1024
-TLS_WIRE_HIGH = 1 << 20
-# Over TLS, a response is handed to the TLS layer this much at a time, the next piece only once
-# the socket took the last: what a client that does not read makes the server hold in
-# ciphertext stays below TLS_WIRE_HIGH + 2 pieces per connection, whatever the response size.
-TLS_PIECE = 1 << 20
 
 
 class StreamProtocol(asyncio.BufferedProtocol):
@@ -46,8 +42,7 @@ class StreamProtocol(asyncio.BufferedProtocol):
         self.fast_path: Callable[[], None] | None = None
         self._at_boundary = False
         self._fast_error: Exception | None = None
-        self._tls: tuple[Any, asyncio.Future[None]] | None = None  # begin_tls .. finish_tls
-        self._tls_out: collections.deque[memoryview] | None = None  # not yet handed to TLS
+        self._tls: TlsSocketTransport | None = None  # begin_tls .. finish_tls
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -116,60 +111,39 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if self._tls_out:
-            self._pump()
-            if self._tls_out:
-                return
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
 
     def begin_tls(self, context: ssl.SSLContext, timeout: float) -> None:
-        """Put a TLS layer (server side) under this protocol; call from `connection_made`.
+        """Put TLS (server side) under this protocol; call from `connection_made`.
 
         It must happen there, before the event loop starts reading: bytes of the client's
-        handshake must never reach this protocol's staging. `finish_tls` waits for the
-        handshake; afterwards the same stream reads and writes plaintext (decrypted straight
-        into `readinto` destinations).
+        handshake must never reach this protocol's staging. The handshake starts now, with
+        `timeout` seconds to finish; `finish_tls` waits for it. Afterwards the same stream reads
+        and writes plaintext, decrypted straight into `readinto` destinations.
         """
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        ssl_protocol = _ssl_protocol_class(loop)(
-            loop,
-            self,
-            context,
-            waiter,
-            server_side=True,
-            call_connection_made=False,
-            ssl_handshake_timeout=timeout,
-        )
         transport = self.transport
         assert transport is not None
-        transport.set_write_buffer_limits(high=TLS_WIRE_HIGH)  # ciphertext queued on the socket
-        transport.set_protocol(ssl_protocol)
-        ssl_protocol.connection_made(transport)
-        self._tls = (ssl_protocol._get_app_transport(), waiter)
+        self._tls = TlsSocketTransport.accept(transport, context, self, timeout)
+        self.transport = self._tls
 
     async def finish_tls(self) -> None:
-        """Wait for the handshake `begin_tls` started; raises what made it fail."""
+        """Wait for the handshake `begin_tls` started; raises what made it fail
+        (`TlsHandshakeTimeout` past the deadline, `ssl.SSLError`, `OSError`)."""
         assert self._tls is not None
-        app_transport, waiter = self._tls
-        self._tls = None
+        tls, self._tls = self._tls, None
         try:
-            await waiter
+            await tls.handshake
         except BaseException:
-            app_transport.close()
+            tls.abort()
             raise
-        self.transport = app_transport
-        # Paused while any byte is not yet encrypted and handed to the socket (high=0 would
-        # pause on every write: the TLS protocol compares size >= high, and 0 >= 0).
-        app_transport.set_write_buffer_limits(high=1, low=0)
-        self._tls_out = collections.deque()
+        # Paused while any byte is not yet encrypted into the socket: drain() then means "the
+        # response no longer references device memory" (the transport holds views, not copies).
+        tls.set_write_buffer_limits(high=1, low=0)
 
     def abort(self) -> None:
         """Close at once, dropping unsent bytes."""
         self._target = self._on_filled = None
-        if self._tls_out:
-            self._tls_out.clear()
         if self.transport is not None:
             self.transport.abort()
 
@@ -269,16 +243,12 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     @property
     def write_ready(self) -> bool:
-        return not self._write_paused and not self._tls_out
+        return not self._write_paused
 
     # ------------------------------------------------------------ writing
 
     def write(self, data: Any) -> None:
         view = memoryview(data).cast("B")
-        if self._tls_out is not None:
-            self._tls_out.append(view)
-            self._pump()
-            return
         if view.nbytes <= MAX_CHUNK:
             self.transport.write(view)  # type: ignore[union-attr]
             return
@@ -287,10 +257,6 @@ class StreamProtocol(asyncio.BufferedProtocol):
 
     def writelines(self, parts: list[Any]) -> None:
         views = [memoryview(part).cast("B") for part in parts]
-        if self._tls_out is not None:
-            self._tls_out.extend(views)
-            self._pump()
-            return
         if any(view.nbytes > MAX_CHUNK for view in views):
             for view in views:
                 self.write(view)
@@ -300,7 +266,7 @@ class StreamProtocol(asyncio.BufferedProtocol):
     async def drain(self) -> None:
         if self._eof and self._error is not None:
             raise ConnectionClosed(str(self._error))
-        if not self._write_paused and not self._tls_out:
+        if not self._write_paused:
             return
         self._drain_waiter = asyncio.get_running_loop().create_future()
         try:
@@ -308,33 +274,7 @@ class StreamProtocol(asyncio.BufferedProtocol):
         finally:
             self._drain_waiter = None
 
-    def _pump(self) -> None:
-        """Hand queued response bytes to the TLS layer, a piece at a time, while it takes them."""
-        out = self._tls_out
-        assert out is not None
-        while out and not self._write_paused:
-            head = out[0]
-            if head.nbytes <= TLS_PIECE:
-                out.popleft()
-                self.transport.write(head)  # type: ignore[union-attr]
-            else:
-                out[0] = head[TLS_PIECE:]
-                self.transport.write(head[:TLS_PIECE])  # type: ignore[union-attr]
-
     def close(self) -> None:
         self._target = self._on_filled = None  # drop the view of device memory
-        if self._tls_out:
-            self._tls_out.clear()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
-
-
-def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> Any:
-    """The loop's own TLS protocol: uvloop's (Cython) on uvloop, asyncio's otherwise."""
-    if type(loop).__module__.split(".")[0] == "uvloop":
-        from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]
-
-        return SSLProtocol
-    from asyncio.sslproto import SSLProtocol as AsyncioSSLProtocol
-
-    return AsyncioSSLProtocol
