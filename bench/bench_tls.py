@@ -265,9 +265,9 @@ def as_report(result: dict) -> dict:
         "tables": [{"columns": ["measure", "plain TCP", "tunnel + TLS", "ratio"], "rows": rows}],
         "notes": [
             f"{cpu['cores']} cores shared with other jobs{load_note(result)}: an upload "
-            "through the tunnel keeps three processes busy (client, tunnel, server: two "
-            "copies and an encryption in the tunnel, a copy and a decryption in the server), "
-            "so its GB/s is the figure contention moves most. The CPU times depend less on the "
+            "through the tunnel keeps three processes busy (client; tunnel: a receive, an "
+            "encryption and a send; server: a receive and a decryption into the buffer), so its "
+            "GB/s is the figure contention moves most. The CPU times depend less on the "
             "other jobs: 64 MiB over the larger of the two is what the path carries with a "
             "core each for tunnel and server.",
             "Servers run with RPCNET_SHARE_WEIGHTS=0: this measures the wire; with shared "
