@@ -276,6 +276,49 @@ def test_unread_response_holds_little_ciphertext(server_factory, pki, tokens, mo
     assert_nothing_held(srv)
 
 
+def test_a_client_that_stops_reading_holds_one_read_of_ciphertext(server_factory, pki, tokens):
+    """Frames keep coming while the server waits for the client to read a 64 MiB GET_TENSOR:
+    the stream's staging fills, reading pauses, and the server holds at most one socket read of
+    ciphertext not yet decrypted; the rest stays in the kernel's socket buffers."""
+    from rpcnet import _native
+    from rpcnet.server.stream import STAGING
+    from rpcnet.transport.tlssocket import READ_SIZE, RECORD
+    from support.raw import frame
+
+    srv = secure_server(server_factory, pki, tokens)
+    size = 64 << 20
+    with tls_socket(srv.port) as s:
+        s.settimeout(10)
+        assert present_token(s, TOKEN) == (0, "alice")
+        s.sendall(frame(HELLO[0], bytes(24)))
+        assert len(_recv_exactly(s, 8 + 28)) == 36
+        s.sendall(frame(0, struct_pack("<IQ", 0, size)))
+        handle, _ = struct_unpack("<QQ", _recv_exactly(s, 8 + 16)[8:])
+        s.sendall(frame(3, struct_pack("<Q", handle)))
+        base = struct_unpack("<Q", _recv_exactly(s, 8 + 8)[8:])[0]
+        t = _native.RpcTensor(id=1, type=24, buffer=handle, data=base, ne=(size, 1, 1, 1))
+        s.sendall(frame(8, t.to_bytes() + struct_pack("<QQ", 0, size)))  # GET_TENSOR, unread
+        s.settimeout(2)
+        more = frame(15) * (1 << 20)  # GET_DEVICE_COUNT frames, 9 MiB of them
+        sent = 0
+        try:
+            while sent < len(more):
+                sent += s.send(more[sent : sent + (1 << 20)])
+        except TimeoutError:
+            pass  # the server stopped reading: everything is full
+        assert sent > STAGING + READ_SIZE
+
+        def held() -> tuple[int, int]:
+            conn = next(iter(srv.server.connections.values()))
+            return conn.stream.transport._incoming.pending, len(conn.stream.staged())
+
+        time.sleep(0.3)
+        cipher, staged = srv.call(held)
+        assert cipher <= READ_SIZE + RECORD, cipher
+        assert staged <= STAGING
+    assert_nothing_held(srv)
+
+
 def _recv_exactly(sock, n: int) -> bytes:
     out = bytearray(n)
     view, got = memoryview(out), 0
