@@ -74,6 +74,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_cuda_host": ("unit",),
     "test_cuda_nvrtc": ("unit",),
     "test_cuda_strict": ("unit",),
+    "test_cuda_params": ("unit",),
     "test_cuda_emulated": ("unit",),
     "test_cuda_fused": ("unit",),
     "test_cuda_ptxas": ("unit",),

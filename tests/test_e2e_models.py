@@ -22,6 +22,7 @@ docs/e2e.md.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -239,16 +240,34 @@ def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
     }[backend]
     gpu = backend in ("cuda", "emulated-cuda")
     case = Case(model, servers=(key,), opts=("--prefill", PREFILL, "--flash-attn", fa), gpu=gpu)
+    earlier = e2e.servers["started"].get(key)  # a server of an earlier case: its trace so far
+    start = 0
+    if earlier is not None and backend == "emulated-cuda":
+        start = len(earlier.devices[0].backend.cp.timeline.trace)
     e2e.check(f"backend-{backend}-fa{fa}/{model}", case)
     if backend == "emulated-cuda":  # decode steps were captured once, then replayed
         device = e2e.servers["started"][key].devices[0]
         stats = device.runner.replay.stats
         assert stats.captures > 0 and stats.replays > 0 and stats.failed_captures == 0, stats
         device.backend.cp.assert_clean()  # stream order, capture rules, launches
+        _check_decode_step_transfers(device.backend.cp.timeline.trace[start:])
     if backend == "fake-staged":
         staged = e2e.servers["started"][key].devices[0].backend
         assert staged.copier.copies > 0, "no byte went through the staging slots"
         assert staged.pool.in_use == 0, "a transfer kept its staging slots"
+
+
+def _check_decode_step_transfers(trace: list[tuple]) -> None:
+    """From one replayed decode step's graph launch to the next, the host starts at most 3
+    copies and no kernel of its own: the logits come back, the step's small inputs go out
+    in one copy, and everything else runs inside the graph."""
+    graphs = [i for i, event in enumerate(trace) if event[0] == "graph"]
+    assert len(graphs) >= 3, f"{len(graphs)} graph launches: decode was not replayed"
+    for a, b in itertools.pairwise(graphs):
+        between = trace[a + 1 : b]
+        copies = [e for e in between if e[0] == "copy"]
+        kernels = [e for e in between if e[0] == "kernel"]
+        assert len(copies) <= 3 and not kernels, between
 
 
 @pytest.mark.gpu

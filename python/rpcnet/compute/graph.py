@@ -69,6 +69,7 @@ class Plan:
     buffers: frozenset[int] = field(default_factory=frozenset)  # handles it touches
     n_nodes: int = 0
     written: tuple[Any, ...] = ()  # buffers its nodes write into
+    touched: tuple[Any, ...] = ()  # every buffer it reads or writes (a GPU stages their inputs)
     scratch: Any = None  # rpcnet.compute.scratch.ScratchLease, released when the plan is dropped
     footprint: int = 0  # estimated bytes the plan itself holds (views, closures), for caches
     uid: int = field(default_factory=lambda: next(_PLAN_UIDS))  # a key that is never reused
@@ -121,12 +122,14 @@ def _compile(
     fused = _fused_pairs(computed, nodes, device, set(groups.member_of))
     steps = []
     handles: set[int] = set()
+    touched: dict[int, Any] = {}
     need, needy = 0, None  # largest per-node scratch bound, and that node
     sites: list[WeightSite] = []  # single-row products over weights this plan never writes
     for node in nodes:
         for t in (node, *node.src):
             if t is not None and t.buffer is not None:
                 handles.add(t.buffer.handle)
+                touched[id(t.buffer)] = t.buffer
                 # Only data no node of this plan writes may be cached in derived form.
                 t.stable = id(t.buffer) not in written
         if not needs_compute(node) or id(node) in fused.skipped:
@@ -174,7 +177,14 @@ def _compile(
     if not profile.enabled():  # a profile times every node on its own
         joint = joint_form(steps, sites)
         steps = batch_native_steps(steps)
-    plan = Plan(steps, frozenset(handles), len(nodes), tuple(written.values()), joint=joint)
+    plan = Plan(
+        steps,
+        frozenset(handles),
+        len(nodes),
+        tuple(written.values()),
+        tuple(touched.values()),
+        joint=joint,
+    )
     plan.node_steps = node_steps
     plan.footprint = scratch.plan_footprint(nodes)
     if budget is not None:

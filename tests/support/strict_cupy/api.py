@@ -115,13 +115,39 @@ class StrictKernel:
         sid = owner.current.sid
         owner.check_stream_use(sid, f"kernel {self.name}")
 
+        scatter = self.name == "rpc_scatter_params"
+        block = int(args[0].data.ptr) if scatter else 0
+
         def run(on: int) -> None:
-            for alloc, write in touched:
+            # the scatter's destinations are in its block, read when it runs (a replay's block
+            # holds that step's writes)
+            extra = _scatter_destinations(tl, self.name, block) if scatter else []
+            for alloc, write in [*touched, *extra]:
                 tl.access(on, alloc, write, f"kernel {self.name}")
             self.kernel(g, b, args)
 
-        owner.launches.append(Launch(self.name, g, b, sid, tl.capture_of(sid) is not None))
+        captured = tl.capture_of(sid) is not None
+        owner.launches.append(Launch(self.name, g, b, sid, captured))
+        if not captured:
+            tl.trace.append(("kernel", self.name))
         owner.run_or_record(sid, run)
+
+
+def _scatter_destinations(tl: Timeline, name: str, block: int) -> list:
+    """The device allocations `rpc_scatter_params` writes, from its block at address `block`
+    (params.py's layout), each write checked to lie inside one."""
+    from rpcnet.compute.cuda.params import TABLE, unpack
+
+    table = np.ctypeslib.as_array((ctypes.c_uint8 * TABLE).from_address(block))
+    out = []
+    for dst, _, nbytes in unpack(table):
+        alloc = tl.find(dst, nbytes)
+        if alloc is None or alloc.kind != "device":
+            raise tl.fail(
+                MemoryFault(f"{name}: a write to {dst:#x}+{nbytes} outside device memory")
+            )
+        out.append((alloc, True))
+    return out
 
 
 class RawModule:
@@ -370,6 +396,8 @@ class StrictCupy:
         what = {H2D: "a copy to the device", D2H: "a copy to the host", D2D: "a device copy"}[kind]
         self.check_stream_use(sid, what, host_copy=kind != D2D)
         assert src_alloc is not None and dst_alloc is not None
+        if tl.capture_of(sid) is None:
+            tl.trace.append(("copy", kind, nbytes))
 
         def run(on: int) -> None:
             tl.access(on, src_alloc, False, what)

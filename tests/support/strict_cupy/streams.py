@@ -43,6 +43,7 @@ class Graph:
     def launch(self, stream: Stream | None = None) -> None:
         sid = stream.sid if stream is not None else LEGACY
         self.timeline.forbid_in_capture("a graph launch", sid)
+        self.timeline.trace.append(("graph",))
         for node in self.nodes:
             self.timeline.enqueue(sid)
             node(sid)

@@ -68,6 +68,9 @@ class Timeline:
         self._allocs: dict[int, Allocation] = {}
         self.captures: dict[int, Capture] = {}
         self.violations: list[StrictViolation] = []
+        # what the host started, in order: ("copy", kind, nbytes), ("kernel", name), ("graph",)
+        # (captured work is not here: it runs inside its graph's launch)
+        self.trace: list[tuple] = []
 
     # ---- agents --------------------------------------------------------------------------
     def new_stream(self, sid: int, blocking: bool) -> None:

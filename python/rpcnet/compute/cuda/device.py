@@ -17,6 +17,7 @@ from typing import Any
 from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.errors import CudaGraphError, classify, error_status
 from rpcnet.compute.cuda.execute import checked
+from rpcnet.compute.cuda.params import SMALL, DeferredSink, ParamBlock, PendingWrites
 from rpcnet.compute.cuda.probe import check_cuda
 from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, StagedSink, Staging, StagingPool
 
@@ -152,6 +153,11 @@ class CudaBackend:
         self._staging: StagingPool | None = None
         self._scratch: dict[str, Any] = {}
         self._scratch_lock = threading.Lock()
+        # small uploads wait here for the next plan or flush (params.py)
+        self.pending = PendingWrites()
+        self._graph_params: ParamBlock | None = None  # the kernel stream's: plans scatter it
+        self._eager_params: ParamBlock | None = None  # the copy stream's: flush scatters it
+        self._flush_lock = threading.Lock()
 
     # ---- memory -----------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Any | None:
@@ -170,7 +176,10 @@ class CudaBackend:
         return cp.ndarray((nbytes,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
 
     def free(self, buf: Any) -> None:
-        pass  # cudaFree when the last view of the allocation goes (CuPy's Memory)
+        # cudaFree when the last view of the allocation goes (CuPy's Memory); writes still
+        # pending for it must not land in whatever takes its address next
+        ptr = int(buf.data.ptr)
+        self.pending.discard(ptr, ptr + int(buf.nbytes))
 
     def view(
         self, buf: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
@@ -201,6 +210,43 @@ class CudaBackend:
             free, total = self.cp.cuda.runtime.memGetInfo()
         return int(free), int(total)
 
+    # ---- the parameter block (params.py) ------------------------------------------------
+    def defer(self, dst: int, data: Any) -> None:
+        """Hold a small upload for the next plan that reads it, or the next flush."""
+        if not self.pending.add(dst, data):
+            self.flush()
+            if not self.pending.add(dst, data):
+                raise ValueError(f"an upload of {len(data)} bytes is too large to defer")
+
+    def flush(self) -> None:
+        """Apply every pending write now, on the copy stream, finished before it returns."""
+        if not len(self.pending):
+            return
+        with self._flush_lock:
+            writes = self.pending.take()
+            if not writes:
+                return
+            if self._eager_params is None:
+                self._eager_params = ParamBlock(self, self.copy_stream)
+            self._eager_params.load(writes)
+            self._eager_params.scatter()
+            with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "parameter upload"):
+                self.copy_stream.synchronize()
+
+    def stage_params(self, buffers: tuple[Any, ...] | None) -> Any:
+        """Before a plan (on the kernel stream): load the pending writes into `buffers` (the
+        plan's; None: every pending write) into the graph block; returns the plan's first step,
+        the scatter."""
+        if buffers is None:
+            writes = self.pending.take()
+        else:
+            regions = [(int(b.array.data.ptr), int(b.array.data.ptr) + b.size) for b in buffers]
+            writes = self.pending.take(lambda dst: any(lo <= dst < hi for lo, hi in regions))
+        if self._graph_params is None:
+            self._graph_params = ParamBlock(self, self.stream)
+        self._graph_params.load(writes)
+        return self._graph_params.scatter
+
     # ---- transfers --------------------------------------------------------------------
     @property
     def staging_pool(self) -> StagingPool:
@@ -223,14 +269,19 @@ class CudaBackend:
             pool.release(staging)
 
     def upload(self, buf: Any, offset: int, total: int, fill: Any) -> None:
+        self.flush()
         with self._staged() as staging:
             staging.upload(int(buf.data.ptr) + offset, total, fill)
 
     def download(self, buf: Any, offset: int, total: int, emit: Any) -> None:
+        self.flush()
         with self._staged() as staging:
             staging.download(int(buf.data.ptr) + offset, total, emit)
 
-    def host_sink(self, buf: Any, offset: int, nbytes: int) -> StagedSink:
+    def host_sink(self, buf: Any, offset: int, nbytes: int) -> StagedSink | DeferredSink:
+        if nbytes <= SMALL:
+            return DeferredSink(self, int(buf.data.ptr) + offset, nbytes)
+        self.flush()  # earlier small writes into the range land first
         return StagedSink(self.staging_pool, int(buf.data.ptr) + offset, nbytes)
 
     def to_device(self, buf: Any, offset: int, data: Any) -> None:
@@ -261,6 +312,7 @@ class CudaBackend:
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
         """COPY_TENSOR on the copy stream, finished before it returns (the next graph may read
         the destination, and graphs run on the other stream)."""
+        self.flush()
         with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "COPY_TENSOR"):
             self.cp.cuda.runtime.memcpyAsync(
                 int(dst.data.ptr) + dst_offset,
@@ -273,6 +325,7 @@ class CudaBackend:
 
     def fill(self, buf: Any, offset: int, nbytes: int, value: int) -> None:
         """MEMSET / BUFFER_CLEAR on the copy stream, finished before it returns."""
+        self.flush()
         with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "memset"):
             ptr = int(buf.data.ptr) + offset
             self.cp.cuda.runtime.memsetAsync(ptr, value, nbytes, self.copy_stream.ptr)

@@ -78,14 +78,20 @@ class PlanRunner:
         for buf in plan.written:
             buf.touched()  # derived caches of these buffers are stale from here on
         capturable = all(getattr(step, "capturable", True) for step in plan.steps)
+        stage = getattr(self.backend, "stage_params", None)
+        scatter: Callable[[], None] | None = None
 
         def eager() -> None:
+            if scatter is not None:
+                scatter()
             for step in plan.steps:
                 step()
 
         start = time.perf_counter()
         kernels0 = self.kernel_count() if self.kernel_count is not None else 0
         try:
+            if stage is not None:  # the step's small uploads in one copy; their scatter leads it
+                scatter = stage(getattr(plan, "touched", None))
             how = self.replay.run(owner, plan.uid, plan.buffers, capturable, eager)
             self.backend.synchronize("graph")
         except CudaStickyError as exc:

@@ -15,6 +15,15 @@ import numpy as np
 
 from rpcnet.compute.cuda import sources
 from rpcnet.compute.cuda.device import CudaBackend
+from rpcnet.compute.cuda.kernel_launch import (  # noqa: F401 - the launchers' names for them
+    MAX_BLOCK_THREADS,
+    MAX_GRID_X,
+    MAX_GRID_YZ,
+    LaunchLimitError,
+    check_launch,
+    launch_count,
+)
+from rpcnet.compute.cuda.kernel_launch import launch as _launch
 
 NULL = np.uint64(0)
 MV_WARPS = 4  # RPC_MV_WARPS in matvec.cu
@@ -24,45 +33,9 @@ Q8_1_BYTES = 36
 i32, i64, f32 = np.int32, np.int64, np.float32
 
 
-#: CUDA's launch limits (every GPU since compute capability 3.0).
-MAX_GRID_X = (1 << 31) - 1
-MAX_GRID_YZ = 65535
-MAX_BLOCK_THREADS = 1024
-
-
-class LaunchLimitError(ValueError):
-    """A launch a GPU would refuse (grid or block too large): the graph fails, not the GPU."""
-
-
-def check_launch(grid: tuple, block: tuple) -> None:
-    """Refuse what CUDA would refuse, with the numbers, before it becomes a CUDA error."""
-    g = (*grid, 1, 1)[:3]
-    b = (*block, 1, 1)[:3]
-    if not (0 < g[0] <= MAX_GRID_X and 0 < g[1] <= MAX_GRID_YZ and 0 < g[2] <= MAX_GRID_YZ):
-        raise LaunchLimitError(f"grid {g} outside CUDA's limits (x < 2^31, y and z <= 65535)")
-    if min(b) <= 0 or b[0] * b[1] * b[2] > MAX_BLOCK_THREADS or b[2] > 64:
-        raise LaunchLimitError(f"block {b} outside CUDA's limits (<= 1024 threads, z <= 64)")
-
-
 def rows_grid(rows: int) -> int:
     """grid.y for kernels that walk rows with RPC_FOR_ROWS_Y (common.cuh)."""
     return max(1, min(rows, MAX_GRID_YZ))
-
-
-_launches = [0]  # kernels launched by this process (the decode-step count reads it)
-
-
-def launch_count() -> int:
-    """Kernels launched so far (cuBLAS calls through CuPy not included)."""
-    return _launches[0]
-
-
-def _launch(be: CudaBackend, fn: Any, grid: tuple, block: tuple, args: tuple) -> None:
-    """Launch on the backend's stream (CuPy launches on the current stream)."""
-    check_launch(grid, block)
-    with be.device, be.stream:
-        fn(grid, block, args)
-    _launches[0] += 1
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -170,7 +170,8 @@ def expected_kernels() -> dict[str, set[str]]:
         "elementwise": {"rpc_binary_f32", "rpc_unary_f32"},
         "rows": {f"rpc_get_rows_{s}" for s in WEIGHT_TYPES.values()}
         | {f"rpc_set_rows_{s}" for s in ("f32", "f16", "bf16", "q8_0")},
-        "cpy": {f"rpc_cpy_{a}_{b}" for a in FLOAT_SUFFIXES for b in FLOAT_SUFFIXES},
+        "cpy": {f"rpc_cpy_{a}_{b}" for a in FLOAT_SUFFIXES for b in FLOAT_SUFFIXES}
+        | {"rpc_scatter_params"},
         "attn_decode": {f"rpc_attn_decode_{t}_{t}" for t in ("f16", "bf16", "f32")},
         "flash_attn": {f"rpc_flash_attn_{k}_{v}" for k in ("f16", "q8_0") for v in ("f16", "q8_0")}
         | {"rpc_flash_attn_bf16_bf16"},

@@ -1,6 +1,9 @@
-// CPY / DUP / CONT between f32, f16 and bf16 tensors of any layout: element i of dst (in ggml's
-// logical order) takes element i of src; each side has its own shape and byte strides (ggml
-// allows different shapes with the same element count). (q8_0 destinations: SET_ROWS.)
+// Copies on the device. CPY / DUP / CONT between f32, f16 and bf16 tensors of any layout, and
+// the parameter block's scatter (below).
+//
+// CPY: element i of dst (in ggml's logical order) takes element i of src; each side has its own
+// shape and byte strides (ggml allows different shapes with the same element count). (q8_0
+// destinations: SET_ROWS.)
 // Launch: block 256, grid ceil(n / 256) (n = element count; grid.y covers n > 2^31 via stride).
 #include "blocks.cuh"
 #include "common.cuh"
@@ -48,3 +51,27 @@ RPC_CPY_KERNEL(RpcF16, RpcBF16, f16_bf16)
 RPC_CPY_KERNEL(RpcBF16, RpcF32, bf16_f32)
 RPC_CPY_KERNEL(RpcBF16, RpcF16, bf16_f16)
 RPC_CPY_KERNEL(RpcBF16, RpcBF16, bf16_bf16)
+
+// The parameter block of a step (compute/cuda/params.py): small uploads gathered on the host
+// and copied to the device in one transfer; this kernel puts each where it belongs. Block layout
+// (little-endian): u32 count at 0; entry e at 16 + 16 e = {u64 dst, u32 offset of its bytes in
+// the block, u32 byte count}, e < RPC_PARAM_ENTRIES. It reads everything from the block, so a
+// captured graph replays it unchanged while the block's contents change from step to step.
+// Launch: block 256, grid RPC_PARAM_ENTRIES (block e copies entry e; entries past count exit).
+#define RPC_PARAM_ENTRIES 64
+
+extern "C" __global__ void __launch_bounds__(256) rpc_scatter_params(const uint8_t* block) {
+    const unsigned int count = *(const unsigned int*)block;
+    if (blockIdx.x >= count) return;
+    const uint8_t* entry = block + 16 + 16 * blockIdx.x;
+    uint8_t* dst = (uint8_t*)(*(const unsigned long long*)entry);
+    const unsigned int at = *(const unsigned int*)(entry + 8);
+    const unsigned int n = *(const unsigned int*)(entry + 12);
+    const uint8_t* src = block + at;
+    if (((((unsigned long long)dst) | at | n) & 15) == 0) {  // whole 16-byte vectors
+        for (unsigned int i = threadIdx.x; i < n / 16; i += blockDim.x)
+            ((uint4*)dst)[i] = ((const uint4*)src)[i];
+    } else {
+        for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    }
+}
