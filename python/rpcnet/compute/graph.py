@@ -121,14 +121,12 @@ def _compile(
     groups = _node_groups(computed, nodes, device)
     fused = _fused_pairs(computed, nodes, device, set(groups.member_of))
     steps = []
-    handles: set[int] = set()
-    touched: dict[int, Any] = {}
+    touched: dict[int, Any] = {}  # id(buffer) -> every buffer the plan reads or writes
     need, needy = 0, None  # largest per-node scratch bound, and that node
     sites: list[WeightSite] = []  # single-row products over weights this plan never writes
     for node in nodes:
         for t in (node, *node.src):
             if t is not None and t.buffer is not None:
-                handles.add(t.buffer.handle)
                 touched[id(t.buffer)] = t.buffer
                 # Only data no node of this plan writes may be cached in derived form.
                 t.stable = id(t.buffer) not in written
@@ -179,7 +177,7 @@ def _compile(
         steps = batch_native_steps(steps)
     plan = Plan(
         steps,
-        frozenset(handles),
+        frozenset(b.handle for b in touched.values()),
         len(nodes),
         tuple(written.values()),
         tuple(touched.values()),

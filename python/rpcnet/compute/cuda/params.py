@@ -81,12 +81,15 @@ class PendingWrites:
     def take(self, within: Callable[[int], bool] | None = None) -> list[Write]:
         """Remove and return the writes whose destination satisfies `within` (all of them when
         it is None), in arrival order."""
+        taken: list[Write] = []
+        kept: list[Write] = []
         with self._lock:
             if within is None:
                 taken, self._writes = self._writes, []
             else:
-                taken = [w for w in self._writes if within(w.dst)]
-                self._writes = [w for w in self._writes if not within(w.dst)]
+                for w in self._writes:
+                    (taken if within(w.dst) else kept).append(w)
+                self._writes = kept
             self._bytes -= sum(_padded(len(w.data)) for w in taken)
             return taken
 
