@@ -30,7 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOC = REPO / "docs" / "benchmarks.md"
 #: the order of the sections; a results file not named here follows, by name
-ORDER = ("core", "engine", "cpu_per_token", "multihost", "model_dir", "matmul", "native_ops")
+ORDER = (
+    *("core", "engine", "cpu_per_token", "multihost", "model_dir", "matmul", "native_ops"),
+    *("fairness", "moe", "moe_kernel", "arch"),
+)
 
 HEADER = """# Benchmarks
 

@@ -2,12 +2,13 @@
 
     engine_speed.py MODEL HOST:PORT [--pp 64,256] [--tg 32] [--depth 1536 --depth-fa 0,1]
                     [--threads 2] [--warm-prompt 8] [--barrier DIR --barrier-n N] [--no-plain]
-                    [--reps 1] [--turns DIR --turn-id 0|1]
+                    [--reps 1] [--turns DIR --turn-id 0|1] [--fa 0|1|auto]
 
 Every layer (and the output head) on the endpoint. Measurements, each on a cleared KV cache:
 - ``pp N``: one batch of N tokens (logits for the last), timed after a warm-up batch of N;
 - ``tg``: a warm-up prompt of ``--warm-prompt`` tokens and one warm-up token, then ``tg``
-  single-token decodes;
+  single-token decodes; ``pp`` and ``tg`` share one context, flash attention ``--fa`` (default
+  0: off; ``auto``: llama.cpp's choice);
 - ``depth``: per flash-attention setting in ``--depth-fa``, a fresh context; a warm-up batch of
   one ubatch (512) is cleared, then a prompt of ``--depth`` tokens is timed (ubatches of 512),
   then one warm-up token and ``tg`` timed single-token decodes after it. KV cache f16.
@@ -35,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 import llama_api  # noqa: E402
 
 UBATCH_DEPTH = 512
+#: --fa: llama_flash_attn_type (LLAMA_FLASH_ATTN_TYPE_AUTO is -1)
+FLASH_ATTN = {"auto": -1, "0": 0, "1": 1}
 
 
 def _ints(text: str) -> list[int]:
@@ -94,6 +97,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--barrier-n", type=int, default=1)
     parser.add_argument("--turns", type=Path, help="take turns with another probe (see above)")
     parser.add_argument("--turn-id", type=int, choices=(0, 1), default=0)
+    parser.add_argument("--fa", choices=sorted(FLASH_ATTN), default="0", help="pp/tg's context")
     args = parser.parse_args(argv)
     turn = Turns(args.turns, args.turn_id)
     pp_sizes = _ints(args.pp)
@@ -131,7 +135,7 @@ def main(argv: list[str]) -> int:
                 max(pp_sizes + [warm]) + args.tg + 16,
                 max(pp_sizes + [warm]),
                 max(pp_sizes + [warm]),
-                0,
+                FLASH_ATTN[args.fa],
             )
             result["load_s"] = round(time.perf_counter() - t0, 3)
         mem = lib.llama_get_memory(ctx)
