@@ -58,8 +58,8 @@ _DIAGONAL = {
     "qwen3": [("f32", "fa0"), ("bf16", "fa1-decode"), ("Q4_K_M", "fa1-kvq8"), ("Q6_K", "fa0-kq8")],
     "qwen3moe": [("f32", "fa1-decode"), ("q8_0", "fa0"), ("q4_0", "fa1-kvq8"),
                  ("Q4_K_M", "fa0-kq8")],
-    "gemma2": [("f32", "fa0"), ("f16", "fa1-kvq8"), ("q8_0", "fa1-decode"), ("Q4_K_M", "fa0"),
-               ("Q6_K", "fa0-kq8")],
+    "gemma2": [("f32", "fa0"), ("f16", "fa1-kvq8"), ("q8_0", "fa1-decode"), ("q8_0", "fa0"),
+               ("Q4_K_M", "fa0"), ("Q6_K", "fa0-kq8")],
     "phi3": [("f32", "fa1-decode"), ("bf16", "fa0"), ("q8_0", "fa0-kq8"), ("Q5_K_M", "fa1-kvq8"),
              ("IQ4_XS", "fa0")],
 }  # fmt: skip

@@ -625,14 +625,14 @@ def test_cont_of_permuted_heads_into_rows_matches_reference(reference_v8, rpcnet
         assert select(node).name == name
 
 
-def _tensor(type_id, ne, nb, op=0, src=()):
+def _tensor(type_id, ne, nb, op=0, src=(), params=b""):
     return Tensor(
         id=0,
         type=type_id,
         ne=tuple(ne),
         nb=tuple(nb),
         op=op,
-        op_params=b"",
+        op_params=params,
         flags=0,
         name="",
         src=tuple(src),
@@ -665,3 +665,73 @@ def test_soft_max_matches_reference(reference_v8, rpcnet_v8, isa, mask_type, sin
     out = g.op(SOFT_MAX, F32, ne, srcs, params=pack_params(0.3, float(max_bias)))
     r, o = both(reference_v8, rpcnet_v8, g, out)
     np.testing.assert_array_equal(as_f32(o, ne), as_f32(r, ne))
+
+
+# --- element-wise maps: SCALE, TANH, GELU, GEGLU (gemma2's soft-capping and GEGLU) -------------
+
+UNARY, SCALE = 91, 32
+TANH, GELU = 4, 8
+GEGLU = 1
+
+
+def _map_inputs(rng, ne):
+    x = (rng.standard_normal(ne[::-1]) * 6).astype(f32)
+    x.reshape(-1)[:6] = [-10.0, 10.0, -11.5, 12.0, 0.0, np.nan]  # GELU's clamps and edges
+    return x
+
+
+def test_softcap_chain_and_scale_bias_match_reference(reference_v8, rpcnet_v8):
+    """SCALE(1/c), TANH, SCALE(c) as llama.cpp soft-caps logits, and SCALE with a bias (one
+    FMA), bit for bit against the reference; the native kernels are the ones that run."""
+    rng = np.random.default_rng(5)
+    ne = (32000, 2, 1, 1)
+    g = OpGraph()
+    x = g.input(F32, ne, (rng.standard_normal(ne[::-1]) * 40).astype(f32))
+    down = g.op(SCALE, F32, ne, (x,), params=pack_params(1.0 / 30.0, 0.0))
+    t = g.op(UNARY, F32, ne, (down,), params=pack_params(TANH))
+    up = g.op(SCALE, F32, ne, (t,), params=pack_params(30.0, 0.0))
+    biased = g.op(SCALE, F32, ne, (x,), params=pack_params(0.3, -1.7))
+    (r_up, r_b), (o_up, o_b) = g.run(reference_v8, [up, biased]), g.run(rpcnet_v8, [up, biased])
+    np.testing.assert_array_equal(as_f32(o_up, ne), as_f32(r_up, ne))
+    np.testing.assert_array_equal(as_f32(o_b, ne), as_f32(r_b, ne))
+    src = _tensor(F32, ne, (4, 4 * ne[0], 8 * ne[0], 8 * ne[0]))
+    node = _tensor(F32, ne, src.nb, UNARY, (src,), pack_params(TANH))
+    assert select(node).name == "unary_native"
+    node = _tensor(F32, ne, src.nb, SCALE, (src,))
+    assert select(node).name == "scale_native"
+
+
+def test_tanh_is_correctly_rounded():
+    """The reference's tanhf (glibc 2.41, CORE-MATH) is correctly rounded: the double rounded
+    once, not the host C library's float tanhf."""
+    rng = np.random.default_rng(9)
+    x = np.concatenate([rng.standard_normal(20000) * 3, rng.uniform(-0.5, 0.5, 20000)]).astype(f32)
+    out = np.zeros_like(x)
+    ob = out.view(np.uint8)
+    _native.tanh_step(arg(x, np.frombuffer(x, np.uint8)), arg(out, ob), 2)()
+    np.testing.assert_array_equal(out, np.tanh(x.astype(f64)).astype(f32))
+
+
+@pytest.mark.parametrize("ne", [(1000, 3, 2, 1), (77, 5, 1, 1)])
+def test_gelu_matches_reference(reference_v8, rpcnet_v8, ne):
+    rng = np.random.default_rng(ne[0])
+    g = OpGraph()
+    x = g.input(F32, ne, _map_inputs(rng, ne))
+    out = g.op(UNARY, F32, ne, (x,), params=pack_params(GELU))
+    r, o = both(reference_v8, rpcnet_v8, g, out)
+    np.testing.assert_array_equal(as_f32(o, ne), as_f32(r, ne))
+
+
+@pytest.mark.parametrize("nc,swapped,fused", [(2816, 0, False), (37, 1, False), (100, 0, True)])
+def test_geglu_matches_reference(reference_v8, rpcnet_v8, nc, swapped, fused):
+    rng = np.random.default_rng(nc + swapped)
+    g = OpGraph()
+    if fused:
+        a = g.input(F32, (nc, 3, 1, 1), _map_inputs(rng, (nc, 3, 1, 1)))
+        b = g.input(F32, (nc, 3, 1, 1), rng.standard_normal((3, nc)).astype(f32))
+        srcs = (a, b)
+    else:
+        srcs = (g.input(F32, (2 * nc, 3, 1, 1), _map_inputs(rng, (2 * nc, 3, 1, 1))),)
+    out = g.op(GLU, F32, (nc, 3, 1, 1), srcs, params=pack_params(GEGLU, swapped))
+    r, o = both(reference_v8, rpcnet_v8, g, out)
+    np.testing.assert_array_equal(as_f32(o, (nc, 3)), as_f32(r, (nc, 3)))

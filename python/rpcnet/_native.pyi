@@ -85,6 +85,10 @@ __all__ = [
     "argsort_step",
     "sum_rows_step",
     "clamp_step",
+    "scale_step",
+    "tanh_step",
+    "gelu_step",
+    "geglu_step",
     "rdma_scan",
     "rdma_env",
     "rdma_resolve",
@@ -448,6 +452,20 @@ def clamp_step(
     x: _TensorArg, out: _TensorArg, min: float, max: float, threads: int = 1
 ) -> NativeStep:
     """CLAMP of f32 values with ggml's MAX(MIN(x, max), min) (in place allowed)."""
+
+def scale_step(x: _TensorArg, out: _TensorArg, s: float, b: float, threads: int = 1) -> NativeStep:
+    """SCALE: x*s, or fma(x, s, b) when b is not 0 (in place allowed)."""
+
+def tanh_step(x: _TensorArg, out: _TensorArg, threads: int = 1) -> NativeStep:
+    """UNARY TANH, correctly rounded as the reference's tanhf (in place allowed)."""
+
+def gelu_step(x: _TensorArg, out: _TensorArg, table: Buffer, threads: int = 1) -> NativeStep:
+    """UNARY GELU through ggml's f16 table (65536 float32 values; in place allowed)."""
+
+def geglu_step(
+    x: _TensorArg, g: _TensorArg, out: _TensorArg, table: Buffer, threads: int = 1
+) -> NativeStep:
+    """GLU GEGLU: gelu(x)*g through ggml's f16 table."""
 
 # --- FNV-1a 64 (spec §7.12); large inputs are hashed with the GIL released --------------------
 

@@ -9,6 +9,7 @@ mod graph;
 mod hash;
 mod kernels;
 mod native_experts;
+mod native_maps;
 mod native_ops;
 mod rdma;
 mod tensor;
@@ -82,6 +83,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         rms_norm_step, rope_step, swiglu_step, set_rows_step, get_rows_step, copy_step,
         binary_step, soft_max_step, mul_mat_step,
     });
+    add_functions!(m, native_maps::{scale_step, tanh_step, gelu_step, geglu_step});
     add_functions!(m, native_experts::{mul_mat_id_step, argsort_step, sum_rows_step, clamp_step});
     add_functions!(m, rdma::{
         rdma_scan, rdma_env, rdma_resolve, rdma_target_gid, rdma_format_gid, rdma_parse_gid,

@@ -7,6 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::kernels::cpu;
+use crate::kernels::elementwise::ElementMap;
 use crate::kernels::flash_attn::params::FlashAttn;
 use crate::kernels::formats::type_info;
 use crate::kernels::matmul::experts::MulMatId;
@@ -20,6 +21,7 @@ pub(super) type TensorArg<'py> = (Bound<'py, PyAny>, usize, [usize; 4], [usize; 
 
 pub(super) enum Kernel {
     FlashAttn(Box<FlashAttn>),
+    Map(Box<ElementMap>),
     MulMat(Box<MulMat>),
     MulMatId(Box<MulMatId>),
     Routing(Box<Routing>),
@@ -57,6 +59,10 @@ impl NativeStep {
             match &self.kernel {
                 Kernel::FlashAttn(fa) => {
                     fa.run(self.threads);
+                    true
+                }
+                Kernel::Map(map) => {
+                    map.run(self.threads);
                     true
                 }
                 Kernel::MulMat(mm) => {

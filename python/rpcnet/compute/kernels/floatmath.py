@@ -2,10 +2,12 @@
 
 * GELU and GELU_QUICK on f32/f16 inputs go through ggml's fp16 lookup tables (argument rounded to
   f16, result is the f16 table entry); the same tables are rebuilt here, so results are exact;
-* libm functions (expf, tanhf, logf, ...) are evaluated in float64 and rounded once, and the host
+* libm functions (expf, logf, sinf, ...) are evaluated in float64 and rounded once, and the host
   libm decides the arguments whose double result lies near a float32 rounding midpoint (glibc's
   *f functions are not correctly rounded there), which reproduces the reference's per-element
-  libm calls on the same host;
+  libm calls on the same host; tanhf and expm1f are correctly rounded in the reference's C
+  library (glibc 2.41 takes them from CORE-MATH; 2.36 differs from that on 23% / 9% of random
+  arguments), so they are the float64 value rounded once, whatever the host's libm;
 * where ggml's x86 AVX2 code uses its own vector exp (``ggml_v_expf``: SiLU/SwiGLU on f32 rows,
   SOFT_MAX), the first ``n - n % 8`` elements of a row go through ``v_expf``, a replay of that
   approximation operation by operation, and the rest through expf, as the reference does;
@@ -77,8 +79,7 @@ def _precise(fn: Callable[[Any], Any], c_name: str, window: float) -> Callable[[
     once, and, where that double lies within ``window`` float32 ulps of a rounding midpoint, the
     host libm's own result (the reference calls libm per element on the same host; glibc's *f
     functions are not correctly rounded: measured on 1e5 random arguments, expf and the double
-    differ only within 0.002 ulp of a midpoint, sinf/cosf within 0.07, logf 0.17, expm1f 0.25,
-    tanhf anywhere).
+    differ only within 0.002 ulp of a midpoint, sinf/cosf within 0.07, logf 0.17).
 
     NumPy's float32 SIMD versions are a few ulps off (tanh saturates at 1 - 2^-24, which
     `1 + tanh` in GELU turns into a different result).
@@ -103,8 +104,19 @@ def _precise(fn: Callable[[Any], Any], c_name: str, window: float) -> Callable[[
     return f32_fn
 
 
-exp, expm1 = _precise(np.exp, "expf", 0.005), _precise(np.expm1, "expm1f", 0.3)
-tanh, log = _precise(np.tanh, "tanhf", 0.5), _precise(np.log, "logf", 0.2)
+def _correctly_rounded(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A float32 function that the reference's C library rounds correctly: evaluated in float64
+    and rounded once (a double within a float64 ulp of a float32 midpoint is ~2^-28 rare)."""
+
+    def f32_fn(x: Any) -> Any:
+        with quiet():
+            return np.asarray(fn(np.asarray(x, F32).astype(np.float64)).astype(F32))
+
+    return f32_fn
+
+
+exp, log = _precise(np.exp, "expf", 0.005), _precise(np.log, "logf", 0.2)
+tanh, expm1 = _correctly_rounded(np.tanh), _correctly_rounded(np.expm1)
 sin, cos = _precise(np.sin, "sinf", 0.08), _precise(np.cos, "cosf", 0.08)
 # The SiLU family is a hot path and the reference itself uses a SIMD exp approximation there.
 exp_fast = np.exp
@@ -202,6 +214,12 @@ def _f16_table(name: str) -> Any:
 
 def _lookup(name: str, x: Any) -> Any:
     return np.take(_f16_table(name), x.astype(np.float16).view(np.uint16))
+
+
+def gelu_f16_table() -> Any:
+    """ggml_table_gelu_f16 as the bytes of contiguous float32 values, indexed by f16 bits (what
+    the native GELU kernels read)."""
+    return np.ascontiguousarray(_f16_table("gelu")).view(np.uint8)
 
 
 def gelu_table(x: Any) -> Any:

@@ -2,8 +2,8 @@
 exchanges them) or fused (x = src0, g = src1, `swapped` ignored as in ggml).
 
 Per-op arithmetic follows the ggml CPU kernels, including the f16 GELU tables on f32/f16 inputs
-and the clamping of SWIGLU_OAI / SWIGLU_CLAMP. SWIGLU on f32 rows also runs natively (ggml's
-AVX2 SiLU with its vector expf).
+and the clamping of SWIGLU_OAI / SWIGLU_CLAMP. SWIGLU and GEGLU on f32 rows also run natively
+(ggml's AVX2 SiLU with its vector expf; the f16 GELU table).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from rpcnet.compute.kernels.floatmath import (
     exp_fast,
     gelu_erf,
     gelu_exact,
+    gelu_f16_table,
     gelu_quick_exact,
     gelu_quick_table,
     gelu_table,
@@ -150,9 +151,12 @@ def glu(node: Tensor, context: BuildContext) -> Step:
     return run_split
 
 
+_NATIVE_GLU = frozenset({Glu.SWIGLU, Glu.GEGLU})
+
+
 def _native_supported(node: Tensor) -> bool:
-    """`_supported`'s rules, for SWIGLU on f32 rows (a split takes an even row)."""
-    if not _supported(node) or node.i32(0) != Glu.SWIGLU:
+    """`_supported`'s rules, for SWIGLU and GEGLU on f32 rows (a split takes an even row)."""
+    if not _supported(node) or node.i32(0) not in _NATIVE_GLU:
         return False
     a = node.src[0]
     b = node.src[1] if len(node.src) > 1 else None
@@ -163,8 +167,8 @@ def _native_supported(node: Tensor) -> bool:
     return b is not None or node.ne[0] * 2 == a.ne[0]
 
 
-@native_row(FAMILY, Op.GLU, "SWIGLU f32 split or fused (native)", _native_supported)
-def swiglu_native(node: Tensor, context: BuildContext) -> Step:
+@native_row(FAMILY, Op.GLU, "SWIGLU, GEGLU f32 split or fused (native)", _native_supported)
+def glu_native(node: Tensor, context: BuildContext) -> Step:
     a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
     assert a is not None
     nc = node.ne[0]
@@ -174,4 +178,6 @@ def swiglu_native(node: Tensor, context: BuildContext) -> Step:
         swapped = node.i32(1) != 0
         x = tensor_arg(a, offset=4 * nc if swapped else 0, ne0=nc)
         g = tensor_arg(a, offset=0 if swapped else 4 * nc, ne0=nc)
+    if node.i32(0) == Glu.GEGLU:
+        return _native.geglu_step(x, g, tensor_arg(node), gelu_f16_table(), context.threads)
     return _native.swiglu_step(x, g, tensor_arg(node), context.threads)

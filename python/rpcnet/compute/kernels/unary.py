@@ -10,7 +10,8 @@ results rounded to the destination type):
   float32 exp (the reference uses its own SIMD exp approximation there);
 * `a*b + c` that the reference computes with an FMA (SCALE with bias, XIELU) is rounded once.
 
-CLAMP of f32 rows also runs natively (a MoE router's floor under the selected weights' sum). The
+CLAMP (a MoE router's floor under the selected weights' sum), SCALE, TANH and GELU of f32 rows
+also run natively (gemma2's soft-capping and GEGLU stay inside the native plan). The
 tensor readers/writers live in common.py, the float32 math (erf, gelu, libm) in floatmath.py.
 """
 
@@ -41,6 +42,7 @@ from rpcnet.compute.kernels.floatmath import (
     fma,
     gelu_erf,
     gelu_exact,
+    gelu_f16_table,
     gelu_f32_path,
     gelu_quick_exact,
     gelu_quick_table,
@@ -223,3 +225,33 @@ def clamp_native(node: Tensor, context: BuildContext) -> Step:
     assert a is not None
     lo, hi = node.f32(0), node.f32(1)
     return _native.clamp_step(tensor_arg(a), tensor_arg(node), lo, hi, context.threads)
+
+
+def _map_native_ok(node: Tensor) -> bool:
+    """f32 rows in, f32 rows of the same shape out, in place or apart."""
+    return _clamp_native_ok(node)
+
+
+_NATIVE_UNARY = frozenset({Unary.TANH, Unary.GELU})
+
+
+def _unary_native_ok(node: Tensor) -> bool:
+    return node.i32(0) in _NATIVE_UNARY and _map_native_ok(node)
+
+
+@native_row(FAMILY, Op.UNARY, "TANH, GELU f32 (native)", _unary_native_ok)
+def unary_native(node: Tensor, context: BuildContext) -> Step:
+    a = node.src[0]
+    assert a is not None
+    if node.i32(0) == Unary.TANH:
+        return _native.tanh_step(tensor_arg(a), tensor_arg(node), context.threads)
+    table = gelu_f16_table()
+    return _native.gelu_step(tensor_arg(a), tensor_arg(node), table, context.threads)
+
+
+@native_row(FAMILY, Op.SCALE, "f32 (native)", _map_native_ok)
+def scale_native(node: Tensor, context: BuildContext) -> Step:
+    a = node.src[0]
+    assert a is not None
+    s, b = node.f32(0), node.f32(1)
+    return _native.scale_step(tensor_arg(a), tensor_arg(node), s, b, context.threads)

@@ -4,12 +4,6 @@
 use crate::kernels::error::KernelError;
 use crate::kernels::operand::Operand;
 
-/// tanhf correctly rounded, as the reference's C library (glibc >= 2.41, CORE-MATH) computes it.
-#[inline]
-pub fn tanhf(x: f32) -> f32 {
-    (x as f64).tanh() as f32
-}
-
 /// Multiply-adds (rows × KV × (DK + DV)) below which a node runs on one thread.
 const MIN_PARALLEL_WORK: usize = 1 << 20;
 

@@ -18,9 +18,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::params::{tanhf, FlashAttn};
+use super::params::FlashAttn;
 use crate::kernels::cpu::use_avx2;
 use crate::kernels::f16vec::f16_row_to_f32;
+use crate::kernels::mathf::tanhf;
 use crate::kernels::operand::Operand;
 use crate::kernels::pool;
 use crate::kernels::rowops::soft_max_row;

@@ -1,13 +1,14 @@
 //! The decode path of FLASH_ATTN_EXT: query rows walk the KV positions together with ggml's
 //! online softmax, one row's operations in its order.
 
-use super::params::{tanhf, FlashAttn};
+use super::params::FlashAttn;
 use crate::kernels::blocks::half::fp16_to_f32;
 use crate::kernels::cpu::use_avx2;
 use crate::kernels::expf_libm::expf;
 use crate::kernels::f16vec::{
     dot_f16_portable, f16_row_to_f32, f32_row_to_f16, mad_f16_portable, scale_f16_portable,
 };
+use crate::kernels::mathf::tanhf;
 use crate::kernels::operand::Operand;
 
 // The AVX2 primitives, callable from `row_impl::<true>` (compiled with the same features); on
