@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
             "with 8 used; f16 quantized by the REAL quantizer. The REAL v8 client puts every "
             f"layer and the output head on the server, `--threads {args.threads}` on each side; "
             f"pp{args.pp} is one batch, tg{args.tg} single tokens after an 8-token prompt "
-            "(flash attention: llama.cpp's default). rpcnet runs with `RPCNET_NO_AVX512=1`: the "
+            "(flash attention off). rpcnet runs with `RPCNET_NO_AVX512=1`: the "
             "reference wheel's CPU backend is an AVX2 build, so both sides use AVX2 kernels. "
             f"Two sides at a time, measured in turns (every timed repetition of one between two "
             f"of the other's): rpcnet and the reference, then rpcnet and `before` where given; "
