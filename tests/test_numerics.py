@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rpcnet import _native
+from rpcnet.compute import graph
 from support import refenv, require
 from support.inproc import ServerThread
 from support.models import ensure_model, tensor_types
@@ -226,3 +228,25 @@ def test_logits_match_reference(
     if local is not None and ref_vs_local == 0.0:  # else the client repacks weights locally
         assert rel_error(got, local) <= BOUND
         assert not argmax_mismatches(got, local)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("attention", ["fa0", "fa1-decode"])
+def test_plans_are_native(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, family: str, attention: str
+) -> None:
+    """Every node of every architecture's prefill and decode plans (q8_0 weights, FA off and
+    on) runs in the native plan: a run of them is one call, with no Python between nodes."""
+    outside: list[str] = []
+    plans: list[int] = []
+    batch = graph.batch_native_steps
+
+    def spy(steps: list) -> list:
+        plans.append(len(steps))
+        outside.extend(repr(s) for s in steps if not isinstance(s, _native.NativeStep))
+        return batch(steps)
+
+    monkeypatch.setattr(graph, "batch_native_steps", spy)
+    runner.logits(runner.model(family, "q8_0"), "rpcnet", ATTENTION[attention])
+    assert plans, "no plan was compiled"
+    assert not outside, f"steps outside the native plan: {outside}"
