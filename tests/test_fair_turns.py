@@ -242,3 +242,128 @@ def test_a_job_of_no_known_client_waits_for_those_before_it():
     q.add(barrier)
     q.add(job(object(), True, 0.02))
     assert q.eligible() == [first]  # the barrier, and what follows it, wait for a's plan
+
+
+# --- a GPU's plan runner: long plans in slices on the device's stream (strict CuPy stand-in) ---
+
+
+class GpuChain:
+    """A plan of `n` elementwise launches on a stand-in GPU, h_i = h_{i-1} + x (f32), so a step
+    run out of order or twice changes the result; `first` is an optional leading Python step."""
+
+    def __init__(self, backend, n: int, seed: int, first=None) -> None:
+        from rpcnet.compute.cuda import launch
+
+        self.be, self.size = backend, 4 * 256
+        rng = np.random.default_rng(seed)
+        self.x = rng.standard_normal(256).astype(np.float32)
+        self.mem = [backend.allocate(self.size) for _ in range(n + 1)]
+        backend.to_device(self.mem[0], 0, self.x.tobytes())
+        view = [backend.view(m, 0, (256,), (4,), np.float32) for m in self.mem]
+        x = view[0]
+        steps = [] if first is None else [first]
+        for i in range(n):
+            steps.append(lambda i=i: launch.binary(backend, "ADD", view[i], x, view[i + 1]))
+        self.plan = SimpleNamespace(
+            steps=steps, node_steps=steps, uid=seed, buffers=frozenset(), written=(), touched=()
+        )
+        self.plan.short = lambda limit: (self.plan.last_seconds or 1e9) <= limit
+        self.plan.last_seconds = None
+        self.plan.joint = None
+
+    def result(self) -> np.ndarray:
+        return np.frombuffer(self.be.to_host(self.mem[-1], 0, self.size), np.float32)
+
+    def clear(self) -> None:
+        for m in self.mem[1:]:
+            self.be.to_device(m, 0, bytes(self.size))
+
+
+def test_a_gpu_plan_in_slices_gives_the_result_of_a_whole_run():
+    from rpcnet.compute.cuda.device import CupyCapturer
+    from rpcnet.compute.cuda.execute import PlanRunner, SlicedRun
+    from support.strict_cupy import strict_cuda_backend
+
+    be = strict_cuda_backend()
+    runner = PlanRunner(be, CupyCapturer(be.stream), fatal=lambda exc: pytest.fail(str(exc)))
+    chain = GpuChain(be, 2 * SlicedRun.IN_FLIGHT + 3, seed=7)
+    runner.run(chain.plan, "a")
+    whole = chain.result().copy()
+    np.testing.assert_allclose(whole, chain.x * (2 * SlicedRun.IN_FLIGHT + 4), rtol=1e-5)
+    chain.clear()
+    events: list[str] = []
+    synchronize = be.synchronize
+    be.synchronize = lambda what: (events.append("sync"), synchronize(what))[1]
+    chain.plan.steps = chain.plan.node_steps = [
+        lambda s=s: (events.append("node"), s())[1] for s in chain.plan.steps
+    ]
+    cursor = runner.cursor(chain.plan, "a")
+    assert cursor is not None
+    slices = 0
+    while not cursor.advance(lambda: True):  # one node per slice
+        slices += 1
+        # each slice ends with the stream drained: the next client finds the GPU free
+        assert events[-2:] == ["node", "sync"]
+    assert slices == len(chain.plan.steps) - 1
+    assert np.array_equal(chain.result(), whole)
+    assert runner.modes["a"]["sliced"][0] == 1
+    assert chain.plan.last_seconds is not None
+    # without pauses, at most IN_FLIGHT nodes are launched ahead of the stream
+    chain.clear()
+    events.clear()
+    cursor = runner.cursor(chain.plan, "a")
+    assert cursor is not None and cursor.advance(lambda: False)
+    assert np.array_equal(chain.result(), whole)
+    runs = "".join("n" if e == "node" else "|" for e in events).split("|")
+    assert max(len(r) for r in runs) == SlicedRun.IN_FLIGHT
+    be.cp.assert_clean()
+
+
+def test_a_gpu_long_plan_lets_another_clients_step_run_between_its_nodes():
+    """As on the CPU: client A's long plan on the GPU is held inside its first node while
+    client B's short step is submitted; B runs after that node, then the rest of A."""
+    from support.strict_cupy import strict_cuda_device
+
+    device = strict_cuda_device(1 << 26)
+    be = device.backend
+    order: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def gate() -> None:
+        order.append("A0")
+        inside.set()
+        release.wait(5)
+
+    try:
+        a = GpuChain(be, 12, seed=8, first=gate)
+        b = GpuChain(be, 3, seed=9)
+        expected = []
+        for chain in (a, b):
+            release.set()
+            device.runner.run(chain.plan, "warm")
+            expected.append(chain.result().copy())
+            chain.clear()
+        release.clear()
+        inside.clear()
+        order.clear()
+        a.plan.last_seconds = 10.0  # long: runs in slices
+        b.plan.last_seconds = 0.001  # short: a decode step
+        owner_a, owner_b = object(), object()
+        b.plan.steps = [lambda: order.append("B"), *b.plan.steps]
+        a.plan.steps.append(lambda: order.append("A-end"))  # node_steps: the same list
+        fa = device.submit(device.plan_work(a.plan, owner_a))
+        assert inside.wait(5)
+        fb = device.submit(device.plan_work(b.plan, owner_b))
+        release.set()
+        fb.result(5)
+        fa.result(5)
+        assert order == ["A0", "B", "A-end"]  # B ran once A's first node was done
+        assert device.slices >= 1
+        assert [np.array_equal(c.result(), e) for c, e in zip((a, b), expected, strict=True)] == [
+            True,
+            True,
+        ]
+        assert a.plan.last_seconds < 10.0
+        be.cp.assert_clean()
+    finally:
+        device.shutdown()

@@ -78,6 +78,12 @@ class RunnerWork:
     def __call__(self) -> Any:
         return self.runner.run(self.plan, self.owner)
 
+    def cursor(self) -> Any:
+        """The plan's run in slices of nodes on the device's stream, or None when it must run
+        whole (a runner without slices, a plan without per-node steps)."""
+        cursor_of = getattr(self.runner, "cursor", None)
+        return None if cursor_of is None else cursor_of(self.plan, self.owner)
+
     def short(self, limit: float) -> bool:
         return bool(self.plan.short(limit))
 
@@ -248,7 +254,7 @@ class Device:
         if not head.short and not head.started:
             cursor_of = getattr(head.fn, "cursor", None)
             cursor = cursor_of() if cursor_of is not None else None
-            if cursor is None:  # a plan that cannot pause (a GPU runner's, a profiled one)
+            if cursor is None:  # a plan without per-node steps: it cannot pause
                 return self._run_batch(batch)
             if not head.future.set_running_or_notify_cancel():
                 return batch

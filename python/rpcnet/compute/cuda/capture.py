@@ -64,15 +64,7 @@ class GraphReplayCache:
         run_eager: Callable[[], None],
     ) -> str:
         """Execute the plan once; returns "eager", "captured" or "replayed"."""
-        previous = self._by_session.get(session)
-        if previous is not None and previous != plan_key:
-            self._drop(previous)  # the session compiled a new graph
-        self._by_session[session] = plan_key
-        entry = self._plans.get(plan_key)
-        if entry is None or entry.buffers != buffers:
-            if entry is not None:
-                self._drop(plan_key)
-            entry = self._plans[plan_key] = _Entry(buffers)
+        entry = self._entry(session, plan_key, buffers)
         if entry.graph is not None:
             self.capturer.launch(entry.graph)
             self.stats.replays += 1
@@ -96,6 +88,25 @@ class GraphReplayCache:
         self.stats.captures += 1
         self.capturer.launch(entry.graph)  # capturing records; this executes
         return "captured"
+
+    def ran_eager(self, session: Hashable, plan_key: Hashable, buffers: frozenset[int]) -> None:
+        """Count an eager run made elsewhere (a long plan run in slices) as `run` counts its
+        own: the plan's next run may be captured."""
+        self._entry(session, plan_key, buffers).runs += 1
+        self.stats.eager += 1
+
+    def _entry(self, session: Hashable, plan_key: Hashable, buffers: frozenset[int]) -> _Entry:
+        """The plan's entry, new when its buffers changed; the session's earlier plan dropped."""
+        previous = self._by_session.get(session)
+        if previous is not None and previous != plan_key:
+            self._drop(previous)  # the session compiled a new graph
+        self._by_session[session] = plan_key
+        entry = self._plans.get(plan_key)
+        if entry is None or entry.buffers != buffers:
+            if entry is not None:
+                self._drop(plan_key)
+            entry = self._plans[plan_key] = _Entry(buffers)
+        return entry
 
     def buffer_freed(self, buffer_id: int) -> int:
         """FREE_BUFFER: drop every plan that touches the buffer; returns how many."""

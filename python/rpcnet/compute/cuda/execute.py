@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -78,7 +78,6 @@ class PlanRunner:
         for buf in plan.written:
             buf.touched()  # derived caches of these buffers are stale from here on
         capturable = all(getattr(step, "capturable", True) for step in plan.steps)
-        stage = getattr(self.backend, "stage_params", None)
         scatter: Callable[[], None] | None = None
 
         def eager() -> None:
@@ -88,12 +87,33 @@ class PlanRunner:
                 step()
 
         start = time.perf_counter()
-        kernels0 = self.kernel_count() if self.kernel_count is not None else 0
-        try:
-            if stage is not None:  # the step's small uploads in one copy; their scatter leads it
-                scatter = stage(getattr(plan, "touched", None))
+        kernels0 = self.launches()
+        with self.errors():
+            scatter = self.stage(plan)
             how = self.replay.run(owner, plan.uid, plan.buffers, capturable, eager)
             self.backend.synchronize("graph")
+        elapsed = time.perf_counter() - start
+        plan.last_seconds = elapsed  # a short one (a replayed decode step) may run inline
+        self.tally(owner, how, elapsed, self.kernels_since(kernels0))
+        return how
+
+    def cursor(self, plan: Any, owner: Hashable) -> SlicedRun | None:
+        """A long plan's run in slices of nodes (eager), so that other clients' steps run
+        between them; None for a plan without per-node steps."""
+        steps = getattr(plan, "node_steps", None)
+        return None if steps is None else SlicedRun(self, plan, owner, steps)
+
+    def stage(self, plan: Any) -> Callable[[], None] | None:
+        """The step's small uploads in one copy; their scatter leads the plan's kernels."""
+        stage = getattr(self.backend, "stage_params", None)
+        return None if stage is None else stage(getattr(plan, "touched", None))
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        """CUDA errors of a plan's launches and its synchronize as our narrow errors: a
+        per-graph one closes that client; a sticky one goes to `fatal`."""
+        try:
+            yield
         except CudaStickyError as exc:
             self.fatal(exc)
             raise
@@ -107,14 +127,20 @@ class PlanRunner:
             if isinstance(err, CudaStickyError):
                 self.fatal(err)
             raise err from exc
-        elapsed = time.perf_counter() - start
-        plan.last_seconds = elapsed  # a short one (a replayed decode step) may run inline
+
+    def kernels_since(self, count: int) -> int:
+        """Kernels launched since the launch count was `count` (0 without a count)."""
+        return self.kernel_count() - count if self.kernel_count is not None else 0
+
+    def launches(self) -> int:
+        return self.kernel_count() if self.kernel_count is not None else 0
+
+    def tally(self, owner: Hashable, how: str, seconds: float, kernels: int) -> None:
+        """Count one run of `owner`'s plan in mode `how` (for the session's closing log)."""
         tally = self.modes.setdefault(owner, {}).setdefault(how, [0, 0.0, 0])
         tally[0] += 1
-        tally[1] += elapsed
-        if self.kernel_count is not None:
-            tally[2] += self.kernel_count() - kernels0
-        return how
+        tally[1] += seconds
+        tally[2] += kernels
 
     # Bookkeeping calls come through the device's worker too (FIFO with the plans), so the
     # replay cache is only ever touched by one thread.
@@ -132,3 +158,53 @@ class PlanRunner:
                     for how, (n, secs, kernels) in modes.items()
                 ),
             )
+
+
+class SlicedRun:
+    """One run of a long plan on the GPU taken in slices (`PlanCursor`'s contract for the
+    device's turns): `advance` launches steps until the plan ends or `pause()` asks for the
+    device back, then waits for the stream, so that a slice's errors are its owner's and the
+    next client's step finds the GPU free. At most IN_FLIGHT steps are launched ahead of the
+    stream: a pause then waits for that many nodes at most, not the rest of the plan."""
+
+    IN_FLIGHT = 8
+
+    def __init__(
+        self, runner: PlanRunner, plan: Any, owner: Hashable, steps: Sequence[Callable[[], None]]
+    ) -> None:
+        self.runner, self.plan, self.owner, self.steps = runner, plan, owner, steps
+        self.next = 0  # the index of the step to launch next
+        self.busy = 0.0  # seconds of the plan's own slices so far
+        self.kernels = 0
+
+    def advance(self, pause: Callable[[], bool]) -> bool:
+        """Run steps until the end (True) or until `pause()`, asked after each step, is true."""
+        runner, steps, count = self.runner, self.steps, len(self.steps)
+        start = time.perf_counter()
+        kernels0 = runner.launches()
+        with runner.errors():
+            if self.next == 0:
+                for buf in self.plan.written:
+                    buf.touched()
+                scatter = runner.stage(self.plan)
+                if scatter is not None:
+                    scatter()
+            ahead = 0
+            while self.next < count:
+                steps[self.next]()
+                self.next += 1
+                ahead += 1
+                if ahead >= self.IN_FLIGHT:
+                    runner.backend.synchronize("graph")
+                    ahead = 0
+                if self.next < count and pause():
+                    break
+            runner.backend.synchronize("graph")
+        self.busy += time.perf_counter() - start
+        self.kernels += runner.kernels_since(kernels0)
+        if self.next < count:
+            return False
+        self.plan.last_seconds = self.busy
+        runner.replay.ran_eager(self.owner, self.plan.uid, self.plan.buffers)
+        runner.tally(self.owner, "sliced", self.busy, self.kernels)
+        return True
