@@ -8,3 +8,5 @@ pub mod run;
 pub mod step;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod f16_bench;
