@@ -62,7 +62,10 @@ unsafe fn read(b: &[u8]) -> u64 {
         }
         i += 128;
     }
-    let r = _mm256_or_si256(_mm256_or_si256(acc[0], acc[1]), _mm256_or_si256(acc[2], acc[3]));
+    let r = _mm256_or_si256(
+        _mm256_or_si256(acc[0], acc[1]),
+        _mm256_or_si256(acc[2], acc[3]),
+    );
     _mm256_extract_epi64::<0>(r) as u64
 }
 
@@ -104,8 +107,18 @@ fn matmul_pass(ms: &[Mat], x: &[Vec<f32>], n: usize, threads: usize) -> f64 {
     for m in ms {
         let mut out = vec![0.0f32; n * m.m];
         let xs = &x[if m.k == 1024 { 0 } else { 1 }];
-        matmul_quant(1, &m.w, 2 * m.k, m.m, m.k, &xs[..n * m.k], &mut out, threads, GGML)
-            .unwrap();
+        matmul_quant(
+            1,
+            &m.w,
+            2 * m.k,
+            m.m,
+            m.k,
+            &xs[..n * m.k],
+            &mut out,
+            threads,
+            GGML,
+        )
+        .unwrap();
         std::hint::black_box(&out);
     }
     t.elapsed().as_secs_f64()
@@ -123,9 +136,19 @@ fn report(name: &str, gb: f64, secs: &mut [f64]) {
 
 fn run_set(ms: &[Mat], reps: usize) {
     let gb = bytes(ms) as f64 / 1e9;
-    let x = [crate::kernels::test_util::noise(1, 2 * 4096), crate::kernels::test_util::noise(2, 2 * 4096)];
+    let x = [
+        crate::kernels::test_util::noise(1, 2 * 4096),
+        crate::kernels::test_util::noise(2, 2 * 4096),
+    ];
     println!("{:.1} MB per pass", gb * 1e3);
-    let names = ["roof 2t", "roof_each 2t", "roof 1t", "mm n1 2t", "mm n1 1t", "mm n2 2t"];
+    let names = [
+        "roof 2t",
+        "roof_each 2t",
+        "roof 1t",
+        "mm n1 2t",
+        "mm n1 1t",
+        "mm n2 2t",
+    ];
     let mut t = vec![Vec::new(); names.len()];
     for _ in 0..reps {
         t[0].push(roof(ms, 2));
@@ -158,7 +181,10 @@ fn f16_decode_large() {
 #[ignore]
 fn f16_profile() {
     let ms = mats(24, &LAYER);
-    let x = [crate::kernels::test_util::noise(1, 2 * 4096), crate::kernels::test_util::noise(2, 2 * 4096)];
+    let x = [
+        crate::kernels::test_util::noise(1, 2 * 4096),
+        crate::kernels::test_util::noise(2, 2 * 4096),
+    ];
     let threads: usize = std::env::var("T").map_or(1, |v| v.parse().unwrap());
     for _ in 0..40 {
         matmul_pass(&ms, &x, 1, threads);
@@ -186,6 +212,7 @@ mod exp {
     /// Rows `0..m` (a multiple of 8) in eights, `S` rows streamed side by side, prefetching
     /// `PF` bytes ahead of each stream (0: none; NT: non-temporal hint).
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::needless_range_loop)] // streams and lanes side by side
     pub unsafe fn rows<const S: usize, const PF: usize, const NT: bool>(
         w: *const u8,
         stride: usize,
@@ -212,16 +239,18 @@ mod exp {
                         }
                         for j in 0..4 {
                             let a = _mm256_cvtph_ps(_mm_loadu_si128(
-                                wp[s].add(2 * (i + 8 * j)) as *const __m128i,
+                                wp[s].add(2 * (i + 8 * j)) as *const __m128i
                             ));
-                            acc[s][j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i + 8 * j)), acc[s][j]);
+                            acc[s][j] =
+                                _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i + 8 * j)), acc[s][j]);
                         }
                     }
                     i += 32;
                 }
                 for s in 0..S {
                     let a = &acc[s];
-                    red[b + s] = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+                    red[b + s] =
+                        _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
                 }
             }
             _mm256_storeu_ps(out.add(g), reduce8(&red));
@@ -252,7 +281,11 @@ fn f16_exp_1t() {
         .map(|s| {
             crate::kernels::test_util::noise(s, 2 * 4096)
                 .iter()
-                .map(|&v| crate::kernels::blocks::half::fp16_to_f32(crate::kernels::blocks::half::f32_to_fp16(v)))
+                .map(|&v| {
+                    crate::kernels::blocks::half::fp16_to_f32(
+                        crate::kernels::blocks::half::f32_to_fp16(v),
+                    )
+                })
                 .collect()
         })
         .collect();
@@ -262,8 +295,13 @@ fn f16_exp_1t() {
         let xs = &x[if m.k == 1024 { 0 } else { 1 }];
         let mut want = vec![0.0f32; m.m];
         matmul_quant(1, &m.w, 2 * m.k, m.m, m.k, &xs[..m.k], &mut want, 1, GGML).unwrap();
-        unsafe { rows::<2, 0, false>(m.w.as_ptr(), 2 * m.k, m.m, m.k, xs.as_ptr(), o.as_mut_ptr()) };
-        assert!(want.iter().zip(o.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+        unsafe {
+            rows::<2, 0, false>(m.w.as_ptr(), 2 * m.k, m.m, m.k, xs.as_ptr(), o.as_mut_ptr())
+        };
+        assert!(want
+            .iter()
+            .zip(o.iter())
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
     let variants: Vec<(&str, ExpFn)> = vec![
         ("S1 pf3072", rows::<1, 3072, false>),
@@ -310,7 +348,11 @@ fn exp_pass_mt(
         } else {
             chunk
         };
-        let (wp, op, xp) = (m.w.as_ptr() as usize, o.as_mut_ptr() as usize, xs.as_ptr() as usize);
+        let (wp, op, xp) = (
+            m.w.as_ptr() as usize,
+            o.as_mut_ptr() as usize,
+            xs.as_ptr() as usize,
+        );
         pool::run(threads, m.m.div_ceil(per), &|i| {
             let first = i * per;
             let rows = per.min(m.m - first);
@@ -336,7 +378,10 @@ fn f16_exp_2t() {
     use exp::rows;
     let ms = mats(24, &LAYER);
     let gb = bytes(&ms) as f64 / 1e9;
-    let x = [crate::kernels::test_util::noise(1, 2 * 4096), crate::kernels::test_util::noise(2, 2 * 4096)];
+    let x = [
+        crate::kernels::test_util::noise(1, 2 * 4096),
+        crate::kernels::test_util::noise(2, 2 * 4096),
+    ];
     let mut outs: Vec<Vec<f32>> = ms.iter().map(|m| vec![0.0; m.m]).collect();
     let variants: Vec<(&str, ExpFn, usize)> = vec![
         ("pf3072 c64", rows::<1, 3072, false>, 64),
