@@ -188,7 +188,8 @@ unsafe fn rows8(
     act: &Converted,
     dest: Dest,
 ) -> usize {
-    use crate::kernels::dot::avx2::f16_wide_rows8;
+    use crate::kernels::cpu::avx512_vnni_active;
+    use crate::kernels::dot::{self, avx2::f16_wide_rows8};
     use std::arch::x86_64::{__m256, _mm256_storeu_ps};
     let n = act.rows;
     let done = count - count % 8;
@@ -206,17 +207,27 @@ unsafe fn rows8(
             }
         }
     };
+    let wide = avx512_vnni_active();
     for i in (0..done).step_by(8) {
         let wp = w.as_ptr().add((first + i) * stride);
         let mut r = 0;
         while r + 2 <= n {
-            let [a, b] = f16_wide_rows8::<2>(wp, stride, [x(r), x(r + 1)], k);
+            let xs = [x(r), x(r + 1)];
+            let [a, b] = if wide {
+                dot::avx512::f16_wide_rows8::<2>(wp, stride, xs, k)
+            } else {
+                f16_wide_rows8::<2>(wp, stride, xs, k)
+            };
             put(i, r, a);
             put(i, r + 1, b);
             r += 2;
         }
         if r < n {
-            let [a] = f16_wide_rows8::<1>(wp, stride, [x(r)], k);
+            let [a] = if wide {
+                dot::avx512::f16_wide_rows8::<1>(wp, stride, [x(r)], k)
+            } else {
+                f16_wide_rows8::<1>(wp, stride, [x(r)], k)
+            };
             put(i, r, a);
         }
     }

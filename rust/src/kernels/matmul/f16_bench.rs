@@ -143,20 +143,28 @@ fn run_set(ms: &[Mat], reps: usize) {
     println!("{:.1} MB per pass", gb * 1e3);
     let names = [
         "roof 2t",
-        "roof_each 2t",
         "roof 1t",
         "mm n1 2t",
         "mm n1 1t",
         "mm n2 2t",
+        "mm n2 1t",
+        "avx2 n1 2t",
+        "avx2 n1 1t",
+        "avx2 n2 2t",
+        "avx2 n2 1t",
     ];
     let mut t = vec![Vec::new(); names.len()];
     for _ in 0..reps {
         t[0].push(roof(ms, 2));
-        t[1].push(roof_each(ms, 2));
-        t[2].push(roof(ms, 1));
-        t[3].push(matmul_pass(ms, &x, 1, 2));
-        t[4].push(matmul_pass(ms, &x, 1, 1));
-        t[5].push(matmul_pass(ms, &x, 2, 2));
+        t[1].push(roof(ms, 1));
+        for (v, avx512) in [(2, true), (6, false)] {
+            crate::kernels::cpu::set_avx512(avx512);
+            t[v].push(matmul_pass(ms, &x, 1, 2));
+            t[v + 1].push(matmul_pass(ms, &x, 1, 1));
+            t[v + 2].push(matmul_pass(ms, &x, 2, 2));
+            t[v + 3].push(matmul_pass(ms, &x, 2, 1));
+        }
+        crate::kernels::cpu::set_avx512(true);
     }
     for (n, s) in names.iter().zip(&mut t) {
         report(n, gb, s);
@@ -186,8 +194,9 @@ fn f16_profile() {
         crate::kernels::test_util::noise(2, 2 * 4096),
     ];
     let threads: usize = std::env::var("T").map_or(1, |v| v.parse().unwrap());
+    let n: usize = std::env::var("N").map_or(1, |v| v.parse().unwrap());
     for _ in 0..40 {
-        matmul_pass(&ms, &x, 1, threads);
+        matmul_pass(&ms, &x, n, threads);
     }
 }
 
@@ -406,4 +415,12 @@ fn f16_exp_2t() {
     for (v, (n, _, _)) in variants.iter().enumerate() {
         report(n, gb, &mut t[v + 3]);
     }
+}
+
+/// Cache-resident weights (the kernels' compute bound, not memory's).
+#[test]
+#[ignore]
+fn f16_decode_hot() {
+    let ms = mats(8, &[(256, 1024)]);
+    run_set(&ms, 30);
 }

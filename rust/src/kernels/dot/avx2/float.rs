@@ -155,7 +155,7 @@ pub unsafe fn f16_wide_rows8<const R: usize>(
 /// adds of `_mm_hadd_ps` in ggml's `GGML_F32x8_REDUCE`. (Without a tail, its f64 step returns
 /// the same float.)
 #[inline(always)]
-unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
+pub(crate) unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
     // [lo + hi of a | lo + hi of b]
     let halves = |a: __m256, b: __m256| {
         _mm256_add_ps(
