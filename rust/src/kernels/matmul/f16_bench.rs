@@ -103,12 +103,17 @@ fn roof_each(ms: &[Mat], threads: usize) -> f64 {
 }
 
 fn matmul_pass(ms: &[Mat], x: &[Vec<f32>], n: usize, threads: usize) -> f64 {
+    typed_pass(1, ms, x, n, threads)
+}
+
+/// [`matmul_pass`] with the bytes read as ggml type `ty` (f16 or bf16).
+fn typed_pass(ty: u32, ms: &[Mat], x: &[Vec<f32>], n: usize, threads: usize) -> f64 {
     let t = Instant::now();
     for m in ms {
         let mut out = vec![0.0f32; n * m.m];
         let xs = &x[if m.k == 1024 { 0 } else { 1 }];
         matmul_quant(
-            1,
+            ty,
             &m.w,
             2 * m.k,
             m.m,
@@ -423,4 +428,36 @@ fn f16_exp_2t() {
 fn f16_decode_hot() {
     let ms = mats(8, &[(256, 1024)]);
     run_set(&ms, 30);
+}
+
+/// bf16 decode (vec_dot rows) over the same bytes, next to f16.
+#[test]
+#[ignore]
+fn bf16_decode_336m() {
+    let ms = mats(24, &LAYER);
+    let gb = bytes(&ms) as f64 / 1e9;
+    let x = [
+        crate::kernels::test_util::noise(1, 2 * 4096),
+        crate::kernels::test_util::noise(2, 2 * 4096),
+    ];
+    let names = [
+        "roof 1t",
+        "roof 2t",
+        "f16 n1 1t",
+        "bf16 n1 1t",
+        "f16 n1 2t",
+        "bf16 n1 2t",
+    ];
+    let mut t = vec![Vec::new(); names.len()];
+    for _ in 0..5 {
+        t[0].push(roof(&ms, 1));
+        t[1].push(roof(&ms, 2));
+        t[2].push(typed_pass(1, &ms, &x, 1, 1));
+        t[3].push(typed_pass(30, &ms, &x, 1, 1));
+        t[4].push(typed_pass(1, &ms, &x, 1, 2));
+        t[5].push(typed_pass(30, &ms, &x, 1, 2));
+    }
+    for (n, s) in names.iter().zip(&mut t) {
+        report(n, gb, s);
+    }
 }
