@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::common::{load32, q4k_blocks};
+use super::avx2::common::{load32, prefetch_ahead, q4k_blocks};
 use super::avx2::float::reduce8;
 
 /// [`q4_k`] with AVX-512 VNNI: the 64 codes of sub-blocks 2j and 2j + 1 in one register
@@ -45,12 +45,18 @@ pub(crate) unsafe fn fold_wide_block(sumi: __m512i, d: f32, acc: __m256) -> __m2
     _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc)
 }
 
+/// Widened activation bytes (all rows of a call) that still stay in L1 beside the streamed
+/// weights, for [`f16_wide_rows8`].
+const F16_WIDE_L1_ACT: usize = 24 * 1024;
+
 /// [`super::avx2::f16_wide_rows8`] with 16-lane registers: the 32 values of a step in two
 /// `vcvtph2ps zmm`, accumulator 0 holding ggml's accumulators 0 and 1 side by side and
 /// accumulator 1 its 2 and 3. Each lane sees the same FMAs in the same order, and the two
 /// halves of their sum are ggml's `(s0 + s2)` and `(s1 + s3)`: the same bits in half the
 /// instructions: on the AVX-512 VM two activation rows read rows from memory 20–30 % faster
-/// (one thread), one row as fast. No software prefetch: it cost one and two activation rows alike on the AVX-512 VM. Rows one after
+/// (one thread), one row as fast. Software prefetch only past [`F16_WIDE_L1_ACT`] bytes of
+/// widened activations: below it cost one and two activation rows alike on the AVX-512 VM
+/// (336 M shapes), above it read two rows of K = 4096 25 % faster. Rows one after
 /// another, each read whole: K blocks across the eight rows (to keep two long activation rows
 /// in L1) read the 336 M shapes at half the speed, the prefetcher losing the interleaved
 /// streams.
@@ -65,12 +71,18 @@ pub(crate) unsafe fn f16_wide_rows8<const R: usize>(
     k: usize,
 ) -> [__m256; R] {
     debug_assert!(k.is_multiple_of(32));
+    // activation rows too long to stay in L1 beside the weights are read from L2 at every
+    // weight row, and the slower loop leaves the hardware prefetcher behind
+    let pf = R * k * 4 > F16_WIDE_L1_ACT;
     let mut red = [[_mm256_setzero_ps(); 8]; R];
     for row in 0..8 {
         let wp = w.add(row * stride);
         let mut s = [[_mm512_setzero_ps(); 2]; R];
         let mut i = 0;
         while i < k {
+            if pf {
+                prefetch_ahead(wp.add(2 * i));
+            }
             for h in 0..2 {
                 let a = _mm512_cvtph_ps(_mm256_loadu_si256(
                     wp.add(2 * (i + 16 * h)) as *const __m256i
