@@ -137,7 +137,8 @@ mod tests {
             };
             // SAFETY: AVX-512 (and so AVX2, FMA, F16C) checked above; 8 rows of k values.
             unsafe {
-                let want = super::super::avx2::f16_wide_rows8::<2>(w.as_ptr(), stride, xs, k);
+                let want =
+                    super::super::avx2::f16_wide_rows8::<2>(w.as_ptr(), stride, xs, k, false);
                 let got = f16_wide_rows8::<2>(w.as_ptr(), stride, xs, k);
                 let one = f16_wide_rows8::<1>(w.as_ptr(), stride, [xs[1]], k);
                 assert_eq!(bits(got[0]), bits(want[0]), "k={k}");

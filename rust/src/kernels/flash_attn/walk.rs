@@ -261,6 +261,7 @@ impl FlashAttn {
                 k.nb[1],
                 q,
                 self.dk(),
+                false,
             )
         };
         let mut out = [[0.0f32; DOTS_AHEAD]; G];

@@ -189,6 +189,7 @@ unsafe fn rows8(
     dest: Dest,
 ) -> usize {
     use crate::kernels::cpu::avx512_vnni_active;
+    use crate::kernels::dot::avx2::float::prefetch_f16_rows;
     use crate::kernels::dot::{self, avx2::f16_wide_rows8};
     use std::arch::x86_64::{__m256, _mm256_storeu_ps};
     let n = act.rows;
@@ -216,7 +217,7 @@ unsafe fn rows8(
             let [a, b] = if wide {
                 dot::avx512::f16_wide_rows8::<2>(wp, stride, xs, k)
             } else {
-                f16_wide_rows8::<2>(wp, stride, xs, k)
+                f16_wide_rows8::<2>(wp, stride, xs, k, prefetch_f16_rows())
             };
             put(i, r, a);
             put(i, r + 1, b);
@@ -226,7 +227,7 @@ unsafe fn rows8(
             let [a] = if wide {
                 dot::avx512::f16_wide_rows8::<1>(wp, stride, [x(r)], k)
             } else {
-                f16_wide_rows8::<1>(wp, stride, [x(r)], k)
+                f16_wide_rows8::<1>(wp, stride, [x(r)], k, false)
             };
             put(i, r, a);
         }

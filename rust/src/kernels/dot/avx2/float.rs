@@ -8,10 +8,11 @@ use crate::kernels::cpu::avx512_vnni_active;
 /// Whether [`f16`] prefetches ahead. On the Zen 3 VM the hardware prefetcher alone read the f16
 /// stream (64 bytes per step) 4–8 % faster (one thread, 336 M sweep); on the AVX-512 EPYC VM
 /// software prefetch read it 8–15 % faster (two threads, 280 MB of rows). AVX-512 tells the two
-/// apart. The widened-activation dots of one activation row ([`f16_wide`], [`f16_wide_rows8`]
-/// with `R = 1`) never prefetch: with one conversion per step their loop is light enough for
-/// the hardware prefetcher, and a prefetch per line cost them 20–30 % on the AVX-512 VM (one
-/// and two threads, 336 M sweep).
+/// apart. The widened-activation dots of one activation row ([`f16_wide`], f16 decode's
+/// [`f16_wide_rows8`]) never prefetch: with one conversion per step their loop is light enough
+/// for the hardware prefetcher, and a prefetch per line cost them 20–30 % on the AVX-512 VM
+/// (one and two threads, 336 M sweep); two rows (twice the loads and FMAs per weight line)
+/// still gain from it.
 #[inline(always)]
 pub(crate) fn prefetch_f16_rows() -> bool {
     avx512_vnni_active()
@@ -58,7 +59,7 @@ pub unsafe fn f16_wide(w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(w.len() >= 2 * k && x.len() >= 4 * k);
     let (wp, xp) = (w.as_ptr(), x.as_ptr() as *const f32);
     let np = k & !31;
-    let [s] = wide_steps(wp, [xp], np);
+    let [s] = wide_steps(wp, [xp], np, false);
     f16_finish(&s, np, k, |i| {
         (f16_at(wp.add(2 * i)), xp.add(i).read_unaligned())
     })
@@ -81,16 +82,15 @@ unsafe fn wide_step<const R: usize>(
     }
 }
 
-/// [`wide_step`] over the values `0..np` (a multiple of 32): each activation row's four
-/// accumulators. One activation row streams fastest without software prefetch; two (twice the
-/// loads and FMAs per weight line) still gain from it where [`prefetch_f16_rows`] says.
+/// [`wide_step`] over the values `0..np` (a multiple of 32), prefetching the weights if `pf`:
+/// each activation row's four accumulators.
 #[inline(always)]
 unsafe fn wide_steps<const R: usize>(
     wp: *const u8,
     xs: [*const f32; R],
     np: usize,
+    pf: bool,
 ) -> [[__m256; 4]; R] {
-    let pf = R >= 2 && prefetch_f16_rows();
     let mut s = [[_mm256_setzero_ps(); 4]; R];
     let mut i = 0;
     while i < np {
@@ -115,7 +115,7 @@ pub unsafe fn f16_wide_x2(w: &[u8], xs: [&[u8]; 2], k: usize) -> [f32; 2] {
     let wp = w.as_ptr();
     let xp = xs.map(|x| x.as_ptr() as *const f32);
     let np = k & !31;
-    let s = wide_steps(wp, xp, np);
+    let s = wide_steps(wp, xp, np, prefetch_f16_rows());
     [0, 1].map(|r| {
         f16_finish(&s[r], np, k, |i| {
             (f16_at(wp.add(2 * i)), xp[r].add(i).read_unaligned())
@@ -138,11 +138,12 @@ pub unsafe fn f16_wide_rows8<const R: usize>(
     stride: usize,
     xs: [*const f32; R],
     k: usize,
+    pf: bool,
 ) -> [__m256; R] {
     debug_assert!(k.is_multiple_of(32));
     let mut red = [[_mm256_setzero_ps(); 8]; R];
     for row in 0..8 {
-        let s = wide_steps(w.add(row * stride), xs, k);
+        let s = wide_steps(w.add(row * stride), xs, k, pf);
         for (rr, sr) in red.iter_mut().zip(&s) {
             rr[row] = _mm256_add_ps(_mm256_add_ps(sr[0], sr[2]), _mm256_add_ps(sr[1], sr[3]));
         }
