@@ -6,7 +6,7 @@
 //! cycles, f16 decode was bound by the conversions rather than by memory.
 
 use crate::kernels::cpu::simd_active;
-use crate::kernels::operand::{Converted, RowsJob};
+use crate::kernels::operand::{Converted, DirectFn, RowsJob};
 
 /// Whether the widened rows serve f16 vec_dot products on this CPU (the portable build keeps
 /// the f16 rows and the row dots).
@@ -41,23 +41,103 @@ pub fn widen(act: &Converted, k: usize) -> Converted {
 pub fn rows(job: RowsJob<'_>) {
     let (w, stride, first, k, act, out, _) = job.into_parts();
     let n = act.rows;
-    assert!(act.row_bytes == k * 4 && act.data.len() >= n * k * 4);
-    assert!(serves(), "f16_rows needs AVX2, FMA and F16C");
     if n == 0 {
         return;
     }
-    let count = out.len() / n;
+    let dest = Dest {
+        ptr: out.as_mut_ptr(),
+        row_step: n,
+        col_step: 1,
+    };
+    // SAFETY: `out` holds `out.len() / n` results for each of the n activation rows.
+    unsafe { rows_into(w, stride, first, out.len() / n, k, act, dest) }
+}
+
+/// The [`direct`] function for `n` activation rows: decode (N <= 2), whose small chunks are
+/// claimed in turn and which spent part of each chunk in the scratch and its scatter; larger
+/// N keeps the scratch (the run splits direct calls into one part per thread).
+pub(crate) fn direct_fn(n: usize) -> Option<DirectFn> {
+    (n <= 2).then_some(direct as DirectFn)
+}
+
+/// [`rows`] for weight rows `first..first + rows` written straight into the `[n][m]` output at
+/// `out` (column `first + i` of every activation row): no scratch or scatter, and whole
+/// vectors of eight results per activation row.
+///
+/// # Safety
+/// `out` is valid for `act.rows × m` floats and no one else writes columns
+/// `first..first + rows` meanwhile.
+#[allow(clippy::too_many_arguments)] // the shape of `DirectFn`
+pub(crate) unsafe fn direct(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    rows: usize,
+    k: usize,
+    act: &Converted,
+    out: *mut f32,
+    m: usize,
+) {
+    assert!(first + rows <= m);
+    let dest = Dest {
+        // SAFETY: first <= m, within the caller's n × m floats
+        ptr: unsafe { out.add(first) },
+        row_step: 1,
+        col_step: m,
+    };
+    // SAFETY: the caller owns those columns of `out`.
+    unsafe { rows_into(w, stride, first, rows, k, act, dest) }
+}
+
+/// Where the results go: (weight row i, activation row r), rows relative to the call's first,
+/// at `ptr + i * row_step + r * col_step`.
+#[derive(Clone, Copy)]
+struct Dest {
+    ptr: *mut f32,
+    row_step: usize,
+    col_step: usize,
+}
+
+impl Dest {
+    /// # Safety
+    /// (i, r) must be one of the caller's results.
+    #[inline(always)]
+    unsafe fn put(self, i: usize, r: usize, v: f32) {
+        unsafe { *self.ptr.add(i * self.row_step + r * self.col_step) = v };
+    }
+}
+
+/// Weight rows `first..first + count` against every activation row into `dest`.
+///
+/// # Safety
+/// `dest` must be valid for the `count × act.rows` results.
+unsafe fn rows_into(
+    w: &[u8],
+    stride: usize,
+    first: usize,
+    count: usize,
+    k: usize,
+    act: &Converted,
+    dest: Dest,
+) {
+    let n = act.rows;
+    assert!(act.row_bytes == k * 4 && act.data.len() >= n * k * 4);
+    assert!(serves(), "f16_rows needs AVX2, FMA and F16C");
+    assert!(count == 0 || w.len() >= (first + count - 1) * stride + 2 * k);
+    if n == 0 || count == 0 {
+        return;
+    }
     // rows of whole 32-value steps in eights, their reductions side by side
     #[cfg(target_arch = "x86_64")]
     let done = if k.is_multiple_of(32) {
-        // SAFETY: serves() checked the CPU; rows8 checks the sizes.
-        unsafe { rows8(w, stride, first, count, k, act, out) }
+        // SAFETY: serves() checked the CPU; the sizes are asserted above.
+        unsafe { rows8(w, stride, first, count, k, act, dest) }
     } else {
         0
     };
     #[cfg(not(target_arch = "x86_64"))]
     let done = 0;
-    for (i, dst) in out.chunks_exact_mut(n).enumerate().skip(done) {
+    for i in done..count {
         let at = (first + i) * stride;
         let wr = &w[at..at + 2 * k];
         #[cfg(target_arch = "x86_64")]
@@ -68,28 +148,35 @@ pub fn rows(job: RowsJob<'_>) {
                 let xs = [act.row(r), act.row(r + 1)];
                 // SAFETY: AVX2, FMA and F16C checked above; the sizes are asserted inside.
                 let pair = unsafe { crate::kernels::dot::avx2::f16_wide_x2(wr, xs, k) };
-                dst[r..r + 2].copy_from_slice(&pair);
+                // SAFETY: (i, r) and (i, r + 1) are results of this call.
+                unsafe {
+                    dest.put(i, r, pair[0]);
+                    dest.put(i, r + 1, pair[1]);
+                }
                 r += 2;
             }
             if r < n {
                 // SAFETY: as above.
-                dst[r] = unsafe { crate::kernels::dot::avx2::f16_wide(wr, act.row(r), k) };
+                unsafe {
+                    let v = crate::kernels::dot::avx2::f16_wide(wr, act.row(r), k);
+                    dest.put(i, r, v);
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (wr, dst);
+            let _ = (wr, dest);
             unreachable!("f16_rows serves x86-64 only");
         }
     }
 }
 
 /// Weight rows `first..first + count` in whole eights (the number done is returned) for
-/// [`rows`], `k` a multiple of 32: `dot::avx2::f16_wide_rows8`, activation rows in
+/// [`rows_into`], `k` a multiple of 32: `dot::avx2::f16_wide_rows8`, activation rows in
 /// pairs.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C.
+/// The CPU must support AVX2, FMA and F16C; `w` must hold the rows and `dest` the results.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows8(
@@ -99,37 +186,50 @@ unsafe fn rows8(
     count: usize,
     k: usize,
     act: &Converted,
-    out: &mut [f32],
+    dest: Dest,
 ) -> usize {
-    use crate::kernels::dot::avx2::{f16_wide_rows8, prefetch_f16_rows};
+    use crate::kernels::cpu::avx512_vnni_active;
+    use crate::kernels::dot::avx2::float::prefetch_f16_rows;
+    use crate::kernels::dot::{self, avx2::f16_wide_rows8};
     use std::arch::x86_64::{__m256, _mm256_storeu_ps};
     let n = act.rows;
     let done = count - count % 8;
-    if done == 0 {
-        return 0;
-    }
-    assert!(w.len() >= (first + done - 1) * stride + 2 * k && out.len() >= done * n);
-    let pf = prefetch_f16_rows();
     let x = |r: usize| act.row(r).as_ptr() as *const f32;
-    let put = |out: &mut [f32], i: usize, r: usize, v: __m256| {
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        for (row, value) in lanes.into_iter().enumerate() {
-            out[(i + row) * n + r] = value;
+    // the eight results of rows i..i + 8 for activation row r: one store where they are
+    // neighbours in the output
+    let put = |i: usize, r: usize, v: __m256| {
+        if dest.row_step == 1 {
+            _mm256_storeu_ps(dest.ptr.add(i + r * dest.col_step), v);
+        } else {
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+            for (row, value) in lanes.into_iter().enumerate() {
+                dest.put(i + row, r, value);
+            }
         }
     };
+    let wide = avx512_vnni_active();
     for i in (0..done).step_by(8) {
         let wp = w.as_ptr().add((first + i) * stride);
         let mut r = 0;
         while r + 2 <= n {
-            let [a, b] = f16_wide_rows8::<2>(wp, stride, [x(r), x(r + 1)], k, pf);
-            put(out, i, r, a);
-            put(out, i, r + 1, b);
+            let xs = [x(r), x(r + 1)];
+            let [a, b] = if wide {
+                dot::avx512::f16_wide_rows8::<2>(wp, stride, xs, k)
+            } else {
+                f16_wide_rows8::<2>(wp, stride, xs, k, prefetch_f16_rows())
+            };
+            put(i, r, a);
+            put(i, r + 1, b);
             r += 2;
         }
         if r < n {
-            let [a] = f16_wide_rows8::<1>(wp, stride, [x(r)], k, pf);
-            put(out, i, r, a);
+            let [a] = if wide {
+                dot::avx512::f16_wide_rows8::<1>(wp, stride, [x(r)], k)
+            } else {
+                f16_wide_rows8::<1>(wp, stride, [x(r)], k, false)
+            };
+            put(i, r, a);
         }
     }
     done

@@ -73,6 +73,7 @@ pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> Row
     let (f, gemm, layout) = rows_and_layout(type_id, m, n, llamafile);
     let direct = match layout {
         Layout::Widened => gemm_float::direct_fn(type_id, n),
+        Layout::F16Wide => f16_rows::direct_fn(n),
         _ => None,
     };
     RowsPlan {
@@ -256,7 +257,7 @@ fn each_row_plan(
             f: f16_rows::rows,
             gemm: false,
             layout: Layout::F16Wide,
-            direct: None,
+            direct: f16_rows::direct_fn(act.rows),
         };
         return (plan, f16_rows::widen(&act, k));
     }

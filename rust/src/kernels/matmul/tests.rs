@@ -98,6 +98,8 @@ fn widened_rows_keep_the_row_dots_bits() {
     for (k, n, m) in shapes
         .into_iter()
         .chain([(4096, 5, 13), (64, 4, 45), (128, 3, 24)])
+        // split over both threads in chunks, with a ragged end
+        .chain([(1024, 1, 300), (1024, 2, 300), (1000, 2, 301)])
     {
         let w = weights(1, m, k, k as u64);
         let x: Vec<f32> = noise(7 + k as u64, n * k).iter().map(|v| v * 4.0).collect();

@@ -6,8 +6,13 @@ use super::common::*;
 use crate::kernels::cpu::avx512_vnni_active;
 
 /// Whether [`f16`] prefetches ahead. On the Zen 3 VM the hardware prefetcher alone read the f16
-/// stream (64 bytes per step) 4–8 % faster (one thread, 336 M sweep); on the Zen 5 VM software
-/// prefetch read it 8–15 % faster (two threads, 280 MB of rows). AVX-512 tells the two apart.
+/// stream (64 bytes per step) 4–8 % faster (one thread, 336 M sweep); on the AVX-512 EPYC VM
+/// software prefetch read it 8–15 % faster (two threads, 280 MB of rows). AVX-512 tells the two
+/// apart. The widened-activation dots of one activation row ([`f16_wide`], f16 decode's
+/// [`f16_wide_rows8`]) never prefetch: with one conversion per step their loop is light enough
+/// for the hardware prefetcher, and a prefetch per line cost them 20–30 % on the AVX-512 VM
+/// (one and two threads, 336 M sweep); two rows (twice the loads and FMAs per weight line)
+/// still gain from it.
 #[inline(always)]
 pub(crate) fn prefetch_f16_rows() -> bool {
     avx512_vnni_active()
@@ -54,7 +59,7 @@ pub unsafe fn f16_wide(w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(w.len() >= 2 * k && x.len() >= 4 * k);
     let (wp, xp) = (w.as_ptr(), x.as_ptr() as *const f32);
     let np = k & !31;
-    let [s] = wide_steps(wp, [xp], np, prefetch_f16_rows());
+    let [s] = wide_steps(wp, [xp], np, false);
     f16_finish(&s, np, k, |i| {
         (f16_at(wp.add(2 * i)), xp.add(i).read_unaligned())
     })
@@ -151,7 +156,7 @@ pub unsafe fn f16_wide_rows8<const R: usize>(
 /// adds of `_mm_hadd_ps` in ggml's `GGML_F32x8_REDUCE`. (Without a tail, its f64 step returns
 /// the same float.)
 #[inline(always)]
-unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
+pub(crate) unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
     // [lo + hi of a | lo + hi of b]
     let halves = |a: __m256, b: __m256| {
         _mm256_add_ps(
