@@ -3,8 +3,6 @@
 //! MUL_MAT_ID nodes, every selected expert in one call ([`experts`]).
 
 pub mod experts;
-#[cfg(test)]
-mod f16_bench;
 pub mod plan;
 pub mod run;
 pub mod step;
