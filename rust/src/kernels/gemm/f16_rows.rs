@@ -14,6 +14,16 @@ pub fn serves() -> bool {
     cfg!(target_arch = "x86_64") && simd_active()
 }
 
+/// Bytes of widened activation rows that stay in L1 next to the weight stream: beyond them
+/// (one row of K = 11008 is 43 KiB) the rows converting both operands at every step, with
+/// the activations half the size, read the weights faster.
+const WIDE_MAX_BYTES: usize = 24 << 10;
+
+/// Whether [`rows`] serves `n` activation rows of `k` values on this CPU.
+pub fn serves_shape(k: usize, n: usize) -> bool {
+    serves() && 4 * k * n <= WIDE_MAX_BYTES
+}
+
 /// The f16 activation rows of `act` (`k` values each) widened to f32 rows (exact).
 pub fn widen(act: &Converted, k: usize) -> Converted {
     let mut data = vec![0u8; act.rows * k * 4];

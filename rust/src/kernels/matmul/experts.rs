@@ -157,7 +157,7 @@ impl MulMatId {
             row_bytes: all.row_bytes,
             rows: n,
         };
-        let plan = rows_for(self.type_id, self.w.ne[1], n, false);
+        let plan = rows_for(self.type_id, self.w.ne[1], self.k(), n, false);
         let act = prepare(plan.layout, &act, self.type_id, info, self.k()).unwrap_or(act);
         Prepared { plan, act }
     }

@@ -69,8 +69,8 @@ pub(crate) fn check(
 /// The plan for `n` activation rows against `m` weight rows of a supported type: float
 /// weights in llamafile's order take [`gemm_float`], whose activations must be widened with
 /// [`gemm_float::widen_activations`] and which may store straight into the output.
-pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> RowsPlan {
-    let (f, gemm, layout) = rows_and_layout(type_id, m, n, llamafile);
+pub(crate) fn rows_for(type_id: u32, m: usize, k: usize, n: usize, llamafile: bool) -> RowsPlan {
+    let (f, gemm, layout) = rows_and_layout(type_id, m, k, n, llamafile);
     let direct = match layout {
         Layout::Widened => gemm_float::direct_fn(type_id, n),
         Layout::F16Wide => f16_rows::direct_fn(n),
@@ -85,7 +85,13 @@ pub(crate) fn rows_for(type_id: u32, m: usize, n: usize, llamafile: bool) -> Row
 }
 
 /// [`rows_for`]'s choice of rows function, order and layout.
-fn rows_and_layout(type_id: u32, m: usize, n: usize, llamafile: bool) -> (RowsFn, bool, Layout) {
+fn rows_and_layout(
+    type_id: u32,
+    m: usize,
+    k: usize,
+    n: usize,
+    llamafile: bool,
+) -> (RowsFn, bool, Layout) {
     // ggml's MUL_MAT hands N >= 2 to llamafile's tinyBLAS: f32/f16/bf16 when M % 4 == 0, the
     // q8_0-family at any M (only IQ4_NL sums differently there from vec_dot)
     let gemm = match type_id {
@@ -109,7 +115,7 @@ fn rows_and_layout(type_id: u32, m: usize, n: usize, llamafile: bool) -> (RowsFn
         let f = rows::rows_fn::<q4k_paired::Q4KPaired>();
         return (f, false, Layout::Q4kPaired);
     }
-    if !gemm && type_id == 1 && f16_rows::serves() {
+    if !gemm && type_id == 1 && f16_rows::serves_shape(k, n) {
         return (f16_rows::rows, false, Layout::F16Wide);
     }
     let layout = if gemm && kquant_gemm::serves(type_id) {
@@ -149,7 +155,7 @@ pub fn matmul_converted(
     if m == 0 || act.rows == 0 {
         return Ok(());
     }
-    let plan = rows_for(type_id, m, act.rows, llamafile);
+    let plan = rows_for(type_id, m, k, act.rows, llamafile);
     let prepared = prepare(plan.layout, act, type_id, info, k);
     let act = prepared.as_ref().unwrap_or(act);
     run_rows(&plan, w, row_stride, m, k, row_bytes, act, threads, out);
@@ -231,7 +237,7 @@ pub fn matmul_quant(
         }
     };
     let n = x.len() / k.max(1);
-    let plan = rows_for(type_id, m, n, llamafile);
+    let plan = rows_for(type_id, m, k, n, llamafile);
     if plan.layout == Layout::Widened && m > 0 && n > 0 {
         // straight to the widened rows tinyBLAS's order runs on
         let wide = gemm_float::widen_rows(info.act, x, k, threads);
