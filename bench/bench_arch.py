@@ -38,7 +38,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -178,41 +177,10 @@ def estimate_s(args: argparse.Namespace, pairings: list[str]) -> float:
 # --------------------------------------------------------------------------- wheel pairing
 
 
-def wheel_probe(
-    path: Path,
-    server: engine_servers.Server,
-    fa: str,
-    turns: str,
-    turn_id: int,
-    args: argparse.Namespace,
-) -> dict:
-    return refenv.run_probe(
-        "v8",
-        PROBE,
-        path,
-        server.endpoint,
-        "--pp",
-        args.pp,
-        "--tg",
-        args.tg,
-        "--threads",
-        args.threads,
-        "--reps",
-        args.reps,
-        "--fa",
-        fa,
-        "--turns",
-        turns,
-        "--turn-id",
-        turn_id,
-        timeout=TIMEOUT_S,
-    )
-
-
 def measure_wheel(path: Path, args: argparse.Namespace) -> dict:
     """The v8 client against the wheel's rpc-server and rpcnet (AVX2 kernels), both probes at
-    once taking turns (every timed repetition of one side between two of the other's); who
-    goes first alternates by round. Fresh servers per model; their VmHWM read before stopping."""
+    once taking turns (bench_moe.in_turns). Fresh servers per model; their VmHWM read before
+    stopping."""
     servers = [
         engine_servers.start("ref", args.threads),
         engine_servers.start("ours", args.threads, {"RPCNET_NO_AVX512": "1"}),
@@ -220,25 +188,7 @@ def measure_wheel(path: Path, args: argparse.Namespace) -> dict:
     entry: dict = {}
     try:
         for fa in args.fa.split(","):
-            runs: dict[str, dict[str, list[float]]] = {
-                s.side: {"pp": [], "tg": []} for s in servers
-            }
-            for rnd in range(args.rounds):
-                order = servers if rnd % 2 == 0 else servers[::-1]
-                with (
-                    tempfile.TemporaryDirectory() as turns,
-                    concurrent.futures.ThreadPoolExecutor(2) as pool,
-                ):
-                    jobs = [
-                        pool.submit(wheel_probe, path, server, fa, turns, turn_id, args)
-                        for turn_id, server in enumerate(order)
-                    ]
-                    results = [job.result() for job in jobs]
-                for server, r in zip(order, results, strict=True):
-                    log(f"  fa{fa} round {rnd + 1}/{args.rounds}", server.side, json.dumps(r))
-                    runs[server.side]["pp"].append(r["pp"][str(args.pp)])
-                    runs[server.side]["tg"].append(r["tg"])
-            entry[f"fa{fa}"] = runs
+            entry[f"fa{fa}"] = bench_moe.in_turns(path, servers, args, ("--fa", fa), f"  fa{fa} ")
         entry["rss_mib"] = {s.side: engine_servers.peak_rss_mib(s.proc.pid) for s in servers}
     finally:
         for server in servers:
@@ -479,10 +429,14 @@ def main(argv: list[str]) -> int:
                 entry = measure(path, args)
                 entry.update(bytes_per_token=per_token, read_gbps=read_gbps)
                 raw[pairing][f"{name} {kind}"] = entry
+    command = ("python bench/bench_arch.py " + " ".join(argv)).strip()
     if args.merge and args.json.is_file():
-        # rows measured by an earlier run and not now are kept (from its raw samples)
-        old = json.loads(args.json.read_text())["raw"]
+        # rows measured by an earlier run and not now are kept (from its raw samples), and
+        # the commands of every run that wrote rows are listed in order
+        earlier = json.loads(args.json.read_text())
+        old = earlier["raw"]
         raw = {pairing: {**old.get(pairing, {}), **raw[pairing]} for pairing in PAIRINGS}
+        command = f"{earlier['command']}`, then `{command}"
     tables = [
         table(raw[pairing], pairing, args.pp, args.tg) for pairing in PAIRINGS if raw[pairing]
     ]
@@ -496,7 +450,7 @@ def main(argv: list[str]) -> int:
     doc = {
         "title": "Architecture table against the reference rpc-server",
         "script": "bench/bench_arch.py",
-        "command": "python bench/bench_arch.py " + " ".join(argv),
+        "command": command,
         "machine": machine,
         "description": description(args, default),
         "tables": tables,

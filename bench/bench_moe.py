@@ -94,7 +94,14 @@ def start(side: str, threads: int, before: Path | None) -> engine_servers.Server
     return engine_servers.start(side, threads, env)
 
 
-def probe(path: Path, server: engine_servers.Server, turns: str, turn_id: int, args) -> dict:
+def probe(
+    path: Path,
+    server: engine_servers.Server,
+    turns: str,
+    turn_id: int,
+    args: argparse.Namespace,
+    extra: tuple = (),
+) -> dict:
     return refenv.run_probe(
         "v8",
         PROBE,
@@ -108,6 +115,7 @@ def probe(path: Path, server: engine_servers.Server, turns: str, turn_id: int, a
         args.threads,
         "--reps",
         args.reps,
+        *extra,
         "--turns",
         turns,
         "--turn-id",
@@ -116,34 +124,47 @@ def probe(path: Path, server: engine_servers.Server, turns: str, turn_id: int, a
     )
 
 
-def measure(path: Path, pair: tuple[str, str], args: argparse.Namespace) -> dict[str, dict]:
-    """{side: {"pp": [tok/s per round], "tg": [...]}} for two sides measured in turns.
+def in_turns(
+    path: Path,
+    servers: list[engine_servers.Server],
+    args: argparse.Namespace,
+    extra: tuple = (),
+    label: str = "",
+) -> dict[str, dict[str, list[float]]]:
+    """{side: {"pp": [tok/s per round], "tg": [...]}} of two running servers measured in turns.
 
     Both probes run at once and take turns (bench/probes/engine_speed.py): every timed
     repetition of one side sits between two of the other's, seconds apart, so a drift of a
-    shared host's speed hits both alike; who goes first alternates by round."""
+    shared host's speed hits both alike; who goes first alternates by round. `extra`: more
+    probe options (e.g. ``--fa 1``)."""
+    runs: dict[str, dict[str, list[float]]] = {s.side: {"pp": [], "tg": []} for s in servers}
+    for rnd in range(args.rounds):
+        order = servers if rnd % 2 == 0 else servers[::-1]
+        with (
+            tempfile.TemporaryDirectory() as turns,
+            concurrent.futures.ThreadPoolExecutor(2) as pool,
+        ):
+            jobs = [
+                pool.submit(probe, path, server, turns, turn_id, args, extra)
+                for turn_id, server in enumerate(order)
+            ]
+            results = [job.result() for job in jobs]
+        for server, r in zip(order, results, strict=True):
+            log(f"{label}round {rnd + 1}/{args.rounds}", server.side, json.dumps(r))
+            runs[server.side]["pp"].append(r["pp"][str(args.pp)])
+            runs[server.side]["tg"].append(r["tg"])
+    return runs
+
+
+def measure(path: Path, pair: tuple[str, str], args: argparse.Namespace) -> dict[str, dict]:
+    """{side: {"pp": [tok/s per round], "tg": [...]}} for two sides measured in turns
+    (`in_turns`) on fresh servers."""
     servers = [start(side, args.threads, args.before) for side in pair]
-    runs: dict[str, dict[str, list[float]]] = {s: {"pp": [], "tg": []} for s in pair}
     try:
-        for rnd in range(args.rounds):
-            order = servers if rnd % 2 == 0 else servers[::-1]
-            with (
-                tempfile.TemporaryDirectory() as turns,
-                concurrent.futures.ThreadPoolExecutor(2) as pool,
-            ):
-                jobs = [
-                    pool.submit(probe, path, server, turns, turn_id, args)
-                    for turn_id, server in enumerate(order)
-                ]
-                results = [job.result() for job in jobs]
-            for server, r in zip(order, results, strict=True):
-                log(f"round {rnd + 1}/{args.rounds}", server.side, json.dumps(r))
-                runs[server.side]["pp"].append(r["pp"][str(args.pp)])
-                runs[server.side]["tg"].append(r["tg"])
+        return in_turns(path, servers, args)
     finally:
         for server in servers:
             engine_servers.stop(server)
-    return runs
 
 
 def table(results: dict, args: argparse.Namespace) -> dict:
