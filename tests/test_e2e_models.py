@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rpcnet.compute import device as device_module
+from rpcnet.compute import turns
 from rpcnet.compute.device import cpu_device
 from support import refenv, require
 from support.e2e_harness import (
@@ -225,13 +226,23 @@ def test_prefill_then_decode(e2e: E2E, model: str, version: str, fa: str) -> Non
     e2e.check(f"decode-{version}-fa{fa}/{model}", case)
 
 
+# Emulated kernels run orders of magnitude slower than a GPU's: a decode step there is still a
+# short plan (run whole, captured and replayed), not a prefill to run in slices.
+EMULATED_SHORT_SECONDS = 60.0
+
+
 @pytest.mark.parametrize(
     "backend", ["cpu", "fake-staged", "emulated-cuda", pytest.param("cuda", marks=pytest.mark.gpu)]
 )
 @pytest.mark.parametrize(("model", "fa"), [("llama-gqa-f32", "1"), ("llama256-Q4_K_M", "0")])
-def test_backends(e2e: E2E, backend: str, model: str, fa: str) -> None:
+def test_backends(
+    e2e: E2E, backend: str, model: str, fa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The backend seam end to end: the same prefill + decode through host memory and through
     a backend that moves every byte the CUDA backend's way (staged, deferred copies)."""
+    if backend == "emulated-cuda":
+        monkeypatch.setattr(turns, "SHORT_SECONDS", EMULATED_SHORT_SECONDS)
+        monkeypatch.setattr(device_module, "INLINE_MAX_SECONDS", EMULATED_SHORT_SECONDS)
     key = {
         "cpu": "v8",
         "fake-staged": "v8-staged",

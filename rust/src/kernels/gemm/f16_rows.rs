@@ -244,3 +244,49 @@ unsafe fn rows8(
     }
     done
 }
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use crate::kernels::blocks::half::{f32_to_fp16, fp16_to_f32};
+    use crate::kernels::cpu::avx512_vnni_active;
+    use crate::kernels::dot::{avx2, avx512};
+    use crate::kernels::test_util::{noise, weights};
+    use std::arch::x86_64::{__m256, _mm256_storeu_ps};
+
+    /// The 16-lane f16 rows give the bits of the 8-lane ones, for one and two activation rows.
+    #[test]
+    fn f16_wide_rows8_keeps_the_avx2_bits() {
+        if !avx512_vnni_active() {
+            return;
+        }
+        for k in [32, 64, 1024, 2816] {
+            let stride = 2 * k + 64;
+            let dense = weights(1, 8, k, k as u64);
+            let mut w = vec![0u8; 8 * stride];
+            for (row, src) in dense.chunks_exact(2 * k).enumerate() {
+                w[row * stride..row * stride + 2 * k].copy_from_slice(src);
+            }
+            // f16-exact activations, as the widened rows hold
+            let x: Vec<f32> = noise(k as u64 + 1, 2 * k)
+                .iter()
+                .map(|&v| fp16_to_f32(f32_to_fp16(v)))
+                .collect();
+            let xs = [x.as_ptr(), x[k..].as_ptr()];
+            let bits = |v: __m256| {
+                let mut a = [0.0f32; 8];
+                // SAFETY: eight floats.
+                unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+                a.map(f32::to_bits)
+            };
+            // SAFETY: AVX-512 (and so AVX2, FMA, F16C) checked above; 8 rows of k values.
+            unsafe {
+                let want = avx2::f16_wide_rows8::<2>(w.as_ptr(), stride, xs, k, false);
+                let got = avx512::f16_wide_rows8::<2>(w.as_ptr(), stride, xs, k);
+                let one = avx512::f16_wide_rows8::<1>(w.as_ptr(), stride, [xs[1]], k);
+                assert_eq!(bits(got[0]), bits(want[0]), "k={k}");
+                assert_eq!(bits(got[1]), bits(want[1]), "k={k}");
+                assert_eq!(bits(one[0]), bits(want[1]), "k={k}");
+            }
+        }
+    }
+}
