@@ -10,6 +10,7 @@
 //! it once with the reference's arithmetic.
 
 use super::blocks::half::f32_to_fp16;
+use super::cpu::use_avx2;
 use super::mathf::tanhf;
 use super::operand::Operand;
 use super::pool;
@@ -53,29 +54,75 @@ pub struct ElementMap {
 unsafe impl Send for ElementMap {}
 unsafe impl Sync for ElementMap {}
 
+/// GELU of `x` whose f16 bits are `bits`: 0 at or below −10, `x` at or above 10, else the
+/// table's entry.
 #[inline(always)]
-fn gelu(table: *const f32, x: f32) -> f32 {
+fn gelu(table: *const f32, x: f32, bits: u16) -> f32 {
     if x <= -10.0 {
         0.0
     } else if x >= 10.0 {
         x
     } else {
         // SAFETY: the table has an entry for every u16 (checked when the step was built).
-        unsafe { table.add(usize::from(f32_to_fp16(x))).read() }
+        unsafe { table.add(usize::from(bits)).read() }
     }
 }
 
+/// The GELU table's runs over `n` values at `x`: `put(i, gelu(x[i]))` in chunks whose f16
+/// bits are converted at once.
+///
+/// # Safety
+/// `x` readable for `n` floats.
 #[inline(always)]
-fn geglu(table: *const f32, x: f32, g: f32) -> f32 {
-    if x <= -10.0 {
-        0.0
-    } else if x >= 10.0 {
-        x * g
-    } else {
-        // SAFETY: as in gelu.
-        unsafe { table.add(usize::from(f32_to_fp16(x))).read() * g }
+unsafe fn gelu_span(table: *const f32, x: *const f32, n: usize, mut put: impl FnMut(usize, f32)) {
+    let mut bits = [0u16; CHUNK];
+    for c in (0..n).step_by(CHUNK) {
+        let len = CHUNK.min(n - c);
+        // SAFETY: values c..c + len of x.
+        unsafe { f16_bits(x.add(c), len, &mut bits) };
+        for (j, &b) in bits[..len].iter().enumerate() {
+            // SAFETY: c + j < n.
+            put(c + j, gelu(table, unsafe { x.add(c + j).read() }, b));
+        }
     }
 }
+
+/// The f16 bits of `n` values at `x` (ggml's FP32_TO_FP16: nearest even), eight at a time with
+/// F16C where the CPU has it.
+///
+/// # Safety
+/// `x` readable for `n` floats, `n <= out.len()`.
+#[inline(always)]
+unsafe fn f16_bits(x: *const f32, n: usize, out: &mut [u16]) {
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        while i + 8 <= n {
+            // SAFETY: F16C comes with the AVX2 kernels (use_avx2); 8 values from i.
+            unsafe { f16_bits8(x.add(i), out[i..i + 8].as_mut_ptr()) };
+            i += 8;
+        }
+    }
+    for (j, bits) in out.iter_mut().enumerate().take(n).skip(i) {
+        // SAFETY: j < n.
+        *bits = f32_to_fp16(unsafe { x.add(j).read() });
+    }
+}
+
+/// # Safety
+/// The CPU must support F16C; `x` readable and `out` writable for 8 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_bits8(x: *const f32, out: *mut u16) {
+    use std::arch::x86_64::*;
+    unsafe {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x));
+        _mm_storeu_si128(out as *mut __m128i, h);
+    }
+}
+
+/// Elements converted to table indices per pass.
+const CHUNK: usize = 256;
 
 #[inline]
 fn row_ptr(t: &Operand, r: usize) -> *const u8 {
@@ -106,31 +153,31 @@ impl ElementMap {
     /// `out` overlaps an input only exactly (in place) or not at all.
     pub unsafe fn run(&self, threads: usize) {
         let ne = self.out.ne;
-        let rows = ne[1] * ne[2] * ne[3];
+        let (n, rows) = (ne[0], ne[1] * ne[2] * ne[3]);
+        let total = rows * n;
         let min = match self.op {
             MapOp::Tanh => MIN_PARALLEL_TANH,
             _ => MIN_PARALLEL,
         };
-        let threads = if rows * ne[0] < min {
-            1
-        } else {
-            threads.clamp(1, rows.max(1))
-        };
-        let per = rows.div_ceil(threads);
-        pool::run(threads, rows.div_ceil(per), &|t| {
-            for r in t * per..((t + 1) * per).min(rows) {
-                // SAFETY: per this function's contract; task t alone writes rows of its range.
-                unsafe { self.row(r) };
+        let threads = if total < min { 1 } else { threads.max(1) };
+        // the elements in row order, split evenly: a decode step's logits are one long row
+        let per = total.div_ceil(threads).max(1);
+        pool::run(threads, total.div_ceil(per), &|t| {
+            let (a, b) = (t * per, ((t + 1) * per).min(total));
+            for r in a / n..b.div_ceil(n) {
+                let (lo, hi) = (a.max(r * n) - r * n, b.min(r * n + n) - r * n);
+                // SAFETY: per this function's contract; task t alone writes its elements.
+                unsafe { self.span(r, lo, hi) };
             }
         });
     }
 
-    /// Row `r`. Raw pointers: `out` may be `x` (or the gate), each element written after its
-    /// inputs are read.
-    unsafe fn row(&self, r: usize) {
-        let n = self.out.ne[0];
-        let x = row_ptr(&self.x, r) as *const f32;
-        let y = row_ptr(&self.out, r) as *mut f32;
+    /// Elements `lo..hi` of row `r`. Raw pointers: `out` may be `x` (or the gate), each
+    /// element written after its inputs are read.
+    unsafe fn span(&self, r: usize, lo: usize, hi: usize) {
+        let x = (row_ptr(&self.x, r) as *const f32).wrapping_add(lo);
+        let y = (row_ptr(&self.out, r) as *mut f32).wrapping_add(lo);
+        let n = hi - lo;
         // SAFETY (all reads and writes): i < n, within rows checked at build time.
         match self.op {
             MapOp::Scale { s, b: 0.0 } => {
@@ -148,19 +195,19 @@ impl ElementMap {
                     unsafe { y.add(i).write(tanhf(x.add(i).read())) };
                 }
             }
-            MapOp::Gelu { table } => {
-                for i in 0..n {
-                    unsafe { y.add(i).write(gelu(table, x.add(i).read())) };
-                }
-            }
+            MapOp::Gelu { table } => unsafe {
+                gelu_span(table, x, n, |i, v| y.add(i).write(v));
+            },
             MapOp::Geglu { table, g } => {
-                let gp = row_ptr(&g, r) as *const f32;
-                for i in 0..n {
-                    unsafe {
+                // ggml's geglu: 0 at or below −10 (not 0 · g), else the gelu value times g
+                let gp = (row_ptr(&g, r) as *const f32).wrapping_add(lo);
+                unsafe {
+                    gelu_span(table, x, n, |i, v| {
+                        let zero = x.add(i).read() <= -10.0;
                         y.add(i)
-                            .write(geglu(table, x.add(i).read(), gp.add(i).read()))
-                    };
-                }
+                            .write(if zero { 0.0 } else { v * gp.add(i).read() });
+                    })
+                };
             }
         }
     }
@@ -211,6 +258,15 @@ mod tests {
         let x = [-10.0f32, 10.0, 12.5, 1.0, -11.0];
         let y = run(MapOp::Gelu { table: t }, &x);
         assert_eq!(y, [0.0, 10.0, 12.5, f32::from(0x3c00u16), 0.0]);
+    }
+
+    #[test]
+    fn a_long_row_splits_over_threads_like_one() {
+        let x: Vec<f32> = (0..70001).map(|i| (i as f32 - 35000.0) * 1e-4).collect();
+        let y = run(MapOp::Scale { s: 0.5, b: 0.25 }, &x);
+        for (a, b) in x.iter().zip(&y) {
+            assert_eq!(a.mul_add(0.5, 0.25).to_bits(), b.to_bits());
+        }
     }
 
     #[test]
