@@ -211,7 +211,8 @@ def fill(node: Tensor, context: BuildContext) -> Step:
     return run
 
 
-def _clamp_native_ok(node: Tensor) -> bool:
+def _map_native_ok(node: Tensor) -> bool:
+    """f32 rows in, f32 rows of the same shape out, in place or apart (the native maps)."""
     a = node.src[0] if node.src else None
     if not (f32_rows(a) and f32_rows(node) and a is not None and same_shape(a, node)):
         return False
@@ -219,17 +220,12 @@ def _clamp_native_ok(node: Tensor) -> bool:
     return in_place or apart(node, a)
 
 
-@native_row(FAMILY, Op.CLAMP, "f32 (native)", _clamp_native_ok)
+@native_row(FAMILY, Op.CLAMP, "f32 (native)", _map_native_ok)
 def clamp_native(node: Tensor, context: BuildContext) -> Step:
     a = node.src[0]
     assert a is not None
     lo, hi = node.f32(0), node.f32(1)
     return _native.clamp_step(tensor_arg(a), tensor_arg(node), lo, hi, context.threads)
-
-
-def _map_native_ok(node: Tensor) -> bool:
-    """f32 rows in, f32 rows of the same shape out, in place or apart."""
-    return _clamp_native_ok(node)
 
 
 _NATIVE_UNARY = frozenset({Unary.TANH, Unary.GELU})

@@ -5,6 +5,7 @@
 //! values instead of two. On an AVX2-only Zen 3 VM, where one 8-lane conversion takes several
 //! cycles, f16 decode was bound by the conversions rather than by memory.
 
+use super::Dest;
 use crate::kernels::cpu::simd_active;
 use crate::kernels::operand::{Converted, DirectFn, RowsJob};
 
@@ -97,24 +98,6 @@ pub(crate) unsafe fn direct(
     };
     // SAFETY: the caller owns those columns of `out`.
     unsafe { rows_into(w, stride, first, rows, k, act, dest) }
-}
-
-/// Where the results go: (weight row i, activation row r), rows relative to the call's first,
-/// at `ptr + i * row_step + r * col_step`.
-#[derive(Clone, Copy)]
-struct Dest {
-    ptr: *mut f32,
-    row_step: usize,
-    col_step: usize,
-}
-
-impl Dest {
-    /// # Safety
-    /// (i, r) must be one of the caller's results.
-    #[inline(always)]
-    unsafe fn put(self, i: usize, r: usize, v: f32) {
-        unsafe { *self.ptr.add(i * self.row_step + r * self.col_step) = v };
-    }
 }
 
 /// Weight rows `first..first + count` against every activation row into `dest`.

@@ -8,6 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::float_tiles::{avx2::hsum4, unsafe_rows_avx2};
+use super::Dest;
 use crate::kernels::blocks::half::fp16_to_f32;
 use crate::kernels::cpu::avx512_vnni_active;
 use crate::kernels::formats::ActFormat;
@@ -86,15 +87,6 @@ pub(crate) unsafe fn rows_f16_direct(
     };
     // SAFETY: as asserted; the caller owns those columns of `out`.
     unsafe { rows_f16(w, stride, first, k, kp, act, rows, dest) }
-}
-
-/// Where a tile's results go: (weight row i, activation row c) at `ptr + i * row_step +
-/// c * col_step` (rows relative to the call's first).
-#[derive(Clone, Copy)]
-struct Dest {
-    ptr: *mut f32,
-    row_step: usize,
-    col_step: usize,
 }
 
 impl Dest {

@@ -9,3 +9,22 @@ mod float_avx512;
 pub mod float_tiles;
 pub mod q4k_paired;
 pub mod q8;
+
+/// Where a kernel's results go: (weight row i, activation row r), rows relative to the call's
+/// first, at `ptr + i * row_step + r * col_step` (the `[n][m]` output, or a `[rows][n]`
+/// scratch).
+#[derive(Clone, Copy)]
+pub(crate) struct Dest {
+    pub(crate) ptr: *mut f32,
+    pub(crate) row_step: usize,
+    pub(crate) col_step: usize,
+}
+
+impl Dest {
+    /// # Safety
+    /// (i, r) must be one of the caller's results.
+    #[inline(always)]
+    pub(crate) unsafe fn put(self, i: usize, r: usize, v: f32) {
+        unsafe { *self.ptr.add(i * self.row_step + r * self.col_step) = v };
+    }
+}
