@@ -124,14 +124,6 @@ unsafe fn f16_bits8(x: *const f32, out: *mut u16) {
 /// Elements converted to table indices per pass.
 const CHUNK: usize = 256;
 
-#[inline]
-fn row_ptr(t: &Operand, r: usize) -> *const u8 {
-    let (i1, rest) = (r % t.ne[1], r / t.ne[1]);
-    let (i2, i3) = (rest % t.ne[2], rest / t.ne[2]);
-    t.ptr
-        .wrapping_add(i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3])
-}
-
 impl ElementMap {
     /// Checks the shapes (the caller checked every extent against its buffer).
     pub fn check(&self) -> Result<(), String> {
@@ -175,8 +167,8 @@ impl ElementMap {
     /// Elements `lo..hi` of row `r`. Raw pointers: `out` may be `x` (or the gate), each
     /// element written after its inputs are read.
     unsafe fn span(&self, r: usize, lo: usize, hi: usize) {
-        let x = (row_ptr(&self.x, r) as *const f32).wrapping_add(lo);
-        let y = (row_ptr(&self.out, r) as *mut f32).wrapping_add(lo);
+        let x = (self.x.row_start(r) as *const f32).wrapping_add(lo);
+        let y = (self.out.row_start(r) as *mut f32).wrapping_add(lo);
         let n = hi - lo;
         // SAFETY (all reads and writes): i < n, within rows checked at build time.
         match self.op {
@@ -200,7 +192,7 @@ impl ElementMap {
             },
             MapOp::Geglu { table, g } => {
                 // ggml's geglu: 0 at or below −10 (not 0 · g), else the gelu value times g
-                let gp = (row_ptr(&g, r) as *const f32).wrapping_add(lo);
+                let gp = (g.row_start(r) as *const f32).wrapping_add(lo);
                 unsafe {
                     gelu_span(table, x, n, |i, v| {
                         let zero = x.add(i).read() <= -10.0;

@@ -140,3 +140,15 @@ pub struct Operand {
     pub ne: [usize; 4],
     pub nb: [usize; 4],
 }
+
+impl Operand {
+    /// The start of row `r` of the rows of `ne[1..]` in ggml order (a pointer computed with
+    /// wrapping arithmetic: callers keep `r` within the operand, checked when it was built).
+    #[inline]
+    pub fn row_start(&self, r: usize) -> *const u8 {
+        let (i1, rest) = (r % self.ne[1], r / self.ne[1]);
+        let (i2, i3) = (rest % self.ne[2], rest / self.ne[2]);
+        self.ptr
+            .wrapping_add(i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3])
+    }
+}

@@ -35,15 +35,6 @@ pub enum Routing {
 unsafe impl Send for Routing {}
 unsafe impl Sync for Routing {}
 
-/// A row's start: row `r` of the rows of `ne[1..]` in order.
-fn row_ptr(t: &Operand, r: usize) -> *const u8 {
-    let (i1, rest) = (r % t.ne[1], r / t.ne[1]);
-    let (i2, i3) = (rest % t.ne[2], rest / t.ne[2]);
-    // SAFETY (of the callers' use): rows within the operand, checked when it was built
-    t.ptr
-        .wrapping_add(i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3])
-}
-
 /// The sort key that orders like NumPy's stable argsort: -0.0 equal to 0.0, NaN last.
 fn key(v: f32, descending: bool) -> (bool, f32) {
     let v = v + 0.0; // -0.0 + 0.0 = 0.0: equal keys, index order kept
@@ -105,10 +96,10 @@ impl Routing {
     unsafe fn row(&self, r: usize) {
         let (x, out) = (self.x(), self.out());
         let n = x.ne[0];
-        let src = unsafe { std::slice::from_raw_parts(row_ptr(x, r) as *const f32, n) };
+        let src = unsafe { std::slice::from_raw_parts(x.row_start(r) as *const f32, n) };
         match *self {
             Self::ArgSort { descending, .. } => {
-                let dst = row_ptr(out, r) as *mut i32;
+                let dst = out.row_start(r) as *mut i32;
                 let mut order: Vec<i32> = (0..n as i32).collect();
                 order.sort_by(|&a, &b| {
                     let (ka, kb) = (
@@ -121,10 +112,10 @@ impl Routing {
             }
             Self::SumRows { .. } => {
                 let sum: f64 = src.iter().fold(0.0, |s, &v| s + v as f64);
-                unsafe { (row_ptr(out, r) as *mut f32).write(sum as f32) };
+                unsafe { (out.row_start(r) as *mut f32).write(sum as f32) };
             }
             Self::Clamp { min, max, .. } => {
-                let dst = row_ptr(out, r) as *mut f32;
+                let dst = out.row_start(r) as *mut f32;
                 for (i, &v) in src.iter().enumerate() {
                     let lo = if v < max { v } else { max };
                     let c = if lo > min { lo } else { min };
