@@ -81,6 +81,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "test_gpu_check_dry_run": ("slow",),
     "test_cuda_registry": ("unit",),
     "test_cuda_serving": ("unit",),
+    "test_cuda_shared_weights": ("unit",),
     "test_ggml_types": ("unit",),
     "test_kernel_table": ("unit",),
     "test_layering": ("unit",),

@@ -9,6 +9,12 @@ A received payload goes through a `HostSink`: host memory that the socket (or a 
 fills, in pieces. On the CPU the one piece is the buffer region itself (`DirectSink`: zero-copy
 receive); the GPU's sink hands out pinned staging slots and copies each to the device while the
 next one arrives.
+
+Shared weights (`compute/shared_content.py`) go through the backend too: `hold` makes the one
+immutable copy of uploaded bytes, `same` compares held content with an upload, `window`
+addresses held content by buffer offsets, and `drop_pages`/`restore_pages` give a shared
+range's own memory back and take it again for a copy on write (host pages on the CPU, whole
+granules of a reserved range on a GPU).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
+
+from rpcnet.compute import host_pages
 
 
 class HostSink(Protocol):
@@ -50,6 +58,34 @@ class Backend(Protocol):
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None: ...
     def synchronize(self) -> None: ...
     def host_sink(self, mem: Any, offset: int, nbytes: int) -> HostSink: ...
+
+    # shared weights
+    shares: bool  # buffers of this device may point ranges at shared content
+
+    def can_share(self, mem: Any) -> bool:
+        """Whether the memory of a shared range of `mem` can be given back."""
+        ...
+
+    def drop_pages(self, mem: Any, start: int, end: int) -> None:
+        """Give back the memory of the whole pages (granules) of mem[start:end]."""
+        ...
+
+    def restore_pages(self, mem: Any, start: int, end: int) -> bool:
+        """Back mem[start:end] with memory again (its content is undefined until written);
+        False when the device has none."""
+        ...
+
+    def hold(self, data: Any) -> Any | None:
+        """The one read-only copy of host uint8 `data` as shared content; None: no room."""
+        ...
+
+    def same(self, held: Any, data: Any) -> bool:
+        """Whether `held` (from `hold`) has the bytes of host uint8 `data`."""
+        ...
+
+    def window(self, held: Any, start: int) -> Any:
+        """`held` as a uint8 array addressed by buffer offsets: its byte i at `start + i`."""
+        ...
 
 
 class DirectSink:
@@ -108,6 +144,28 @@ class CpuBackend:
 
     def host_sink(self, mem: Any, offset: int, nbytes: int) -> HostSink:
         return DirectSink(mem[offset : offset + nbytes])
+
+    # ---- shared weights: host pages ----------------------------------------------------
+    shares = True
+
+    def can_share(self, mem: Any) -> bool:
+        return True
+
+    def drop_pages(self, mem: Any, start: int, end: int) -> None:
+        host_pages.drop_pages(mem, start, end)
+
+    def restore_pages(self, mem: Any, start: int, end: int) -> bool:
+        return True  # a dropped page comes back (zeroed) when it is written
+
+    def hold(self, data: Any) -> Any | None:
+        data.flags.writeable = False  # the received array itself: no copy
+        return data
+
+    def same(self, held: Any, data: Any) -> bool:
+        return host_pages.same_bytes(held, data)
+
+    def window(self, held: Any, start: int) -> Any:
+        return host_pages.window(held, start)
 
 
 CPU = CpuBackend()

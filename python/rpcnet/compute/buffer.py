@@ -3,9 +3,11 @@
 Every byte the server moves in or out of a buffer goes through these methods, which go through
 the device's backend (`compute/backend.py`): the server never slices the raw array.
 
-Ranges of a CPU buffer may point at shared content (`compute/shared_content.py`): reads come
-from the shared copy, and every write first gives the buffer its own copy of what it overlaps
-(`own`: charged to the pool again; the buffer's own pages there were never resident).
+Ranges of a buffer may point at shared content (`compute/shared_content.py`): reads come from
+the shared copy, and every write first gives the buffer its own copy of what it overlaps
+(`own`: charged to the pool again, its pages backed again and the content copied back on the
+device). The memory of whole pages (on a GPU: granules) that only shared ranges cover is given
+back (`backend.drop_pages`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class DeviceBuffer:
     derived_keys: set = field(default_factory=set)
     # never reused in this process (handles are per connection, ids of freed objects recur)
     serial: int = field(default_factory=lambda: next(_SERIALS))
-    shares: SharedRanges | None = None  # ranges that point at shared content (CPU only)
+    shares: SharedRanges | None = None  # ranges that point at shared content
     layout: int = 0  # rises whenever `shares` changes: plans resolved before are stale
     graph_written: bool = False  # a plan writes into it: its uploads are never shared
 
@@ -83,26 +85,29 @@ class DeviceBuffer:
         if not shares or nbytes <= 0:
             return
         end = offset + nbytes
+        backend = self.device.backend
         for share in shares.overlapping(offset, end):
             inside = offset <= share.start and share.end <= end
             if partial_only and inside:
                 continue
             pool = self.device.memory  # type: ignore[attr-defined]
+            full = f"copy on write of {share.nbytes} shared bytes: device memory is full"
             if not pool.reserve(share.nbytes):
-                raise SharedMemoryFull(
-                    f"copy on write of {share.nbytes} shared bytes: device memory is full (--mem)"
-                )
+                raise SharedMemoryFull(f"{full} (--mem)")
+            if not backend.restore_pages(self.array, share.start, share.end):
+                pool.release(share.nbytes)
+                raise SharedMemoryFull(full)
             if keep or not inside:
-                self.array[share.start : share.end] = share.content.array
+                backend.copy(self.array, share.start, share.content.array, 0, share.nbytes)
             shares.remove(share)
             share.content.release()
             self.layout += 1
 
     def attach(self, start: int, content: SharedContent) -> None:
         """Point [start, start+content.nbytes) at `content` (a user of it already counted):
-        ranges inside are replaced, the buffer's pages there go back to the OS and the bytes
-        not held twice any more go back to the pool."""
-        from rpcnet.compute.shared_content import drop_pages
+        ranges inside are replaced, the buffer's whole pages (granules) that shared ranges
+        cover go back to the OS (the GPU) and the bytes not held twice any more go back to the
+        pool."""
         from rpcnet.compute.shared_ranges import Share, SharedRanges
 
         end = start + content.nbytes
@@ -115,9 +120,17 @@ class DeviceBuffer:
             share.content.release()
         self.shares.add(Share(start, content))
         self.device.memory.release(content.nbytes - sum(s.nbytes for s in replaced))  # type: ignore[attr-defined]
-        drop_pages(self.array, start, end)
+        # with the shares it touches end to end: a page (granule) across their edge is theirs
+        self.device.backend.drop_pages(self.array, *self.shares.covered(start, end))
         self.layout += 1
         self.touched()
+
+    def write_held(self, start: int, held: Any) -> None:
+        """Copy held shared content (`SharedContent.array`) into [start, start+len) on the
+        device."""
+        nbytes = int(held.nbytes)
+        self.own(start, nbytes, keep=False)
+        self.device.backend.copy(self.array, start, held, 0, nbytes)
 
     def shared_at(self, offset: int, nbytes: int) -> bool:
         shares = self.shares
@@ -132,19 +145,30 @@ class DeviceBuffer:
 
     def read(self, offset: int, nbytes: int) -> memoryview:
         """The bytes at [offset, offset+nbytes) on the host (zero-copy on the CPU, also from a
-        shared range; a read across a range's edge is assembled in a copy)."""
-        if self.shared_at(offset, nbytes):
-            share = self.shares.containing(offset, offset + nbytes)  # type: ignore[union-attr]
-            if share is not None:
-                at = offset - share.start
-                return memoryview(share.content.array[at : at + nbytes])
-            out = bytearray(self.device.backend.to_host(self.array, offset, nbytes))
-            for share in self.shares.overlapping(offset, offset + nbytes):  # type: ignore[union-attr]
-                lo, hi = max(offset, share.start), min(offset + nbytes, share.end)
-                part = share.content.array[lo - share.start : hi - share.start]
-                out[lo - offset : hi - offset] = memoryview(part)
-            return memoryview(out)
-        return self.device.backend.to_host(self.array, offset, nbytes)
+        shared range; a read across a range's edge is assembled in a copy, each part from
+        where it lives: the buffer's own pages there may be gone)."""
+        backend = self.device.backend
+        if not self.shared_at(offset, nbytes):
+            return backend.to_host(self.array, offset, nbytes)
+        shares = self.shares
+        assert shares is not None
+        end = offset + nbytes
+        share = shares.containing(offset, end)
+        if share is not None:
+            return backend.to_host(share.content.array, offset - share.start, nbytes)
+        out = bytearray(nbytes)
+        at = offset
+        for share in [*shares.overlapping(offset, end), None]:
+            lo = min(share.start, end) if share is not None else end
+            if lo > at:  # the buffer's own bytes before this share
+                out[at - offset : lo - offset] = backend.to_host(self.array, at, lo - at)
+            if share is None:
+                break
+            lo, hi = max(offset, share.start), min(end, share.end)
+            part = backend.to_host(share.content.array, lo - share.start, hi - lo)
+            out[lo - offset : hi - offset] = part
+            at = hi
+        return memoryview(out)
 
     def write(self, offset: int, data: Any) -> None:
         self.own(offset, memoryview(data).nbytes, keep=False)
@@ -159,6 +183,15 @@ class DeviceBuffer:
         if not nbytes:
             return
         if src.shared_at(src_offset, nbytes):
+            shares = src.shares
+            assert shares is not None
+            share = shares.containing(src_offset, src_offset + nbytes)
+            if share is not None and src.device.backend is self.device.backend:
+                held = share.content.array  # alive past the own() below (this buffer's share?)
+                self.own(offset, nbytes, keep=False)
+                at = src_offset - share.start
+                self.device.backend.copy(self.array, offset, held, at, nbytes)
+                return
             data = src.read(src_offset, nbytes)  # keeps its bytes alive past the own() below
             self.own(offset, nbytes, keep=False)
             self.device.backend.to_device(self.array, offset, data)

@@ -22,7 +22,6 @@ FNV-1a with other bytes is a collision: logged, never shared.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -31,27 +30,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 log = logging.getLogger("rpcnet.shared")
 
 SHARE_MIN = 256 << 10  # smaller uploads (a step's inputs, norms) keep their own bytes
 SAMPLES = 16
 SAMPLE_BYTES = 4096
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_MADV_DONTNEED = 4
 
 
 def enabled() -> bool:
     return os.environ.get("RPCNET_SHARE_WEIGHTS", "1") != "0"
-
-
-def same_bytes(a: Any, b: Any) -> bool:
-    """Whether two uint8 arrays hold the same bytes (memcmp; ctypes releases the GIL)."""
-    n = int(a.nbytes)
-    if n != int(b.nbytes):
-        return False
-    return n == 0 or _LIBC.memcmp(int(a.ctypes.data), int(b.ctypes.data), n) == 0
 
 
 def sample_key(data: Any) -> bytes:
@@ -67,46 +54,9 @@ def sample_key(data: Any) -> bytes:
     return hasher.digest()
 
 
-def drop_pages(array: Any, start: int, end: int) -> None:
-    """Give the whole pages of array[start:end] back to the OS (MADV_DONTNEED): a shared range's
-    own bytes are never read, and its pages must not stay resident."""
-    base = int(array.ctypes.data)
-    lo = (base + start + PAGE - 1) // PAGE * PAGE
-    hi = (base + end) // PAGE * PAGE
-    if hi > lo:
-        _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_LIBC.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-_LIBC.memcmp.restype = ctypes.c_int
-
-
-class _Window:
-    """`__array_interface__` of a uint8 array whose byte `start + i` is the content's byte `i`:
-    a tensor at buffer offset `o` inside the shared range reads the content through the same
-    offset `o` its kernels already use. Bytes below `start` are never addressed (a tensor is
-    resolved to a window only when it lies wholly inside the range). Read-only: a kernel that
-    would write through it fails instead of changing shared bytes."""
-
-    def __init__(self, content: SharedContent, start: int) -> None:
-        self.content = content  # keeps the bytes alive as long as a view of the window lives
-        self.__array_interface__ = {
-            "data": (int(content.array.ctypes.data) - start, True),
-            "shape": (start + content.nbytes,),
-            "typestr": "|u1",
-            "version": 3,
-        }
-
-
-def window(content: SharedContent, start: int) -> Any:
-    return np.asarray(_Window(content, start))
-
-
 @dataclass(eq=False)
 class SharedContent:
-    array: Any  # uint8, read-only: the one copy
+    array: Any  # uint8, read-only: the one copy, in the device's memory (`backend.hold`)
     sample: bytes
     store: SharedStore
     strong: bytes | None = None  # SHA-256, where the hash cache computed or verified it
@@ -124,10 +74,12 @@ class SharedContent:
 
 class SharedStore:
     """The shared contents of one device, indexed by cheap key, SHA-256 and FNV-1a. Charged to
-    the device's pool once each; thread-safe (cache loads run on threads)."""
+    the device's pool once each; thread-safe (cache loads run on threads). Uploads arrive as
+    host bytes; the device's backend holds the contents (`hold`) and compares them (`same`)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, backend: Any) -> None:
         self.pool = pool
+        self.backend = backend
         self._lock = threading.Lock()
         self._by_sample: dict[bytes, list[SharedContent]] = {}
         self._by_strong: dict[bytes, SharedContent] = {}
@@ -167,12 +119,12 @@ class SharedStore:
         strong: bytes | None = None,
         fnv: int | None = None,
         origin: str | None = None,
-    ) -> SharedContent:
-        """The content equal to `array` (a new user of it), `array` itself as a new content
-        (charged to the pool) when there is none. With `fnv` (verified by the caller) the
-        content is named by it for clients trusting `origin`, unless `fnv` already names other
-        bytes: a collision, logged; the content is then shared by its bytes only, and that
-        hash never answers with it."""
+    ) -> SharedContent | None:
+        """The content equal to host uint8 `array` (a new user of it), else a new content
+        holding its bytes (charged to the pool; None when the device has no room for it).
+        With `fnv` (verified by the caller) the content is named by it for clients trusting
+        `origin`, unless `fnv` already names other bytes: a collision, logged; the content is
+        then shared by its bytes only, and that hash never answers with it."""
         started = time.perf_counter()
         try:
             return self._adopt(array, strong, fnv, origin)
@@ -182,7 +134,7 @@ class SharedStore:
 
     def _adopt(
         self, array: Any, strong: bytes | None, fnv: int | None, origin: str | None
-    ) -> SharedContent:
+    ) -> SharedContent | None:
         sample = sample_key(array)
         with self._lock:
             found = self._find(array, sample, strong)
@@ -194,8 +146,10 @@ class SharedStore:
             ):
                 fnv = None
             if found is None:
-                array.flags.writeable = False
-                found = SharedContent(array, sample, self, strong=strong)
+                held = self.backend.hold(array)
+                if held is None:
+                    return None
+                found = SharedContent(held, sample, self, strong=strong)
                 self._by_sample.setdefault(sample, []).append(found)
                 if strong is not None:
                     self._by_strong.setdefault(strong, found)
@@ -223,7 +177,7 @@ class SharedStore:
             return self._by_strong[strong]
         for content in self._by_sample.get(sample, ()):
             self.compared += content.nbytes
-            if same_bytes(content.array, array):
+            if self.backend.same(content.array, array):
                 if strong is not None and content.strong is None:
                     content.strong = strong
                     self._by_strong.setdefault(strong, content)
@@ -300,6 +254,6 @@ def store_of(device: Any) -> SharedStore:
         with _STORES_LOCK:
             store = getattr(device, "shared_store", None)
             if store is None:
-                store = SharedStore(device.memory)
+                store = SharedStore(device.memory, device.backend)
                 device.shared_store = store
     return store

@@ -6,7 +6,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnet.compute.shared_content import SharedContent, window
+from rpcnet.compute.shared_content import SharedContent
 
 
 @dataclass(eq=False)
@@ -26,7 +26,8 @@ class Share:
     def window(self) -> Any:
         """The content as a uint8 array addressed by buffer offsets (made once)."""
         if self._window is None:
-            self._window = window(self.content, self.start)
+            content = self.content
+            self._window = content.store.backend.window(content.array, self.start)
         return self._window
 
 
@@ -61,6 +62,20 @@ class SharedRanges:
         if i >= 0 and self._shares[i].end >= end:
             return self._shares[i]
         return None
+
+    def covered(self, start: int, end: int) -> tuple[int, int]:
+        """[start, end) widened over the shares that touch it end to end: the span that shared
+        ranges cover without a gap around it (its whole pages hold no bytes of the buffer's
+        own)."""
+        i = bisect.bisect_left(self._starts, start) - 1
+        while i >= 0 and self._shares[i].end == start:
+            start = self._shares[i].start
+            i -= 1
+        i = bisect.bisect_left(self._starts, end)
+        while i < len(self._shares) and self._shares[i].start == end:
+            end = self._shares[i].end
+            i += 1
+        return start, end
 
     def add(self, share: Share) -> None:
         assert not self.overlapping(share.start, share.end), "shared ranges overlap"

@@ -350,7 +350,7 @@ class Session:
         """The shared content named `digest` that this client's cache lookups would trust
         (a new user of it), or None."""
         buf = self.buffers.get(tensor.buffer) if tensor.buffer else None
-        if buf is None or buf.device.backend.name != "cpu" or not sharing_enabled():
+        if buf is None or not buf.device.backend.shares or not sharing_enabled():
             return None
         return store_of(buf.device).by_fnv(digest, trusted(cache))
 

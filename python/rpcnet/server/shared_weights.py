@@ -1,9 +1,11 @@
 """Uploads that may be held once (compute/shared_content.py), as the session receives them.
 
-A SET_TENSOR or a cache-answered SET_TENSOR_HASH of at least SHARE_MIN bytes into a CPU buffer
-that no plan writes is received into a fresh array instead of the buffer; when the bytes are
-complete the device's store either keeps that array as a new content or finds the equal content
-it already holds (the array is then dropped), and the buffer range points at it. A
+A SET_TENSOR or a cache-answered SET_TENSOR_HASH of at least SHARE_MIN bytes into a buffer that
+no plan writes (and whose memory can be given back: any CPU buffer, a GPU buffer of reserved
+granules) is received into a fresh host array instead of the buffer; when the bytes are complete
+the device's store either finds the equal content it already holds (the array is then dropped:
+on a GPU those bytes never cross the bus) or keeps them as a new content (on the CPU the array
+itself, on a GPU one device allocation), and the buffer range points at it. A
 SET_TENSOR_HASH whose FNV-1a names a held content that the client trusts (the same origins its
 cache lookups see) is answered from memory: no bytes are read at all.
 """
@@ -31,8 +33,9 @@ def shareable(buf: DeviceBuffer, nbytes: int) -> bool:
     return (
         nbytes >= SHARE_MIN
         and not buf.graph_written
-        and buf.device.backend.name == "cpu"
         and enabled()
+        and buf.array is not None
+        and buf.device.backend.can_share(buf.array)
     )
 
 
@@ -55,8 +58,12 @@ def settle(
     origin: str | None = None,
 ) -> None:
     """`array` (complete, verified) is the new content of buf[start:start+len]: held once
-    with equal bytes, or kept as a new content."""
+    with equal bytes, or kept as a new content (or, when the device has no room for one,
+    written into the buffer)."""
     content = store_of(buf.device).adopt(array, strong, fnv, origin)
+    if content is None:
+        buf.write(start, array)
+        return
     try:
         buf.attach(start, content)
     except BaseException:
@@ -75,7 +82,7 @@ def attach_held(buf: DeviceBuffer, start: int, content: SharedContent) -> None:
             raise
     else:
         try:
-            buf.write(start, content.array)
+            buf.write_held(start, content.array)
         finally:
             content.release()
 

@@ -169,9 +169,11 @@ class _Buffers:
     def __init__(self) -> None:
         self._live: list[tuple[weakref.ref[np.ndarray], int, int]] = []
 
-    def allocate(self, nbytes: int) -> np.ndarray:
-        raw = np.empty(nbytes + 2 * REDZONE + 256, np.uint8)
-        start = -raw.ctypes.data % 256 + REDZONE  # data 256-byte aligned, like cudaMalloc
+    def allocate(self, nbytes: int, align: int = 256) -> np.ndarray:
+        """`nbytes` with red zones around them, `align`-aligned (256: like cudaMalloc; a VMM
+        reservation asks for its granularity)."""
+        raw = np.empty(nbytes + 2 * REDZONE + align, np.uint8)
+        start = -(raw.ctypes.data + REDZONE) % align + REDZONE
         raw[:start] = _FILL
         raw[start + nbytes :] = _FILL
         self._live.append((weakref.ref(raw), start, start + nbytes))

@@ -8,7 +8,8 @@ as violations that fail the test:
   stream's read), with no event or synchronize between them;
 - capture rules: no allocation, synchronize, host copy or legacy-stream use while capturing;
   a capturing stream's operations are recorded and run at each graph launch;
-- every launch recorded (`launches`), its grid, block and pointer arguments checked.
+- every launch recorded (`launches`), its grid, block and pointer arguments checked;
+- CUDA virtual memory management (`vmm.py`): granule rules, access, unmapped addresses.
 """
 
 from support.strict_cupy.api import GIB, Launch, OutOfMemoryError, StrictCupy
@@ -21,9 +22,11 @@ from support.strict_cupy.timeline import (
     StreamOrderError,
     StrictViolation,
 )
+from support.strict_cupy.vmm import GRANULE, StrictVmm, VmmMisuse
 
 __all__ = [
     "GIB",
+    "GRANULE",
     "CaptureError",
     "CudaRuntimeError",
     "Launch",
@@ -33,6 +36,8 @@ __all__ = [
     "StreamOrderError",
     "StrictCupy",
     "StrictViolation",
+    "StrictVmm",
+    "VmmMisuse",
     "strict_cuda_backend",
     "strict_cuda_device",
 ]

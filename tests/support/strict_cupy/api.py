@@ -42,6 +42,7 @@ from support.strict_cupy.timeline import (
     StrictViolation,
     Timeline,
 )
+from support.strict_cupy.vmm import GRANULE, StrictVmm, UnownedMemory
 
 GIB = 1 << 30
 H2D, D2H, D2D = 1, 2, 3
@@ -175,7 +176,14 @@ class StrictCupy:
 
     __name__ = "strict_cupy"
 
-    def __init__(self, n_gpus: int = 1, total: int = 140 * GIB, name: str = "NVIDIA H200"):
+    def __init__(
+        self,
+        n_gpus: int = 1,
+        total: int = 140 * GIB,
+        name: str = "NVIDIA H200",
+        vmm: bool = True,
+        granularity: int = GRANULE,
+    ):
         self.timeline = Timeline()
         self.current = CurrentStream()
         self.total = total
@@ -185,6 +193,8 @@ class StrictCupy:
         self.memories: dict[int, weakref.ref[Memory]] = {}
         self.buffers = cuda_emu._Buffers()
         self.emu = cuda_emu.EmuKernels(cuda_emu.build_all(), self.buffers)
+        # virtual memory management (None: a GPU without it)
+        self.vmm = StrictVmm(self, granularity) if vmm else None
         tl, cur = self.timeline, self.current
         runtime = SimpleNamespace(
             driverGetVersion=lambda: 13000,
@@ -204,6 +214,9 @@ class StrictCupy:
             Event=lambda **kw: Event(tl, cur, **kw),
             Memory=lambda nbytes: Memory(self, nbytes),
             MemoryPointer=lambda mem, offset: _memory_pointer(mem, offset),
+            UnownedMemory=lambda ptr, size, owner, device_id=-1: UnownedMemory(
+                self, ptr, size, owner, device_id
+            ),
             alloc_pinned_memory=self._alloc_pinned,
             memory=SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
             device=SimpleNamespace(get_cublas_handle=lambda: 1),
@@ -211,6 +224,10 @@ class StrictCupy:
             graph=SimpleNamespace(Graph=Graph),
             get_current_stream=lambda: cur.sid,
         )
+
+    def vmm_driver(self) -> StrictVmm | None:
+        """What `rpcnet.compute.cuda.vmm.load` uses instead of libcuda."""
+        return self.vmm
 
     def RawModule(self, code: str, options: Any = (), backend: str = "") -> RawModule:  # noqa: N802
         return RawModule(self, code, options, backend)
@@ -236,7 +253,15 @@ class StrictCupy:
     def ndarray(self, shape: Any, dtype: Any = float, memptr: Any = None, strides: Any = None):
         if memptr is None:
             return self.empty(shape, dtype)
-        arr = np.ndarray(shape, np.dtype(dtype), memptr.mem.raw, memptr.offset, strides)
+        dt = np.dtype(dtype)
+        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if memptr.offset < 0 or memptr.offset + _extent(shape_t, dt, strides) > memptr.mem.size:
+            # CuPy checks no bounds (a shared content's window starts before its allocation):
+            # the array is made, and every use of it is checked against live allocations
+            span = np.asarray(_AtAddress(memptr.ptr, shape_t, dt, strides))
+            arr = np.ndarray(shape_t, dt, span, 0, strides)
+        else:
+            arr = np.ndarray(shape_t, dt, memptr.mem.raw, memptr.offset, strides)
         return self._device_view(arr, memptr.mem)
 
     def _device_view(self, arr: np.ndarray, mem: Any) -> StrictArray:
@@ -459,6 +484,27 @@ class StrictCupy:
             c_mat[...] = np.float32(al) * prod + (np.float32(be) * c_mat if be else 0)
 
         self.run_or_record(sid, run)
+
+
+def _extent(shape: tuple[int, ...], dtype: np.dtype, strides: Any) -> int:
+    """Bytes from an array's first element to the end of its last (non-negative strides)."""
+    if not shape or 0 in shape:
+        return 0
+    if strides is None:
+        return int(np.prod(shape)) * dtype.itemsize
+    return sum((n - 1) * int(st) for n, st in zip(shape, strides, strict=True)) + dtype.itemsize
+
+
+class _AtAddress:
+    """The bytes an array made at a raw device address spans (no allocation checks)."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, strides: Any) -> None:
+        self.__array_interface__ = {
+            "data": (ptr, False),
+            "shape": (_extent(shape, dtype, strides),),
+            "typestr": "|u1",
+            "version": 3,
+        }
 
 
 def unwrap_kwargs(kwargs: dict) -> dict:

@@ -46,6 +46,9 @@ class Allocation:
     size: int
     raw: Any  # the NumPy bytes (kept alive while registered)
     kind: str  # "device" or "pinned"
+    # a VMM reservation: (addr, nbytes) -> whether all of it is mapped with access (its
+    # physical memory is counted by the VMM stand-in, not by `size`)
+    mapped: Any = None
     last_write: tuple[int, int, str] | None = None  # (agent, time, what)
     reads: dict[int, tuple[int, str]] = field(default_factory=dict)
 
@@ -71,6 +74,7 @@ class Timeline:
         # what the host started, in order: ("copy", kind, nbytes), ("kernel", name), ("graph",)
         # (captured work is not here: it runs inside its graph's launch)
         self.trace: list[tuple] = []
+        self.physical = 0  # bytes of live VMM physical allocations (strict_cupy/vmm.py)
 
     # ---- agents --------------------------------------------------------------------------
     def new_stream(self, sid: int, blocking: bool) -> None:
@@ -136,11 +140,16 @@ class Timeline:
                 return None
             alloc = self._allocs[self._bases[i]]
             end = alloc.base + max(alloc.size, 1)
-            return alloc if addr + max(nbytes, 1) <= end else None
+            if addr + max(nbytes, 1) > end:
+                return None
+            if alloc.mapped is not None and not alloc.mapped(addr, max(nbytes, 1)):
+                return None  # unmapped (or not yet accessible) granules of a reservation
+            return alloc
 
     def device_bytes(self) -> int:
         with self.lock:
-            return sum(a.size for a in self._allocs.values() if a.kind == "device")
+            plain = [a for a in self._allocs.values() if a.kind == "device" and a.mapped is None]
+            return sum(a.size for a in plain) + self.physical
 
     def access(self, sid: int, alloc: Allocation, write: bool, what: str) -> None:
         """`what` on stream `sid` reads (or writes) `alloc`: check the order, then record it."""

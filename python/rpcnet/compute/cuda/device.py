@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from rpcnet.compute.cuda import sources
+from rpcnet.compute import host_pages
+from rpcnet.compute.cuda import sources, vmm
 from rpcnet.compute.cuda.errors import CudaGraphError, classify, error_status
 from rpcnet.compute.cuda.execute import checked
+from rpcnet.compute.cuda.granules import GranuleMap, reserve
 from rpcnet.compute.cuda.params import SMALL, DeferredSink, ParamBlock, PendingWrites
 from rpcnet.compute.cuda.probe import check_cuda
 from rpcnet.compute.cuda.staging import DEFAULT_CHUNK, StagedSink, Staging, StagingPool
+from rpcnet.compute.shared_content import enabled as sharing_enabled
 
 # cudaMemcpyKind
 _H2D, _D2H, _D2D = 1, 2, 3
@@ -158,11 +162,23 @@ class CudaBackend:
         self._graph_params: ParamBlock | None = None  # the kernel stream's: plans scatter it
         self._eager_params: ParamBlock | None = None  # the copy stream's: flush scatters it
         self._flush_lock = threading.Lock()
+        # CUDA VMM (vmm.py): buffers of reserved granules, whose shared ranges give memory back
+        with self.device:
+            found = vmm.load(cupy, index)
+        self._vmm: vmm.VmmDriver | None = found[0] if found is not None else None
+        self.granule = found[1] if found is not None else 0
+        self._granular: dict[int, GranuleMap] = {}  # buffer address -> its granules
 
     # ---- memory -----------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Any | None:
-        """One cudaMalloc of `nbytes` (not CuPy's pool, not managed memory), as a uint8 array;
-        None when the GPU cannot hold it."""
+        """A buffer as a uint8 array; None when the GPU cannot hold it. One of at least a
+        granule, where weights may be shared, is a reserved range of granules (granules.py);
+        any other is one cudaMalloc (not CuPy's pool, not managed memory)."""
+        if self._vmm is not None and nbytes >= self.granule and sharing_enabled():
+            return self._reserve(nbytes)
+        return self._malloc(nbytes)
+
+    def _malloc(self, nbytes: int) -> Any | None:
         cp = self.cp
         try:
             with self.device:
@@ -175,11 +191,94 @@ class CudaBackend:
             raise
         return cp.ndarray((nbytes,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
 
+    def _reserve(self, nbytes: int) -> Any | None:
+        assert self._vmm is not None
+        cp = self.cp
+        with self.device:
+            gm = reserve(self._vmm, self.index, nbytes, self.granule)
+        if gm is None:
+            return None
+        # CuPy keeps `lifetime` while a view of the array lives; the range goes with the last
+        lifetime = _Lifetime()
+        weakref.finalize(lifetime, gm.close)
+        mem = cp.cuda.UnownedMemory(gm.base, gm.size, lifetime, self.index)
+        self._granular[gm.base] = gm
+        return cp.ndarray((nbytes,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(mem, 0))
+
     def free(self, buf: Any) -> None:
-        # cudaFree when the last view of the allocation goes (CuPy's Memory); writes still
-        # pending for it must not land in whatever takes its address next
+        # cudaFree (or the range's unmap) when the last view of the allocation goes (CuPy's
+        # Memory); writes still pending for it must not land in whatever takes its address next
         ptr = int(buf.data.ptr)
         self.pending.discard(ptr, ptr + int(buf.nbytes))
+        self._granular.pop(ptr, None)
+
+    # ---- shared weights (compute/shared_content.py) -------------------------------------
+    @property
+    def shares(self) -> bool:
+        return self._vmm is not None
+
+    def can_share(self, mem: Any) -> bool:
+        return int(mem.data.ptr) in self._granular
+
+    def drop_pages(self, mem: Any, start: int, end: int) -> None:
+        """Unmap the granules wholly inside mem[start:end] and release their memory."""
+        gm = self._granular.get(int(mem.data.ptr))
+        if gm is None:
+            return
+        lo, hi = -(-start // gm.granule), end // gm.granule
+        if hi <= lo:
+            return
+        self.flush()  # a small write still pending for the range lands before, not after
+        with self.device, checked(self.cp.cuda.runtime.CUDARuntimeError, "unmap"):
+            self.copy_stream.synchronize()  # no transfer of ours is using the range
+            gm.unmap(lo, hi)
+
+    def restore_pages(self, mem: Any, start: int, end: int) -> bool:
+        """Map new memory where granules of mem[start:end] were unmapped (copy on write);
+        False when the GPU has none."""
+        gm = self._granular.get(int(mem.data.ptr))
+        if gm is None:
+            return True
+        hi = min(-(-end // gm.granule), len(gm.handles))
+        with self.device:
+            return gm.map(start // gm.granule, hi)
+
+    def granules(self, mem: Any) -> GranuleMap | None:
+        """The granules of a reserved buffer (None: a cudaMalloc)."""
+        return self._granular.get(int(mem.data.ptr))
+
+    def hold(self, data: Any) -> Any | None:
+        """Shared content: one device allocation holding host uint8 `data`."""
+        held = self._malloc(int(data.nbytes))
+        if held is not None:
+            self.to_device(held, 0, data)
+        return held
+
+    def same(self, held: Any, data: Any) -> bool:
+        """Compare held content with host bytes, chunk by chunk through the staging buffers:
+        no second device copy, no host copy of the content."""
+        import numpy as np
+
+        host = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        if int(held.nbytes) != host.nbytes:
+            return False
+        pos, equal = 0, True
+
+        def emit(view: memoryview) -> None:
+            nonlocal pos, equal
+            n = len(view)
+            chunk = np.frombuffer(view, dtype=np.uint8)
+            equal = equal and host_pages.same_bytes(chunk, host[pos : pos + n])
+            pos += n
+
+        self.download(held, 0, host.nbytes, emit)
+        return equal
+
+    def window(self, held: Any, start: int) -> Any:
+        """`held` addressed by buffer offsets: a uint8 array whose pointer is `start` bytes
+        before the content (CuPy checks no bounds; nothing below `start` is ever addressed)."""
+        cp = self.cp
+        return cp.ndarray((start + int(held.nbytes),), dtype=cp.uint8, memptr=held.data + -start)
 
     def view(
         self, buf: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
@@ -197,7 +296,7 @@ class CudaBackend:
         with self._scratch_lock:
             cur = self._scratch.get(kind)
             if cur is None or cur.size < nbytes:
-                cur = self.allocate(nbytes)
+                cur = self._malloc(nbytes)
                 if cur is None:
                     return None
                 if zeroed:
@@ -339,6 +438,12 @@ class CudaBackend:
             raise (
                 classify(status, what) if status is not None else CudaGraphError(str(exc))
             ) from exc
+
+
+class _Lifetime:
+    """What a reserved buffer's CuPy memory owns: the range goes when it does."""
+
+    __slots__ = ("__weakref__",)
 
 
 def probe_devices(indices: list[int | None]) -> list[GpuInfo]:

@@ -180,14 +180,21 @@ def _view(t: Tensor, shape: tuple[int, ...] | None = None) -> Any:
         strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
     else:
         strides = tuple(int(np.prod(shape[i + 1 :])) * dtype.itemsize for i in range(len(shape)))
-    return be.view(t.buffer.array, t.offset, shape, strides, dtype)
+    return be.view(_storage(t), t.offset, shape, strides, dtype)
+
+
+def _storage(t: Tensor) -> Any:
+    """The array `t` is addressed in at `t.offset`: its buffer's, or the window of the shared
+    content it lies in (resolved once, when the plan is built)."""
+    assert t.buffer is not None
+    return t.buffer.resolve(t.offset, t.nbytes)
 
 
 def _raw(t: Tensor) -> Any:
     """The tensor's bytes as a uint8 view (weights in block form)."""
     assert t.buffer is not None
     return t.buffer.device.backend.view(
-        t.buffer.array, t.offset, (t.nbytes,), (1,), np.dtype(np.uint8)
+        _storage(t), t.offset, (t.nbytes,), (1,), np.dtype(np.uint8)
     )
 
 

@@ -278,7 +278,9 @@ def cuda_mul_mat_id(node: Tensor) -> Step:
     n_tokens, ne11, n_slots = y_t.ne[2], y_t.ne[1], ids_t.ne[0]
     w, y = common._raw(w_t), common._view(y_t, (n_tokens, ne11, k))
     assert ids_t.buffer is not None
-    ids = be.view(ids_t.buffer.array, ids_t.offset, (n_tokens, n_slots), (ids_t.nb[1], 4), "int32")
+    ids = be.view(
+        common._storage(ids_t), ids_t.offset, (n_tokens, n_slots), (ids_t.nb[1], 4), "int32"
+    )
     dst, ids_tok = common._view(node, (n_tokens, n_slots, m)), ids_t.nb[1] // 4
     yq = None
     if wt not in sources.FLOAT_TYPES:
