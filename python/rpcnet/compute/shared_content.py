@@ -2,14 +2,18 @@
 
 When the bytes a client loads into a range of its buffer (SET_TENSOR, SET_TENSOR_HASH answered
 by the cache, a model directory or memory) equal bytes the server already holds, the range
-points at one `SharedContent` (`compute/shared_ranges.py` keeps each buffer's ranges); the
-buffer's own pages there are never written, and their bytes go back to the device's pool. A
+points at one `SharedContent` (`compute/shared_ranges.py` keeps each buffer's ranges): the
+received array itself on the CPU, one device allocation on a GPU (`backend.hold`). The
+buffer's own pages there are never written (their memory is given back: `backend.drop_pages`,
+on a GPU whole granules of a reserved range), and their bytes go back to the device's pool. A
 write into such a range copies the content back into the buffer first (copy on write,
 `DeviceBuffer.own`).
 
 Identity is by the bytes the server holds. Every content has a cheap key (its size and a
 BLAKE2b of 16 spread 4 KiB samples); an upload whose key matches a held content's is compared
-with it byte for byte (memcmp, ~5 GB/s: exact, and cheaper than hashing both). A content whose
+with it byte for byte (memcmp, ~5 GB/s: exact, and cheaper than hashing both; a GPU's
+content is read back through the staging buffers chunk by chunk, so no host copy of it is
+kept and an equal upload never reaches the GPU). A content whose
 SHA-256 the hash cache verified (a cache store, a verified hit) is also indexed by it, so a
 verified hit with that SHA-256 is the same content without a comparison. A first load therefore
 reads only the samples. The FNV-1a-64 of SET_TENSOR_HASH names a content only once the server
