@@ -451,6 +451,33 @@ def test_bytes_that_differ_between_the_samples_are_not_shared(server_factory):
     cp_of(srv).assert_clean()
 
 
+@pytest.mark.parametrize("room", [SIZE - 1, SIZE])
+def test_uploads_wait_in_host_memory_within_a_bound(server_factory, monkeypatch, room):
+    """An upload waits in host memory to be identified only while the uploads waiting fit
+    HOST_IN_FLIGHT; one that does not goes straight to the GPU and keeps its own bytes."""
+    from rpcnet.server import shared_weights
+
+    budget = shared_weights.HostBudget(room)
+    monkeypatch.setattr(shared_weights, "HOST_IN_FLIGHT", budget)
+    srv = serve(server_factory)
+    data = os.urandom(SIZE)
+
+    async def main() -> None:
+        a = await Holder.open(srv.port, data)
+        b = await Holder.open(srv.port, data)
+        shared = room >= SIZE
+        assert sharing(srv) == ((SIZE, SIZE, 1) if shared else (0, 0, 0))
+        assert srv.memory_held() == (2 * BUF - SIZE if shared else 2 * BUF)
+        assert await a.read() == data and await b.read() == data
+        srv.call(gc.collect)
+        assert budget.used == 0  # each array given back once identified
+        await a.c.close()
+        await b.c.close()
+
+    asyncio.run(main())
+    cp_of(srv).assert_clean()
+
+
 def test_without_vmm_each_buffer_holds_its_own_bytes(server_factory):
     srv = serve(server_factory, cupy=StrictCupy(vmm=False))
     data = os.urandom(SIZE)

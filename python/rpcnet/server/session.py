@@ -285,7 +285,7 @@ class Session:
         )
         start = rel + head.offset
         buf.touched()
-        array = fresh(data_len) if shareable(buf, data_len) else None
+        array = fresh(buf, data_len) if shareable(buf, data_len) else None
         if array is not None:  # held once if another client holds the same bytes
             upload = UploadSink(array, lambda a: settle(buf, start, a))
             return ReceiveInto(upload, head.cache and self.caching, buf, start, upload.commit)
@@ -312,7 +312,7 @@ class Session:
 
         def target(size: int) -> Any:
             buf, start = destination(size)
-            array = fresh(size) if shareable(buf, size) else None
+            array = fresh(buf, size) if shareable(buf, size) else None
             if array is not None:
                 arrays.append((buf, start, array))
                 return memoryview(array)

@@ -13,6 +13,9 @@ cache lookups see) is answered from memory: no bytes are read at all.
 from __future__ import annotations
 
 import mmap
+import os
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -39,14 +42,55 @@ def shareable(buf: DeviceBuffer, nbytes: int) -> bool:
     )
 
 
-def fresh(nbytes: int) -> Any | None:
+class HostBudget:
+    """Bytes of uploads a GPU device's clients may have in host memory at once, waiting to be
+    identified: one that does not fit goes straight to the device and keeps its own bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
+
+
+def _ram() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return 8 << 30
+
+
+HOST_IN_FLIGHT = HostBudget(_ram() // 8)
+
+
+def fresh(buf: DeviceBuffer, nbytes: int) -> Any | None:
     """A new uint8 array to receive an upload into (None: no memory, use the buffer). Its own
     anonymous mapping, so that dropping it (its bytes were already held) gives the pages back
-    to the OS at once: malloc would keep them in its heap for the next allocation."""
-    try:
-        return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype=np.uint8)
-    except (OSError, ValueError, MemoryError):
+    to the OS at once: malloc would keep them in its heap for the next allocation. For a GPU
+    the array only waits to be identified: such arrays together stay within HOST_IN_FLIGHT."""
+    budget = None if buf.device.backend.host_resident else HOST_IN_FLIGHT
+    if budget is not None and not budget.take(nbytes):
         return None
+    try:
+        array = np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype=np.uint8)
+    except (OSError, ValueError, MemoryError):
+        array = None
+    if budget is not None:
+        if array is None:
+            budget.give(nbytes)
+        else:  # given back when the array goes (identified, or the connection closed)
+            weakref.finalize(array, budget.give, nbytes)
+    return array
 
 
 def settle(
