@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::common::{load32, prefetch_ahead, q4k_blocks};
+use super::avx2::common::{f16_at, hsum, load32, prefetch_ahead, q4k_blocks, q8k_d};
 use super::avx2::float::reduce8;
 
 /// [`q4_k`] with AVX-512 VNNI: the 64 codes of sub-blocks 2j and 2j + 1 in one register
@@ -32,6 +32,70 @@ pub(crate) unsafe fn q4_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
         }
         fold_wide_block(sumi, d, acc)
     })
+}
+
+/// [`q6_k`] with AVX-512 VNNI: each 64 bytes of low bits hold the codes of two 32-value
+/// groups (low nibbles) and two more (high nibbles), so one register carries what ggml's AVX2
+/// code holds in two; the high bits come from one 32-byte load shifted per half, and
+/// `vpdpwssd` scales and adds the pairs. Lanes 0-7 and 8-15 of the sum together hold ggml's
+/// eight lanes (the same products, integer sums): same bits.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VNNI; `w` and `x` hold `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn q6_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
+    let m15 = _mm512_set1_epi8(15);
+    let m48 = _mm512_set1_epi8(48);
+    let halves = |a: i16, b: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+            _mm256_set1_epi16(b),
+        )
+    };
+    // high bits 0-1 (low half) and 2-3 (high half) up to bits 4-5; then 4-5 and 6-7
+    let (up_a, down_b) = (halves(4, 2), halves(0, 2));
+    // i16 lane l of group g's products takes scale 4g + l / 8 (16 values per scale)
+    let pick: [__m512i; 4] = std::array::from_fn(|g| {
+        let idx: [i16; 32] = std::array::from_fn(|l| (4 * g + l / 8) as i16);
+        _mm512_loadu_si512(idx.as_ptr() as *const _)
+    });
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let wb = w.as_ptr().add(210 * i);
+        let yb = x.as_ptr().add(292 * i);
+        for line in 0..4 {
+            prefetch_ahead(wb.add(64 * line));
+        }
+        let d = q8k_d(yb) * f16_at(wb.add(208));
+        let sc = _mm_loadu_si128(wb.add(192) as *const __m128i);
+        let scales16 = _mm256_cvtepi8_epi16(sc);
+        let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load32(yb.add(260)), scales16));
+        let scales = _mm512_castsi256_si512(scales16);
+        let q8 = yb.add(4);
+        let mut sumi = _mm512_setzero_si512();
+        for j in 0..2 {
+            let low = _mm512_loadu_si512(wb.add(64 * j) as *const _);
+            let high = _mm512_broadcast_i64x4(load32(wb.add(128 + 32 * j)));
+            let ha = _mm512_and_si512(_mm512_sllv_epi16(high, up_a), m48);
+            let hb = _mm512_and_si512(_mm512_srlv_epi16(high, down_b), m48);
+            let a = _mm512_or_si512(_mm512_and_si512(low, m15), ha);
+            let b = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(low), m15), hb);
+            let y = q8.add(128 * j);
+            let pa = _mm512_maddubs_epi16(a, _mm512_loadu_si512(y as *const _));
+            let pb = _mm512_maddubs_epi16(b, _mm512_loadu_si512(y.add(64) as *const _));
+            let sa = _mm512_permutexvar_epi16(pick[2 * j], scales);
+            let sb = _mm512_permutexvar_epi16(pick[2 * j + 1], scales);
+            sumi = _mm512_dpwssd_epi32(sumi, pa, sa);
+            sumi = _mm512_dpwssd_epi32(sumi, pb, sb);
+        }
+        let sumi = _mm256_add_epi32(
+            _mm512_castsi512_si256(sumi),
+            _mm512_extracti64x4_epi64::<1>(sumi),
+        );
+        let sumi = _mm256_sub_epi32(sumi, sub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
 }
 
 /// The end of a Q4_K block summed in 512-bit lanes: its two halves added (ggml's eight lanes),
@@ -101,4 +165,46 @@ pub(crate) unsafe fn f16_wide_rows8<const R: usize>(
         }
     }
     red.map(|rr| reduce8(&rr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::avx512_vnni_active;
+    use crate::kernels::dot::avx2::q6_k_avx2;
+    use crate::kernels::dot::by_type::Q6K;
+    use crate::kernels::dot::row_dot::RowDot;
+    use crate::kernels::formats::ActFormat;
+    use crate::kernels::operand::Converted;
+    use crate::kernels::test_util::{noise, weights};
+
+    /// The AVX-512 Q6_K dot gives the bits of ggml's AVX2 registers and of the portable code.
+    #[test]
+    fn q6_k_wide_keeps_the_bits() {
+        if !avx512_vnni_active() {
+            return;
+        }
+        for k in [256usize, 1024, 2816] {
+            let m = 5;
+            let w = weights(14, m, k, 3 + k as u64);
+            let act = Converted::new(ActFormat::Q8K, &noise(11 + k as u64, k), k);
+            let row = k / 256 * 210;
+            for i in 0..m {
+                let wr = &w[i * row..(i + 1) * row];
+                // SAFETY: AVX-512 VNNI (and so AVX2, FMA, F16C) checked above.
+                let (wide, avx2) = unsafe {
+                    (
+                        q6_k_wide(wr, act.row(0), k / 256),
+                        q6_k_avx2(wr, act.row(0), k),
+                    )
+                };
+                assert_eq!(wide.to_bits(), avx2.to_bits(), "k {k} row {i}");
+                assert_eq!(
+                    wide.to_bits(),
+                    Q6K::dot(wr, act.row(0), k).to_bits(),
+                    "k {k} row {i}"
+                );
+            }
+        }
+    }
 }

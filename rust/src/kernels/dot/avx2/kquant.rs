@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 use super::common::*;
 use crate::kernels::blocks::tables::{q3k_scales, scale_min_k4, KVALUES_IQ4NL};
 use crate::kernels::cpu::avx512_vnni_active;
-use crate::kernels::dot::avx512::q4_k_wide;
+use crate::kernels::dot::avx512::{q4_k_wide, q6_k_wide};
 
 /// Q4_K weights · q8_K activations.
 ///
@@ -93,6 +93,20 @@ unsafe fn q6k_codes(
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k(w: &[u8], x: &[u8], k: usize) -> f32 {
+    if avx512_vnni_active() {
+        let nb = k / 256;
+        assert!(w.len() >= nb * 210 && x.len() >= nb * 292);
+        return q6_k_wide(w, x, nb);
+    }
+    q6_k_avx2(w, x, k)
+}
+
+/// [`q6_k`] in ggml's AVX2 registers.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q6_k_avx2(w: &[u8], x: &[u8], k: usize) -> f32 {
     let m15 = _mm256_set1_epi8(15);
     let m3 = _mm256_set1_epi8(3);
     // bytes 0-7 of pair_at[p] pick scale 2p, bytes 8-15 scale 2p + 1 ([`split_scale`])
