@@ -12,5 +12,7 @@ pub mod kquant;
 pub mod quant;
 
 pub(crate) use float::{bf16, f16, f16_wide, f16_wide_rows8, f16_wide_x2, f16x2, f16x4, f32};
-pub(crate) use kquant::{iq4_xs, q2_k, q3_k, q4_k, q4_k_x4, q5_k, q6_k, q6_k_avx2, q6_k_x4};
+#[cfg(test)]
+pub(crate) use kquant::q6_k_avx2;
+pub(crate) use kquant::{iq4_xs, q2_k, q3_k, q4_k, q4_k_x4, q5_k, q6_k, q6_k_x4};
 pub(crate) use quant::{iq4_nl, iq4_nl_gemm, mxfp4, q4_0, q4_1, q5_0, q5_1, q8_0, q8_0_x4};
