@@ -1,6 +1,6 @@
 """Identical weights held once: three real llama.cpp v8 clients on one `rpcnet serve --cache`.
 
-A generated f16 llama (~0.6 GB; `--small` for ~0.2 GB) is loaded by real v8 clients (the
+A generated f16 llama (1.4 GB; `--small` for ~0.2 GB) is loaded by real v8 clients (the
 `generate` probe: 4 prompt tokens, then single-token decodes, teacher-forced). Measures:
 
 - ``peak``: the server's VmHWM (/proc) with one client, and with three clients that load and
@@ -111,7 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", action="store_true", help="a ~0.2 GB model")
     args = parser.parse_args()
-    dims = dict(n_vocab=32000, n_embd=2048, n_layer=4, n_head=16, n_head_kv=4, n_ff=5632)
+    dims = dict(n_vocab=32000, n_embd=2048, n_layer=13, n_head=16, n_head_kv=4, n_ff=5632)
     if args.small:
         dims.update(n_vocab=16000, n_embd=1536, n_layer=2, n_head=12, n_ff=4096)
     out: dict = {"bench": "shared_weights", "date": datetime.date.today().isoformat()}
@@ -244,9 +244,6 @@ def write(raw: dict, small: bool) -> None:
         ],
         "tables": [{"columns": ["measure", "values", "ratio", "target"], "rows": rows}],
         "notes": [
-            "The issue's 1.4 GB f16 model is replaced by a smaller one: the host has 2 cores, "
-            "shared with other jobs during the run, and 24 GiB of memory for the server and "
-            "three clients.",
             "The cold-load comparison (sharing on / off) moves with the load other jobs put on "
             "the 2 cores: runs of either mode spread over 2-3x (all values are in the results "
             "file), so the best of each is shown. The server's own time spent identifying "
