@@ -10,7 +10,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rpcnet.compute.device import Device, cpu_device
 from rpcnet.compute.trim import release_free_memory
@@ -19,7 +19,6 @@ from rpcnet.server.cache import HashCache
 from rpcnet.server.comm import CommHub
 from rpcnet.server.config import ServerConfig, size_bytes
 from rpcnet.server.connection import Connection
-from rpcnet.server.metrics import MetricsServer
 from rpcnet.server.modeldir import ModelDirs, weight_sources
 from rpcnet.server.namespaces import Namespaces, TenantCache
 from rpcnet.server.peertls import PeerSecurity
@@ -28,6 +27,9 @@ from rpcnet.server.stream import StreamProtocol
 from rpcnet.server.tenants import Tenants
 from rpcnet.transport import tls as tlsmod
 from rpcnet.transport.negotiate import ServerNegotiation
+
+if TYPE_CHECKING:  # imported with --metrics only: prometheus_client costs ~2.4 MB resident
+    from rpcnet.server.metrics import MetricsServer
 
 log = logging.getLogger("rpcnet.server")
 T = TypeVar("T")
@@ -107,6 +109,8 @@ class Server:
             backlog=128,
         )
         if self.config.metrics is not None:
+            from rpcnet.server.metrics import MetricsServer
+
             self.metrics = await MetricsServer.start(self, *self.config.metrics)
         self.models.start()
         if self.tenants is not None:
