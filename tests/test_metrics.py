@@ -29,6 +29,7 @@ from support.countproxy import CountingProxy
 from support.inproc import ServerThread
 from support.serve import start_rpcnet
 from support.tinymodel import write_tiny_llama
+from support.waiting import wait_until
 
 TOKENS = ",".join(str(t) for t in range(1, 33))  # 4 prefilled, 28 decoded one by one
 
@@ -324,8 +325,13 @@ def test_comm_metrics_count_allreduces():
                 await c1.device_count()
 
         asyncio.run(go())
+        # rank 1's allreduce is counted when its own side finishes, which may follow the
+        # replies the client has seen
+        wait_until(
+            lambda: scrape(mport).get(("rpcnet_comm_allreduces_total", ())) == 2,
+            what="both ranks' allreduce counted",
+        )
         m = scrape(mport)
-        assert m[("rpcnet_comm_allreduces_total", ())] == 2
         assert m[("rpcnet_comm_bytes_total", (("direction", "sent"),))] == 2 * 64
         assert m[("rpcnet_comm_bytes_total", (("direction", "received"),))] == 2 * 64
         assert m[("rpcnet_commands_total", (("command", "COMM_ALLREDUCE"),))] == 2

@@ -100,6 +100,9 @@ class Server:
                 "anyone allowed to reach this port can read and write its memory",
                 self.config.host,
             )
+        if self.config.metrics is not None:
+            # imported before the port opens: once it accepts, /metrics answers too
+            from rpcnet.server.metrics import MetricsServer
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             self._protocol_factory,
@@ -109,8 +112,6 @@ class Server:
             backlog=128,
         )
         if self.config.metrics is not None:
-            from rpcnet.server.metrics import MetricsServer
-
             self.metrics = await MetricsServer.start(self, *self.config.metrics)
         self.models.start()
         if self.tenants is not None:
