@@ -29,7 +29,7 @@ from support.strict_cupy import (
     VmmMisuse,
     strict_cuda_device,
 )
-from test_shared_weights import weak_hash
+from test_shared_weights import weak_hash, writers
 
 MiB = 1 << 20
 SIZE = 4 * MiB
@@ -263,40 +263,7 @@ def test_a_plan_built_before_its_weights_were_shared_reads_them_after(server_fac
     cp_of(srv).assert_clean()
 
 
-async def _add_into(h: Holder, at: int) -> None:
-    """A graph whose node (ADD of two inputs outside the range) writes 64 KiB at `at`."""
-    n = 64 << 10
-    x = tensor(h.handle, h.base + BUF - 2 * n, n, id=11)
-    y = tensor(h.handle, h.base + BUF - n, n, id=12)
-    await h.c.set_tensor(x, 0, np.full(n // 4, 1.5, np.float32).tobytes())
-    await h.c.set_tensor(y, 0, np.full(n // 4, 2.0, np.float32).tobytes())
-    out = tensor(h.handle, at, n, id=13, op=int(Op.ADD), src=(11, 12), flags=16)
-    await h.c.graph_compute([13], [x, y, out], uid=7)
-    await h.c.graph_recompute(uid=7)
-
-
-WRITERS = {
-    "SET_TENSOR": (lambda h: h.c.set_tensor(h.t, 256, b"\x07" * 64), 256, b"\x07" * 64),
-    "SET_TENSOR_2D": (
-        lambda h: h.c.set_tensor_2d(h.t, 256, 32, 32, b"\x07" * 64),
-        256,
-        b"\x07" * 64,
-    ),
-    "MEMSET_TENSOR": (lambda h: h.c.memset_tensor(h.t, 256, 64, 7), 256, b"\x07" * 64),
-    "BUFFER_CLEAR": (lambda h: h.c.buffer_clear(h.handle, 7), 256, b"\x07" * 64),
-    "COPY_TENSOR": (
-        lambda h: h.c.copy_tensor(
-            tensor(h.handle, h.base + BUF - 64, 64, id=9), tensor(h.handle, h.base + AT + 256, 64)
-        ),
-        256,
-        b"\x05" * 64,  # the buffer's last 64 bytes (set below)
-    ),
-    "GRAPH_COMPUTE": (
-        lambda h: _add_into(h, h.base + AT + 256),
-        256,
-        np.full(16 << 10, 3.5, np.float32).tobytes(),
-    ),
-}
+WRITERS = writers(AT, b"\x05" * 64)  # the buffer's last 64 bytes (set below)
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,8 +90,9 @@ def test_identical_uploads_are_held_once_and_freed_with_the_last_user(server_fac
     asyncio.run(main())
 
 
-async def _add_into(h: Holder, at: int) -> None:
-    """A graph whose node (ADD of two inputs outside the range) writes 64 KiB at `at`."""
+async def add_into(h: Holder, at: int) -> None:
+    """A graph whose node (ADD of two inputs outside the range) writes 64 KiB at `at` of a
+    BUF-byte buffer."""
     n = 64 << 10
     x = tensor(h.handle, h.base + BUF - 2 * n, n, id=11)
     y = tensor(h.handle, h.base + BUF - n, n, id=12)
@@ -101,28 +103,36 @@ async def _add_into(h: Holder, at: int) -> None:
     await h.c.graph_recompute(uid=7)
 
 
-WRITERS = {
-    "SET_TENSOR": (lambda h: h.c.set_tensor(h.t, 256, b"\x07" * 64), 256, b"\x07" * 64),
-    "SET_TENSOR_2D": (
-        lambda h: h.c.set_tensor_2d(h.t, 256, 32, 32, b"\x07" * 64),
-        256,
-        b"\x07" * 64,
-    ),
-    "MEMSET_TENSOR": (lambda h: h.c.memset_tensor(h.t, 256, 64, 7), 256, b"\x07" * 64),
-    "BUFFER_CLEAR": (lambda h: h.c.buffer_clear(h.handle, 7), 256, b"\x07" * 64),
-    "COPY_TENSOR": (
-        lambda h: h.c.copy_tensor(
-            tensor(h.handle, h.base + BUF - 64, 64, id=9), tensor(h.handle, h.base + AT + 256, 64)
+def writers(at: int, copied: bytes | None) -> dict[str, tuple[Any, int, bytes | None]]:
+    """Every kind of write into a shared range that starts at buffer offset `at`: (the write,
+    its offset into the range, the bytes it leaves there; None: not checked). COPY_TENSOR copies
+    the buffer's last 64 bytes (`copied`)."""
+    return {
+        "SET_TENSOR": (lambda h: h.c.set_tensor(h.t, 256, b"\x07" * 64), 256, b"\x07" * 64),
+        "SET_TENSOR_2D": (
+            lambda h: h.c.set_tensor_2d(h.t, 256, 32, 32, b"\x07" * 64),
+            256,
+            b"\x07" * 64,
         ),
-        256,
-        None,  # the buffer's last 64 bytes, whatever they are
-    ),
-    "GRAPH_COMPUTE": (
-        lambda h: _add_into(h, h.base + AT + 256),
-        256,
-        np.full(16 << 10, 3.5, np.float32).tobytes(),
-    ),
-}
+        "MEMSET_TENSOR": (lambda h: h.c.memset_tensor(h.t, 256, 64, 7), 256, b"\x07" * 64),
+        "BUFFER_CLEAR": (lambda h: h.c.buffer_clear(h.handle, 7), 256, b"\x07" * 64),
+        "COPY_TENSOR": (
+            lambda h: h.c.copy_tensor(
+                tensor(h.handle, h.base + BUF - 64, 64, id=9),
+                tensor(h.handle, h.base + at + 256, 64),
+            ),
+            256,
+            copied,
+        ),
+        "GRAPH_COMPUTE": (
+            lambda h: add_into(h, h.base + at + 256),
+            256,
+            np.full(16 << 10, 3.5, np.float32).tobytes(),
+        ),
+    }
+
+
+WRITERS = writers(AT, None)
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
