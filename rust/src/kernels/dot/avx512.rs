@@ -80,13 +80,13 @@ pub(crate) unsafe fn q6_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
             let hb = _mm512_and_si512(_mm512_srlv_epi16(high, down_b), m48);
             let a = _mm512_or_si512(_mm512_and_si512(low, m15), ha);
             let b = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(low), m15), hb);
-            let y = q8.add(128 * j);
-            let pa = _mm512_maddubs_epi16(a, _mm512_loadu_si512(y as *const _));
-            let pb = _mm512_maddubs_epi16(b, _mm512_loadu_si512(y.add(64) as *const _));
-            let sa = _mm512_permutexvar_epi16(pick[2 * j], scales);
-            let sb = _mm512_permutexvar_epi16(pick[2 * j + 1], scales);
-            sumi = _mm512_dpwssd_epi32(sumi, pa, sa);
-            sumi = _mm512_dpwssd_epi32(sumi, pb, sb);
+            let scale = |g: usize| _mm512_permutexvar_epi16(pick[g], scales);
+            sumi = scaled_pair(
+                sumi,
+                [a, b],
+                q8.add(128 * j),
+                [scale(2 * j), scale(2 * j + 1)],
+            );
         }
         let sumi = _mm256_add_epi32(
             _mm512_castsi512_si256(sumi),
@@ -96,6 +96,20 @@ pub(crate) unsafe fn q6_k_wide(w: &[u8], x: &[u8], nb: usize) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum(acc)
+}
+
+/// `sumi` plus two registers of unsigned codes times the 128 activation bytes at `y` (64 each,
+/// `maddubs` pairs), each pair of products scaled by its i16 lane of `scales` (`vpdpwssd`).
+#[inline(always)]
+pub(crate) unsafe fn scaled_pair(
+    sumi: __m512i,
+    codes: [__m512i; 2],
+    y: *const u8,
+    scales: [__m512i; 2],
+) -> __m512i {
+    let p0 = _mm512_maddubs_epi16(codes[0], _mm512_loadu_si512(y as *const _));
+    let p1 = _mm512_maddubs_epi16(codes[1], _mm512_loadu_si512(y.add(64) as *const _));
+    _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sumi, p0, scales[0]), p1, scales[1])
 }
 
 /// The end of a Q4_K block summed in 512-bit lanes: its two halves added (ggml's eight lanes),

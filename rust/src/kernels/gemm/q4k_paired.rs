@@ -106,7 +106,7 @@ mod wide {
 
     use super::{BLOCK_BYTES, D_AT, SUMS_AT};
     use crate::kernels::dot::avx2::common::{f16_at, prefetch_ahead, q4k_finish};
-    use crate::kernels::dot::avx512::fold_wide_block;
+    use crate::kernels::dot::avx512::{fold_wide_block, scaled_pair};
 
     /// The eight scales and eight mins of a Q4_K block (12 bytes at `p`, 16 readable) as i16
     /// lanes 0-7 and 8-15: ggml's `utmp` masks on four u32 lanes at once.
@@ -157,13 +157,9 @@ mod wide {
                 let bits = _mm512_loadu_si512(qs.add(64 * half) as *const _);
                 let lo = _mm512_and_si512(bits, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4);
-                let y = yb.add(128 * half);
-                let plo = _mm512_maddubs_epi16(lo, _mm512_loadu_si512(y as *const _));
-                let phi = _mm512_maddubs_epi16(hi, _mm512_loadu_si512(y.add(64) as *const _));
-                let slo = _mm512_permutexvar_epi16(pick[2 * half], scales);
-                let shi = _mm512_permutexvar_epi16(pick[2 * half + 1], scales);
-                sumi = _mm512_dpwssd_epi32(sumi, plo, slo);
-                sumi = _mm512_dpwssd_epi32(sumi, phi, shi);
+                let scale = |g: usize| _mm512_permutexvar_epi16(pick[g], scales);
+                let both = [scale(2 * half), scale(2 * half + 1)];
+                sumi = scaled_pair(sumi, [lo, hi], yb.add(128 * half), both);
             }
             acc = fold_wide_block(sumi, d, acc);
         }
