@@ -192,3 +192,35 @@ def test_plan_on_a_cuda_device_runs_eager_captured_replayed_like_the_cpu():
     finally:
         gpu.shutdown()
         cpu.shutdown()
+
+
+def test_granule_buffers_on_the_real_driver(be, cp):
+    """CUDA virtual memory management through the real driver: a buffer of reserved granules,
+    the granules a shared range covers unmapped (edges kept with their bytes) and mapped again,
+    and shared content read at buffer offsets through its window."""
+    assert be.shares, "this GPU supports virtual memory management: buffers should be granular"
+    g = be.granule
+    buf = be.allocate(4 * g)
+    gm = be.granules(buf)
+    assert gm is not None and gm.mapped == 4
+    data = np.random.default_rng(5).integers(0, 256, 4 * g, dtype=np.uint8)
+    be.to_device(buf, 0, data)
+    be.synchronize()
+    lo, hi = g - 64, 3 * g + 64  # a shared range over granules 1 and 2, into 0 and 3
+    held = be.hold(data[lo:hi])
+    assert held is not None
+    assert be.same(held, data[lo:hi])
+    altered = data[lo:hi].copy()
+    altered[-1] ^= 1
+    assert not be.same(held, altered)
+    be.drop_pages(buf, lo, hi)
+    assert gm.mapped == 2 and gm.handles[1] is None and gm.handles[2] is None
+    assert bytes(be.to_host(buf, 0, g)) == data[:g].tobytes()  # the edge granules kept theirs
+    assert bytes(be.to_host(buf, 3 * g, g)) == data[3 * g :].tobytes()
+    window = be.window(held, lo)
+    probe = be.view(window, g + 8, (4096,), (1,), cp.uint8)
+    np.testing.assert_array_equal(cp.asnumpy(probe), data[g + 8 : g + 8 + 4096])
+    assert be.restore_pages(buf, lo, hi) and gm.mapped == 4
+    be.to_device(buf, g, data[g : 3 * g])  # copy on write: the content back in the buffer
+    be.synchronize()
+    assert bytes(be.to_host(buf, 0, 4 * g)) == data.tobytes()

@@ -461,6 +461,28 @@ def test_without_vmm_each_buffer_holds_its_own_bytes(server_factory):
     asyncio.run(main())
 
 
+def test_a_driver_that_refuses_the_vmm_calls_leaves_plain_allocations(caplog):
+    """The backend tries one granule's whole round trip before any buffer depends on it: a
+    driver that refuses a call means plain allocations and no sharing, with one warning."""
+    from rpcnet.compute.cuda.errors import classify
+    from support.strict_cupy import strict_cuda_backend
+
+    cupy = StrictCupy()
+    assert cupy.vmm is not None
+
+    def refuse(ptr: int, nbytes: int, device: int) -> None:
+        raise classify(1, "cuMemSetAccess")  # CUDA_ERROR_INVALID_VALUE
+
+    cupy.vmm.set_access = refuse  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="rpcnet.cuda"):
+        be = strict_cuda_backend(cupy)
+    assert not be.shares
+    assert any("virtual memory management unusable" in r.message for r in caplog.records)
+    buf = be.allocate(4 * GRANULE)
+    assert buf is not None and be.granules(buf) is None
+    assert cupy.vmm.reservation(int(buf.data.ptr)) is None
+
+
 def test_metrics_count_shared_bytes_per_device(server_factory):
     srv = serve(server_factory)
     data = os.urandom(SIZE)

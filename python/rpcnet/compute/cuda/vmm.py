@@ -14,9 +14,12 @@ server).
 from __future__ import annotations
 
 import ctypes
+import logging
 from typing import Any, Protocol
 
 from rpcnet.compute.cuda.errors import classify
+
+log = logging.getLogger("rpcnet.cuda")
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -195,4 +198,30 @@ def load(cupy: Any, device: int) -> tuple[VmmDriver, int] | None:
     driver: VmmDriver | None = hook() if hook is not None else CtypesVmm.open()
     if driver is None or not driver.supported(device):
         return None
-    return driver, driver.granularity(device)
+    granule = driver.granularity(device)
+    try:
+        _round_trip(driver, device, granule)
+    except Exception as exc:  # a driver that refuses the calls: plain allocations, no sharing
+        log.warning(
+            "cuda:%d: virtual memory management unusable (%s); weights not shared", device, exc
+        )
+        return None
+    return driver, granule
+
+
+def _round_trip(driver: VmmDriver, device: int, granule: int) -> None:
+    """One granule reserved, backed, made accessible and given back: every call a granular
+    buffer makes, tried once before any buffer depends on them."""
+    ptr = driver.reserve(granule, granule)
+    try:
+        handle = driver.create(granule, device)
+        if handle is None:
+            return  # memory full right now: the calls themselves are not in question
+        try:
+            driver.map(ptr, granule, handle)
+            driver.set_access(ptr, granule, device)
+            driver.unmap(ptr, granule)
+        finally:
+            driver.release(handle)
+    finally:
+        driver.free_range(ptr, granule)
