@@ -457,10 +457,8 @@ def main(argv: list[str]) -> int:
         "notes": notes + [report.load_note(load_before)],
         "raw": raw,
     }
-    args.json.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    report.save(args.json, doc, render_doc=not args.no_doc)
     log("wrote", args.json)
-    if not args.no_doc:
-        report.write()
     return 0
 
 

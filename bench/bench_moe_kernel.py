@@ -20,7 +20,6 @@ bench/results/moe_kernel.json (bench/report.py's format) and regenerates docs/be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -153,9 +152,7 @@ def main(argv: list[str]) -> int:
         ],
         "notes": [report.load_note(load_before)],
     }
-    args.json.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    if not args.no_doc:
-        report.write()
+    report.save(args.json, doc, render_doc=not args.no_doc)
     return 0
 
 

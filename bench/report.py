@@ -139,6 +139,14 @@ def write(doc: Path = DOC, results_dir: Path = RESULTS) -> None:
     doc.write_text(render(results_dir))
 
 
+def save(path: Path, results: dict, render_doc: bool = True) -> None:
+    """Write one benchmark's results document to `path`, then docs/benchmarks.md from every
+    results file (unless `render_doc` is off)."""
+    path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    if render_doc:
+        write()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare, do not write")
