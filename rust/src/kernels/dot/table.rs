@@ -227,4 +227,37 @@ mod tests {
             assert!(a.iter().all(|v| v.is_finite()), "type {t}");
         }
     }
+
+    /// The AVX-512 Q6_K dot gives the bits of ggml's AVX2 registers and of the portable code.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q6_k_wide_keeps_the_bits() {
+        use crate::kernels::cpu::avx512_vnni_active;
+        use crate::kernels::dot::avx2::q6_k_avx2;
+        use crate::kernels::dot::avx512::q6_k_wide;
+        use crate::kernels::dot::row_dot::RowDot;
+
+        if !avx512_vnni_active() {
+            return;
+        }
+        for k in [256usize, 1024, 2816] {
+            let m = 5;
+            let w = weights(14, m, k, 3 + k as u64);
+            let act = Converted::new(ActFormat::Q8K, &noise(11 + k as u64, k), k);
+            let row = k / 256 * 210;
+            for i in 0..m {
+                let wr = &w[i * row..(i + 1) * row];
+                // SAFETY: AVX-512 VNNI (and so AVX2, FMA, F16C) checked above.
+                let (wide, avx2) = unsafe {
+                    (
+                        q6_k_wide(wr, act.row(0), k / 256),
+                        q6_k_avx2(wr, act.row(0), k),
+                    )
+                };
+                assert_eq!(wide.to_bits(), avx2.to_bits(), "k {k} row {i}");
+                let portable = dot::Q6K::dot(wr, act.row(0), k);
+                assert_eq!(wide.to_bits(), portable.to_bits(), "k {k} row {i}");
+            }
+        }
+    }
 }
