@@ -19,8 +19,23 @@ pub fn convert_rows(
 ) -> (Vec<u8>, usize) {
     let rows = x.len() / k.max(1);
     let mut data = vec![0u8; rows * row_bytes];
+    convert_rows_into(x, k, row_bytes, threads, &mut data, work);
+    (data, rows)
+}
+
+/// [`convert_rows`] into `data` (`row_bytes` for each row of `x`).
+pub fn convert_rows_into(
+    x: &[f32],
+    k: usize,
+    row_bytes: usize,
+    threads: usize,
+    data: &mut [u8],
+    work: impl Fn(&[f32], &mut [u8]) + Sync,
+) {
+    let rows = x.len() / k.max(1);
+    let data = &mut data[..rows * row_bytes];
     if threads < 2 || rows < 2 || x.len() < PARALLEL_CONVERT_MIN {
-        work(&x[..rows * k], &mut data);
+        work(&x[..rows * k], data);
     } else {
         let per = rows.div_ceil(threads);
         let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
@@ -29,7 +44,6 @@ pub fn convert_rows(
             .collect();
         pool::for_each(threads, parts, |_, (xs, out)| work(xs, out));
     }
-    (data, rows)
 }
 
 /// Activation rows converted to a vec_dot type, `row_bytes` apart.

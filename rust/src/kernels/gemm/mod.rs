@@ -5,7 +5,11 @@
 pub mod f16_rows;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
+mod float_avx2;
+#[cfg(target_arch = "x86_64")]
 mod float_avx512;
+#[cfg(target_arch = "x86_64")]
+mod float_blocked;
 pub mod float_tiles;
 pub mod q4k_paired;
 pub mod q8;
