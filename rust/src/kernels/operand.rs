@@ -5,7 +5,7 @@ use super::formats::ActFormat;
 use super::pool;
 
 /// Activation values from which their conversion is split over threads.
-const PARALLEL_CONVERT_MIN: usize = 1 << 15;
+pub(crate) const PARALLEL_CONVERT_MIN: usize = 1 << 15;
 
 /// The whole rows of `x` (`k` values each) converted by `work` (a run of rows into as many
 /// `row_bytes` rows) into a zeroed buffer, split over up to `threads` threads for large batches;
@@ -19,23 +19,8 @@ pub fn convert_rows(
 ) -> (Vec<u8>, usize) {
     let rows = x.len() / k.max(1);
     let mut data = vec![0u8; rows * row_bytes];
-    convert_rows_into(x, k, row_bytes, threads, &mut data, work);
-    (data, rows)
-}
-
-/// [`convert_rows`] into `data` (`row_bytes` for each row of `x`).
-pub fn convert_rows_into(
-    x: &[f32],
-    k: usize,
-    row_bytes: usize,
-    threads: usize,
-    data: &mut [u8],
-    work: impl Fn(&[f32], &mut [u8]) + Sync,
-) {
-    let rows = x.len() / k.max(1);
-    let data = &mut data[..rows * row_bytes];
     if threads < 2 || rows < 2 || x.len() < PARALLEL_CONVERT_MIN {
-        work(&x[..rows * k], data);
+        work(&x[..rows * k], &mut data);
     } else {
         let per = rows.div_ceil(threads);
         let parts: Vec<(&[f32], &mut [u8])> = x[..rows * k]
@@ -44,6 +29,7 @@ pub fn convert_rows_into(
             .collect();
         pool::for_each(threads, parts, |_, (xs, out)| work(xs, out));
     }
+    (data, rows)
 }
 
 /// Activation rows converted to a vec_dot type, `row_bytes` apart.

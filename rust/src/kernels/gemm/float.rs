@@ -8,128 +8,22 @@
 //! AVX-512 tiles of FMAs run over them. The portable build does the same FMAs in the same
 //! order, one output at a time.
 
-use super::float_tiles::{element, rows};
+use super::float_tiles::rows;
+pub use super::widened::{widen_activations, widen_rows};
+pub(crate) use super::widened::{widened, widened_row_bytes};
 #[cfg(target_arch = "x86_64")]
 use super::{float_avx2 as avx2, float_avx512 as avx512};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::cpu::avx512_vnni_active;
 use crate::kernels::cpu::simd_active;
 use crate::kernels::formats::ActFormat;
-use crate::kernels::operand::{convert_rows_into, Converted, DirectFn, RowsFn};
+#[cfg(test)]
+use crate::kernels::operand::Converted;
+use crate::kernels::operand::{DirectFn, RowsFn};
 
 /// The float weight types this kernel serves (ggml type ids F32, F16, BF16).
 pub fn serves(type_id: u32) -> bool {
     matches!(type_id, 0 | 1 | 30)
-}
-
-/// Where the widened rows start in their buffer: on a cache line, so that no 32-byte load of
-/// the tiles straddles two (the allocator's 16-byte alignment split half of them).
-const ROWS_ALIGN: usize = 64;
-
-/// The activations of `act` (converted to the weight type's vec_dot type: f32, f16 or bf16)
-/// widened to f32 rows of `k` rounded up to 8, zero-padded, [`widened_row_bytes`] apart: a
-/// [`Converted`] of format F32 whose rows start at [`widened`]. Converting in the tile instead (`vcvtph2ps` on both
-/// operands at every step) cost half the FMA rate on an AVX2-only Zen 3 VM: one thread,
-/// 2816 × 1024 × 256, 15.2 GFLOP/s converting in registers, 29.6 from widened rows.
-pub fn widen_activations(act: &Converted, fmt: ActFormat, k: usize) -> Converted {
-    let mut wide = aligned_rows(act.rows, k);
-    let start = line_offset(&wide.data);
-    for r in 0..act.rows {
-        let src = &act.data[r * act.row_bytes..(r + 1) * act.row_bytes];
-        let at = start + r * wide.row_bytes;
-        widen_act_row(fmt, src, &mut wide.data[at..at + k * 4]);
-    }
-    wide
-}
-
-/// [`widen_activations`] of the conversion of float32 rows `x`, without the converted
-/// intermediate: each row converted and widened in turn, the rows split over up to `threads`.
-pub fn widen_rows(fmt: ActFormat, x: &[f32], k: usize, threads: usize) -> Converted {
-    let mut wide = aligned_rows(x.len() / k, k);
-    let (start, row_bytes) = (line_offset(&wide.data), wide.row_bytes);
-    convert_rows_into(
-        x,
-        k,
-        row_bytes,
-        threads,
-        &mut wide.data[start..],
-        |xs, out| {
-            let mut tmp = vec![0u8; fmt.row_bytes(k)];
-            for (xr, dst) in xs.chunks_exact(k).zip(out.chunks_exact_mut(row_bytes)) {
-                fmt.convert_row(xr, &mut tmp);
-                widen_act_row(fmt, &tmp, &mut dst[..k * 4]);
-            }
-        },
-    );
-    wide
-}
-
-/// Zeroed room for `rows` widened rows of `k` values, with the slack to start them on a line.
-fn aligned_rows(rows: usize, k: usize) -> Converted {
-    let row_bytes = widened_row_bytes(k);
-    Converted {
-        data: vec![0u8; rows * row_bytes + ROWS_ALIGN],
-        row_bytes,
-        rows,
-    }
-}
-
-/// Bytes from one widened row to the next: at least `k` rounded up to 8 f32s, whole lines,
-/// an odd count of them. The tiles keep a slice of every row in L2; rows a power of two
-/// apart (K = 1024: 4 KiB) fell into a sixteenth of L2's sets and evicted one another.
-pub(crate) fn widened_row_bytes(k: usize) -> usize {
-    let lines = (k.next_multiple_of(8) * 4).div_ceil(64);
-    (lines | 1) * 64
-}
-
-/// Bytes from the start of `data` to its first line boundary.
-fn line_offset(data: &[u8]) -> usize {
-    (data.as_ptr() as usize).wrapping_neg() % ROWS_ALIGN
-}
-
-/// The rows of a [`widen_activations`] result (`rows × row_bytes` bytes, line-aligned).
-pub(crate) fn widened(act: &Converted) -> &[u8] {
-    let start = line_offset(&act.data);
-    &act.data[start..start + act.rows * act.row_bytes]
-}
-
-/// One converted row (f16, bf16 or f32 bytes) widened to float32 bytes `dst` (exact).
-fn widen_act_row(fmt: ActFormat, src: &[u8], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd_active() {
-        // SAFETY: AVX2 and F16C checked.
-        return unsafe { widen_act_row_simd(fmt, src, dst) };
-    }
-    for (i, d) in dst.chunks_exact_mut(4).enumerate() {
-        d.copy_from_slice(&element(fmt, src, i).to_le_bytes());
-    }
-}
-
-/// [`widen_act_row`] eight values at a time (a scalar f16 conversion per value cost a fifth of
-/// a 256 × 1024 × 256 call).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn widen_act_row_simd(fmt: ActFormat, src: &[u8], dst: &mut [u8]) {
-    use std::arch::x86_64::*;
-    let n = dst.len() / 4;
-    let width = fmt.block_bytes();
-    assert!(src.len() >= n * width);
-    let whole = n / 8 * 8;
-    for i in (0..whole).step_by(8) {
-        let p = src.as_ptr().add(i * width);
-        let v = match fmt {
-            ActFormat::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-            ActFormat::BF16 => {
-                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
-            }
-            _ => _mm256_loadu_ps(p as *const f32),
-        };
-        _mm256_storeu_ps(dst.as_mut_ptr().add(i * 4) as *mut f32, v);
-    }
-    for (i, d) in dst.chunks_exact_mut(4).enumerate().skip(whole) {
-        d.copy_from_slice(&element(fmt, src, i).to_le_bytes());
-    }
 }
 
 fn weight_format(type_id: u32) -> ActFormat {

@@ -13,6 +13,7 @@ mod float_blocked;
 pub mod float_tiles;
 pub mod q4k_paired;
 pub mod q8;
+mod widened;
 
 /// Where a kernel's results go: (weight row i, activation row r), rows relative to the call's
 /// first, at `ptr + i * row_step + r * col_step` (the `[n][m]` output, or a `[rows][n]`
