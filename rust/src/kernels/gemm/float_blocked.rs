@@ -26,6 +26,8 @@ pub(crate) const BF16: u8 = 2;
 const ACC_BYTES: usize = 256 * 1024;
 /// The bytes of one K slice of every activation row, read once per tile from L2.
 const X_SLICE_BYTES: usize = 512 * 1024;
+/// The bytes of activation slices kept in L1 while the panel's tiles pass over them.
+const X_L1_BYTES: usize = 12 * 1024;
 /// The most weight rows per panel, the fewest where the activation rows allow, and the most
 /// and fewest k-steps (of 8 values) per slice.
 const MAX_PANEL_ROWS: usize = 64;
@@ -134,6 +136,7 @@ pub(crate) unsafe fn run<T: Tile, const F: u8>(share: Share<'_>) {
         .clamp(MIN_SLICE_STEPS, MAX_SLICE_STEPS)
         .min(steps);
     let slices = steps.div_ceil(slice);
+    let group_block = (X_L1_BYTES / (T::COLS * slice * 32)).max(1);
     let tiles_max = panel / T::ROWS;
     // the panel widened once, [slice][tile][step][ROWS][8], a slice as the first block needs it
     let tile_len = slice * T::ROWS * 8;
@@ -180,18 +183,22 @@ pub(crate) unsafe fn run<T: Tile, const F: u8>(share: Share<'_>) {
                     }
                 }
                 let last = s1 == steps;
-                for tl in 0..tiles {
-                    let wt = ws.add(tl * tile_len);
-                    for g in 0..groups {
-                        ahead.fetch(per_call);
-                        let c0 = b0 + g * T::COLS;
-                        let xs: [*const f32; 8] = std::array::from_fn(|j| {
-                            x.add(((c0 + j).min(b1 - 1)) * x_stride + s0 * 8)
-                        });
-                        let acc = acc_of(tl, g);
-                        T::part(wt, &xs, s1 - s0, s0 == 0, acc);
-                        if last {
-                            T::finish(acc, dest, p0 + tl * T::ROWS, p1, c0, b1);
+                // a few activation groups at a time stay in L1 while every tile of the panel
+                // meets them, each tile's weights read from L2 once per few groups
+                for g0 in (0..groups).step_by(group_block) {
+                    for tl in 0..tiles {
+                        let wt = ws.add(tl * tile_len);
+                        for g in g0..groups.min(g0 + group_block) {
+                            ahead.fetch(per_call);
+                            let c0 = b0 + g * T::COLS;
+                            let xs: [*const f32; 8] = std::array::from_fn(|j| {
+                                x.add(((c0 + j).min(b1 - 1)) * x_stride + s0 * 8)
+                            });
+                            let acc = acc_of(tl, g);
+                            T::part(wt, &xs, s1 - s0, s0 == 0, acc);
+                            if last {
+                                T::finish(acc, dest, p0 + tl * T::ROWS, p1, c0, b1);
+                            }
                         }
                     }
                 }
