@@ -5,6 +5,7 @@ use std::arch::x86_64::*;
 
 use super::float::{widened, widened_row_bytes};
 use super::float_blocked::{self as blocked, Share, Tile, BF16, F16, F32};
+use super::float_few as few;
 use super::float_tiles::{avx2::hsum4, MR, NR};
 use super::Dest;
 use crate::kernels::cpu::simd_active;
@@ -66,8 +67,12 @@ impl Tile for Ymm {
     }
 }
 
+/// `share` by the AVX2 tiles, or under [`few::MIN_ROWS`] activation rows the few-row ones.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run<const F: u8>(share: Share<'_>) {
+    if share.n < few::MIN_ROWS {
+        return few::run::<F>(share);
+    }
     blocked::run::<Ymm, F>(share)
 }
 

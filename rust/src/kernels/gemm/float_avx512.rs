@@ -8,15 +8,12 @@ use std::arch::x86_64::*;
 
 use super::float_avx2 as avx2;
 use super::float_blocked::{self as blocked, Share, Tile, BF16, F16, F32};
+use super::float_few::MIN_ROWS;
 use super::float_tiles::avx2::hsum4;
 use super::Dest;
 use crate::kernels::cpu::avx512_vnni_active;
 use crate::kernels::operand::{Converted, DirectFn, RowsFn, RowsJob};
 
-/// Below this many activation rows widening the weights costs more than the wide FMAs
-/// save (one thread against the AVX2 tile: 8 rows 0.75x, 16 rows 1.1x, 32 rows 1.3x); the
-/// AVX2 tile runs instead.
-pub(super) const MIN_ROWS: usize = 16;
 /// Weight rows per tile (four register pairs) and activation rows per tile.
 const ROWS: usize = 8;
 const PAIRS: usize = ROWS / 2;
@@ -90,7 +87,7 @@ unsafe fn run<const F: u8>(share: Share<'_>) {
 }
 
 /// The rows function of weight format F (a [`RowsFn`]); under [`MIN_ROWS`] activation rows
-/// the AVX2 tile's.
+/// the few-row tile's (AVX2).
 fn rows<const F: u8>(job: RowsJob<'_>) {
     assert!(avx512_vnni_active(), "the AVX-512 float tiles need AVX-512");
     if job.act.rows < MIN_ROWS {

@@ -10,6 +10,8 @@ mod float_avx2;
 mod float_avx512;
 #[cfg(target_arch = "x86_64")]
 mod float_blocked;
+#[cfg(target_arch = "x86_64")]
+mod float_few;
 pub mod float_tiles;
 pub mod q4k_paired;
 pub mod q8;
