@@ -11,9 +11,6 @@ use super::Dest;
 use crate::kernels::cpu::simd_active;
 use crate::kernels::operand::{Converted, DirectFn, RowsFn, RowsJob};
 
-/// f32s ahead of the tile's step that its activation rows are prefetched into L1.
-const X_AHEAD: usize = 64;
-
 struct Ymm;
 
 impl Tile for Ymm {
@@ -30,11 +27,6 @@ impl Tile for Ymm {
             }
         }
         for s in 0..steps {
-            if s % 2 == 0 {
-                for xj in &x[..NR] {
-                    _mm_prefetch::<_MM_HINT_T0>(xj.wrapping_add(s * 8 + X_AHEAD) as *const i8);
-                }
-            }
             let xs: [__m256; NR] = std::array::from_fn(|j| _mm256_loadu_ps(x[j].add(s * 8)));
             for i in 0..MR {
                 let wi = _mm256_load_ps(w.add((s * MR + i) * 8));

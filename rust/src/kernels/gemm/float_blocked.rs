@@ -1,14 +1,15 @@
-//! The loop nest of the SIMD float-weight tiles (AVX2 and AVX-512 alike): a thread's weight
-//! rows in panels, each panel widened to f32 once, one slice of K at a time, and that slice
-//! met by every activation row of the call before the next is widened.
+//! The loop nest of the SIMD float-weight tiles for many activation rows (AVX2 and AVX-512
+//! alike): a thread's weight rows in panels, each panel widened to f32 once per call, one
+//! slice of K at a time as it is first needed; every block of activation rows then meets the
+//! panel slice by slice, a few activation groups at a time from L1 against every tile.
 //!
 //! tinyBLAS gives every output one 8-lane accumulator over all of K, so a K slice cannot be
 //! summed apart: each (tile, activation group) keeps its accumulators in a scratch between
 //! slices and continues them, the same FMAs in the same order. Sizes per thread, against a
-//! 1 MiB L2: the panel's accumulators (32 bytes an output) and the activations' slice stay in
-//! L2, one tile's slice of weights in L1. Widening per activation block instead (the former
-//! loop) converted and re-read every weight once per block: at K = 11008 a quarter of the
-//! time.
+//! 1 MiB L2: the accumulators of a panel and a block (32 bytes an output) and the block's K
+//! slice stay in L2. Widening the weights once per block of activation rows instead (the
+//! former loop) converted and re-read every weight several times per call: at K = 11008,
+//! 256 rows, a quarter of the time.
 
 use std::arch::x86_64::*;
 
