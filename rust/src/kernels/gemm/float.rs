@@ -10,7 +10,6 @@
 
 use super::float_tiles::rows;
 pub use super::widened::{widen_activations, widen_rows};
-pub(crate) use super::widened::{widened, widened_row_bytes};
 #[cfg(target_arch = "x86_64")]
 use super::{float_avx2 as avx2, float_avx512 as avx512};
 #[cfg(target_arch = "x86_64")]

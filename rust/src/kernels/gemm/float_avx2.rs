@@ -3,10 +3,10 @@
 
 use std::arch::x86_64::*;
 
-use super::float::{widened, widened_row_bytes};
 use super::float_blocked::{self as blocked, Share, Tile, BF16, F16, F32};
 use super::float_few as few;
 use super::float_tiles::{avx2::hsum4, MR, NR};
+use super::widened::{widened, widened_row_bytes};
 use super::Dest;
 use crate::kernels::cpu::simd_active;
 use crate::kernels::operand::{Converted, DirectFn, RowsFn, RowsJob};

@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::float_tiles::element;
+use super::widened::element;
 use super::Dest;
 use crate::kernels::formats::ActFormat;
 

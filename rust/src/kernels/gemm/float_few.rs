@@ -7,7 +7,8 @@
 use std::arch::x86_64::*;
 
 use super::float_blocked::{put, Share, BF16, F16};
-use super::float_tiles::{avx2::hsum4, element};
+use super::float_tiles::avx2::hsum4;
+use super::widened::element;
 use crate::kernels::dot::lanes::hsum8;
 use crate::kernels::formats::ActFormat;
 

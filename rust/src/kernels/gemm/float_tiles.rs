@@ -2,7 +2,7 @@
 //! order, the horizontal sum the SIMD tiles share (same additions in the same order), and the
 //! tile store the other many-row kernels share.
 
-use crate::kernels::blocks::half::fp16_to_f32;
+use super::widened::element;
 use crate::kernels::dot::lanes::hsum8;
 use crate::kernels::formats::ActFormat;
 use crate::kernels::operand::RowsJob;
@@ -15,17 +15,6 @@ pub(crate) const PANEL_BYTES: usize = 192 * 1024;
 /// Bytes of activation rows walked per panel (the rest of L2).
 pub(crate) const XBLOCK_BYTES: usize = 256 * 1024;
 
-#[inline(always)]
-pub(crate) fn element(fmt: ActFormat, b: &[u8], i: usize) -> f32 {
-    match fmt {
-        ActFormat::F16 => fp16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])),
-        ActFormat::BF16 => {
-            f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
-        }
-        _ => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
-    }
-}
-
 /// Weight rows `first..first + out.len() / n` (type `fmt`, `stride` bytes apart) against every
 /// widened activation row; `out[(i - first) * n + r]`. The portable build; the SIMD ones are
 /// [`super::float_avx2`] and [`super::float_avx512`].
@@ -36,9 +25,9 @@ pub(crate) fn rows(fmt: ActFormat, job: RowsJob<'_>) {
         return;
     }
     let kp = k.next_multiple_of(8);
-    assert!(act.row_bytes == super::float::widened_row_bytes(k));
+    assert!(act.row_bytes == super::widened::widened_row_bytes(k));
     // the rows packed kp apart
-    let x: Vec<f32> = super::float::widened(act)
+    let x: Vec<f32> = super::widened::widened(act)
         .chunks_exact(act.row_bytes)
         .flat_map(|row| row[..kp * 4].chunks_exact(4))
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))

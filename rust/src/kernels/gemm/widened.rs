@@ -4,7 +4,7 @@
 
 use std::mem::MaybeUninit;
 
-use super::float_tiles::element;
+use crate::kernels::blocks::half::fp16_to_f32;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::cpu::simd_active;
 use crate::kernels::formats::ActFormat;
@@ -141,5 +141,17 @@ unsafe fn widen_simd(fmt: ActFormat, src: &[u8], dst: &mut [MaybeUninit<u8>]) {
     }
     for i in whole..n {
         out.add(i).write_unaligned(element(fmt, src, i));
+    }
+}
+
+/// Value `i` of a converted row `b` (f16, bf16 or f32 bytes) as f32 (exact).
+#[inline(always)]
+pub(crate) fn element(fmt: ActFormat, b: &[u8], i: usize) -> f32 {
+    match fmt {
+        ActFormat::F16 => fp16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])),
+        ActFormat::BF16 => {
+            f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
+        }
+        _ => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
     }
 }
