@@ -5,7 +5,7 @@ use super::formats::ActFormat;
 use super::pool;
 
 /// Activation values from which their conversion is split over threads.
-const PARALLEL_CONVERT_MIN: usize = 1 << 15;
+pub(crate) const PARALLEL_CONVERT_MIN: usize = 1 << 15;
 
 /// The whole rows of `x` (`k` values each) converted by `work` (a run of rows into as many
 /// `row_bytes` rows) into a zeroed buffer, split over up to `threads` threads for large batches;

@@ -5,10 +5,17 @@
 pub mod f16_rows;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
+mod float_avx2;
+#[cfg(target_arch = "x86_64")]
 mod float_avx512;
+#[cfg(target_arch = "x86_64")]
+mod float_blocked;
+#[cfg(target_arch = "x86_64")]
+mod float_few;
 pub mod float_tiles;
 pub mod q4k_paired;
 pub mod q8;
+mod widened;
 
 /// Where a kernel's results go: (weight row i, activation row r), rows relative to the call's
 /// first, at `ptr + i * row_step + r * col_step` (the `[n][m]` output, or a `[rows][n]`
