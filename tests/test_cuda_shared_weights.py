@@ -29,7 +29,12 @@ from support.strict_cupy import (
     VmmMisuse,
     strict_cuda_device,
 )
-from test_shared_weights import weak_hash, writers
+from test_shared_weights import (
+    client_mem_counts_shared_bytes,
+    forged_fnv_never_shares,
+    weak_hash,
+    writers,
+)
 
 MiB = 1 << 20
 SIZE = 4 * MiB
@@ -299,21 +304,7 @@ def test_copy_on_write_maps_the_granules_again_and_isolates_the_writer(server_fa
 
 def test_client_mem_counts_shared_bytes_in_full(server_factory, caplog):
     srv = serve(server_factory, client_mem=BUF + 2 * MiB)
-    data = os.urandom(SIZE)
-
-    async def main() -> None:
-        a = await Holder.open(srv.port, data)
-        b = await Holder.open(srv.port, data)
-        assert sharing(srv)[0] == SIZE
-        # b holds BUF against its quota although SIZE of it is shared: 4 MiB more is refused
-        assert (await b.c.alloc_buffer(4 * MiB))[0] == 0
-        assert (await b.c.alloc_buffer(2 * MiB))[0] != 0
-        await a.c.close()
-        await b.c.close()
-
-    with caplog.at_level(logging.WARNING):
-        asyncio.run(main())
-    assert "quota" in caplog.text
+    client_mem_counts_shared_bytes(srv, Holder, caplog)
 
 
 def test_a_copy_on_write_without_room_in_mem_closes_the_writer_only(server_factory, caplog):
@@ -364,31 +355,11 @@ def test_a_copy_on_write_without_gpu_memory_closes_the_writer_only(server_factor
 def test_a_forged_fnv_collision_never_shares(server_factory, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(_native, "fnv1a64", weak_hash)
     srv = serve(server_factory, cache_dir=tmp_path / "cache")
-    weights = b"\x07" + os.urandom(SIZE - 1)
-    forged = b"\x07" + os.urandom(SIZE - 1)  # same (weak) FNV-1a, other bytes
-    digest = weak_hash(weights)
 
-    async def main() -> None:
-        a = await Holder.open(srv.port)
-        await a.c.set_tensor(a.t, 0, weights, cache=True)
-        await a.c.device_count()
-        mallory = await Holder.open(srv.port)
-        await mallory.c.set_tensor(mallory.t, 0, forged, cache=True)
-        await mallory.c.device_count()
-        assert sharing(srv) == (0, 0, 2)  # two contents, nothing shared
-        assert await a.read() == weights and await mallory.read() == forged
-        # a third client asking by that hash gets the weights, never the forged bytes
-        c = await Holder.open(srv.port)
-        assert await c.c.set_tensor_hash(c.t, 0, digest)
-        assert await c.read() == weights
-        assert sharing(srv) == (SIZE, SIZE, 2)
-        assert mapped(srv, c) == [True, False, False, True]
-        for h in (a, mallory, c):
-            await h.c.close()
+    def granules_unmapped(srv, third) -> None:
+        assert mapped(srv, third) == [True, False, False, True]
 
-    with caplog.at_level(logging.WARNING):
-        asyncio.run(main())
-    assert "FNV-1a collision on 0000000000001007" in caplog.text
+    forged_fnv_never_shares(srv, Holder, caplog, granules_unmapped)
     cp_of(srv).assert_clean()
 
 

@@ -225,13 +225,14 @@ def test_a_graph_reading_across_a_ranges_edge_gets_its_own_copy(server_factory):
     asyncio.run(main())
 
 
-def test_client_mem_counts_shared_bytes_in_full(server_factory, caplog):
-    srv = server_factory(mem=1 << 30, client_mem=BUF + 2 * MiB)
-    data = os.urandom(SIZE)
+def client_mem_counts_shared_bytes(srv: Any, holder: Any, caplog: Any) -> None:
+    """Two clients share SIZE on `srv` (--client-mem BUF + 2 MiB); the second still holds BUF
+    against its quota. `holder`: the Holder class of the device under test."""
 
     async def main() -> None:
-        a = await Holder.open(srv.port, data)
-        b = await Holder.open(srv.port, data)
+        data = os.urandom(SIZE)
+        a = await holder.open(srv.port, data)
+        b = await holder.open(srv.port, data)
         assert sharing(srv)[0] == SIZE
         # b holds BUF against its quota although SIZE of it is shared: 4 MiB more is refused
         assert (await b.c.alloc_buffer(4 * MiB))[0] == 0
@@ -242,6 +243,11 @@ def test_client_mem_counts_shared_bytes_in_full(server_factory, caplog):
     with caplog.at_level(logging.WARNING):
         asyncio.run(main())
     assert "quota" in caplog.text
+
+
+def test_client_mem_counts_shared_bytes_in_full(server_factory, caplog):
+    srv = server_factory(mem=1 << 30, client_mem=BUF + 2 * MiB)
+    client_mem_counts_shared_bytes(srv, Holder, caplog)
 
 
 def test_a_copy_on_write_without_room_closes_the_writer_only(server_factory, caplog):
@@ -273,33 +279,42 @@ def weak_hash(data) -> int:
     return 0x1000 + (view[0] if len(view) else 0)
 
 
-def test_a_forged_fnv_collision_never_shares(server_factory, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(_native, "fnv1a64", weak_hash)
-    srv = server_factory(mem=1 << 30, cache_dir=tmp_path / "cache")
+def forged_fnv_never_shares(srv: Any, holder: Any, caplog: Any, check: Any = None) -> None:
+    """With `weak_hash` as FNV-1a on `srv` (a cache): two uploads of one hash and other bytes
+    share nothing, and a third client asking by that hash gets the first upload's bytes.
+    `check(srv, third)` looks at the device's side of it (optional)."""
     weights = b"\x07" + os.urandom(SIZE - 1)
     forged = b"\x07" + os.urandom(SIZE - 1)  # same (weak) FNV-1a, other bytes
     digest = weak_hash(weights)
 
     async def main() -> None:
-        a = await Holder.open(srv.port)
+        a = await holder.open(srv.port)
         await a.c.set_tensor(a.t, 0, weights, cache=True)
         await a.c.device_count()
-        mallory = await Holder.open(srv.port)
+        mallory = await holder.open(srv.port)
         await mallory.c.set_tensor(mallory.t, 0, forged, cache=True)
         await mallory.c.device_count()  # its cache store has finished
         assert sharing(srv) == (0, 0, 2)  # two contents, nothing shared
         assert await a.read() == weights and await mallory.read() == forged
         # a third client asking by that hash gets the weights, never the forged bytes
-        c = await Holder.open(srv.port)
+        c = await holder.open(srv.port)
         assert await c.c.set_tensor_hash(c.t, 0, digest)
         assert await c.read() == weights
         assert sharing(srv) == (SIZE, SIZE, 2)
+        if check is not None:
+            check(srv, c)
         for h in (a, mallory, c):
             await h.c.close()
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(main())
     assert "FNV-1a collision on 0000000000001007" in caplog.text
+
+
+def test_a_forged_fnv_collision_never_shares(server_factory, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(_native, "fnv1a64", weak_hash)
+    srv = server_factory(mem=1 << 30, cache_dir=tmp_path / "cache")
+    forged_fnv_never_shares(srv, Holder, caplog)
 
 
 def test_a_hash_held_in_memory_is_answered_without_the_cache(server_factory, tmp_path):
