@@ -55,11 +55,7 @@ pub fn rows(job: RowsJob<'_>) {
     if n == 0 {
         return;
     }
-    let dest = Dest {
-        ptr: out.as_mut_ptr(),
-        row_step: n,
-        col_step: 1,
-    };
+    let dest = Dest::scratch(out, n);
     // SAFETY: `out` holds `out.len() / n` results for each of the n activation rows.
     unsafe { rows_into(w, stride, first, out.len() / n, k, act, dest) }
 }
@@ -90,12 +86,8 @@ pub(crate) unsafe fn direct(
     m: usize,
 ) {
     assert!(first + rows <= m);
-    let dest = Dest {
-        // SAFETY: first <= m, within the caller's n × m floats
-        ptr: unsafe { out.add(first) },
-        row_step: 1,
-        col_step: m,
-    };
+    // SAFETY: as asserted, within the caller's n × m floats
+    let dest = unsafe { Dest::columns(out, first, m) };
     // SAFETY: the caller owns those columns of `out`.
     unsafe { rows_into(w, stride, first, rows, k, act, dest) }
 }

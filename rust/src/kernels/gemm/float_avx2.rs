@@ -93,22 +93,45 @@ pub(super) fn share<'a>(
     }
 }
 
+/// The share of a [`RowsJob`]: its weight rows against every activation row, into its
+/// `[rows][n]` output.
+pub(super) fn job_share(job: RowsJob<'_>) -> Share<'_> {
+    let (w, stride, first, k, act, out, _) = job.into_parts();
+    let rows = out.len() / act.rows.max(1);
+    let dest = Dest::scratch(out, act.rows);
+    share(w, stride, first, rows, k, act, dest)
+}
+
+/// The share of a [`DirectFn`] call: weight rows `first..first + rows` written straight into
+/// the `[n][m]` output at `out` (column `first + i` of every activation row).
+///
+/// # Safety
+/// `out` is valid for `act.rows × m` floats.
+#[allow(clippy::too_many_arguments)] // the shape of `DirectFn`
+pub(super) unsafe fn direct_share<'a>(
+    w: &'a [u8],
+    stride: usize,
+    first: usize,
+    rows: usize,
+    k: usize,
+    act: &'a Converted,
+    out: *mut f32,
+    m: usize,
+) -> Share<'a> {
+    assert!(first + rows <= m);
+    // SAFETY: as asserted, within the caller's floats
+    let dest = unsafe { Dest::columns(out, first, m) };
+    share(w, stride, first, rows, k, act, dest)
+}
+
 /// The rows function of weight format F (a [`RowsFn`]).
 pub(super) fn rows<const F: u8>(job: RowsJob<'_>) {
     assert!(
         simd_active(),
         "the AVX2 float tiles need AVX2, FMA and F16C"
     );
-    let (w, stride, first, k, act, out, _) = job.into_parts();
-    let n = act.rows;
-    let rows = out.len() / n.max(1);
-    let dest = Dest {
-        ptr: out.as_mut_ptr(),
-        row_step: n,
-        col_step: 1,
-    };
-    let share = share(w, stride, first, rows, k, act, dest);
-    // SAFETY: AVX2, FMA and F16C checked above; `share` checked its sizes; `dest` spans `out`.
+    let share = job_share(job);
+    // SAFETY: AVX2, FMA and F16C checked above; `share` checked its sizes and spans `out`.
     unsafe { run::<F>(share) }
 }
 
@@ -128,31 +151,26 @@ unsafe fn direct<const F: u8>(
     out: *mut f32,
     m: usize,
 ) {
-    assert!(simd_active() && first + rows <= m);
-    let dest = Dest {
-        ptr: out.add(first),
-        row_step: 1,
-        col_step: m,
-    };
-    let share = share(w, stride, first, rows, k, act, dest);
-    // SAFETY: as asserted; the caller owns those columns of `out`.
-    unsafe { run::<F>(share) }
+    assert!(simd_active());
+    // SAFETY: the caller owns those columns of `out`; AVX2, FMA and F16C checked above.
+    unsafe { run::<F>(direct_share(w, stride, first, rows, k, act, out, m)) }
+}
+
+/// `f16`, `bf16` or `f32` by ggml float type (1, 30, else 0).
+pub(super) fn by_format<T>(type_id: u32, f16: T, bf16: T, f32: T) -> T {
+    match type_id {
+        1 => f16,
+        30 => bf16,
+        _ => f32,
+    }
 }
 
 /// The rows function of a float weight type (ggml type 0, 1 or 30).
 pub(super) fn rows_fn(type_id: u32) -> RowsFn {
-    match type_id {
-        1 => rows::<F16>,
-        30 => rows::<BF16>,
-        _ => rows::<F32>,
-    }
+    by_format::<RowsFn>(type_id, rows::<F16>, rows::<BF16>, rows::<F32>)
 }
 
 /// The direct function of a float weight type.
 pub(super) fn direct_fn(type_id: u32) -> DirectFn {
-    match type_id {
-        1 => direct::<F16>,
-        30 => direct::<BF16>,
-        _ => direct::<F32>,
-    }
+    by_format::<DirectFn>(type_id, direct::<F16>, direct::<BF16>, direct::<F32>)
 }

@@ -93,17 +93,9 @@ fn rows<const F: u8>(job: RowsJob<'_>) {
     if job.act.rows < MIN_ROWS {
         return avx2::rows::<F>(job);
     }
-    let (w, stride, first, k, act, out, _) = job.into_parts();
-    let n = act.rows;
-    let rows = out.len() / n.max(1);
-    let dest = Dest {
-        ptr: out.as_mut_ptr(),
-        row_step: n,
-        col_step: 1,
-    };
-    let share = avx2::share(w, stride, first, rows, k, act, dest);
+    let share = avx2::job_share(job);
     // SAFETY: AVX-512 F and BW (and so AVX2, FMA, F16C) checked above; `share` checked its
-    // sizes; `dest` spans `out`.
+    // sizes and spans `out`.
     unsafe { run::<F>(share) }
 }
 
@@ -125,34 +117,17 @@ unsafe fn direct<const F: u8>(
     m: usize,
 ) {
     assert!(avx512_vnni_active() && act.rows >= MIN_ROWS);
-    assert!(first + rows <= m);
-    let dest = Dest {
-        ptr: out.add(first),
-        row_step: 1,
-        col_step: m,
-    };
-    let share = avx2::share(w, stride, first, rows, k, act, dest);
     // SAFETY: as asserted; the caller owns those columns of `out`.
-    unsafe { run::<F>(share) }
+    unsafe { run::<F>(avx2::direct_share(w, stride, first, rows, k, act, out, m)) }
 }
 
 /// The rows function of a float weight type (ggml type 0, 1 or 30).
 pub(super) fn rows_fn(type_id: u32) -> RowsFn {
-    match type_id {
-        1 => rows::<F16>,
-        30 => rows::<BF16>,
-        _ => rows::<F32>,
-    }
+    avx2::by_format::<RowsFn>(type_id, rows::<F16>, rows::<BF16>, rows::<F32>)
 }
 
 /// The direct function of a float weight type, from [`MIN_ROWS`] activation rows.
 pub(super) fn direct_fn(type_id: u32, n: usize) -> Option<DirectFn> {
-    if n < MIN_ROWS {
-        return None;
-    }
-    Some(match type_id {
-        1 => direct::<F16>,
-        30 => direct::<BF16>,
-        _ => direct::<F32>,
-    })
+    (n >= MIN_ROWS)
+        .then(|| avx2::by_format::<DirectFn>(type_id, direct::<F16>, direct::<BF16>, direct::<F32>))
 }

@@ -82,6 +82,19 @@ pub(crate) struct Share<'a> {
     pub(crate) dest: Dest,
 }
 
+impl Share<'_> {
+    /// Whether the share has any result to compute; asserts that `w` holds its rows of
+    /// format F.
+    pub(crate) fn has_work<const F: u8>(&self) -> bool {
+        if self.rows == 0 || self.n == 0 {
+            return false;
+        }
+        let row_end = (self.first + self.rows - 1) * self.stride + self.k * elem_bytes::<F>();
+        assert!(self.k > 0 && self.w.len() >= row_end);
+        true
+    }
+}
+
 /// One cache line of f32s: the tiles' aligned loads never straddle two.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -104,6 +117,9 @@ fn lines(len: usize) -> Vec<std::mem::MaybeUninit<Line>> {
 /// holds every result of the share; `w` holds its rows (checked).
 #[inline(always)]
 pub(crate) unsafe fn run<T: Tile, const F: u8>(share: Share<'_>) {
+    if !share.has_work::<F>() {
+        return;
+    }
     let Share {
         w,
         stride,
@@ -115,11 +131,7 @@ pub(crate) unsafe fn run<T: Tile, const F: u8>(share: Share<'_>) {
         n,
         dest,
     } = share;
-    if rows == 0 || n == 0 {
-        return;
-    }
     let elem = elem_bytes::<F>();
-    assert!(k > 0 && w.len() >= (first + rows - 1) * stride + k * elem);
     let kp = k.next_multiple_of(8);
     let steps = kp / 8;
     // activation rows per block: a block's accumulators for at least MIN_PANEL_ROWS weight
@@ -208,7 +220,7 @@ pub(crate) unsafe fn run<T: Tile, const F: u8>(share: Share<'_>) {
     }
 }
 
-const fn elem_bytes<const F: u8>() -> usize {
+pub(crate) const fn elem_bytes<const F: u8>() -> usize {
     if F == F32 {
         4
     } else {

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::float_blocked::{put, Share, BF16, F16};
+use super::float_blocked::{elem_bytes, put, Share, BF16, F16};
 use super::float_tiles::avx2::hsum4;
 use super::widened::element;
 use crate::kernels::dot::lanes::hsum8;
@@ -29,6 +29,9 @@ const AHEAD: usize = 1024;
 /// AVX2, FMA and F16C present; as [`super::float_blocked::run`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run<const F: u8>(share: Share<'_>) {
+    if !share.has_work::<F>() {
+        return;
+    }
     let Share {
         w,
         stride,
@@ -40,11 +43,7 @@ pub(crate) unsafe fn run<const F: u8>(share: Share<'_>) {
         n,
         dest,
     } = share;
-    if rows == 0 || n == 0 {
-        return;
-    }
-    let elem = if F == F16 || F == BF16 { 2 } else { 4 };
-    assert!(k > 0 && w.len() >= (first + rows - 1) * stride + k * elem);
+    let elem = elem_bytes::<F>();
     let whole = k / 8;
     let row_bytes = k * elem;
     let fmt = match F {

@@ -28,6 +28,29 @@ pub(crate) struct Dest {
 }
 
 impl Dest {
+    /// A `[rows][n]` scratch (or output) at `out`: weight row i's results side by side.
+    pub(crate) fn scratch(out: &mut [f32], n: usize) -> Dest {
+        Dest {
+            ptr: out.as_mut_ptr(),
+            row_step: n,
+            col_step: 1,
+        }
+    }
+
+    /// Columns `first..` of the `[n][m]` output at `out`, for a call that computes weight rows
+    /// from `first` (whose results land in place: no scratch, no scatter).
+    ///
+    /// # Safety
+    /// `out` is valid for `n × m` floats and `first <= m`.
+    pub(crate) unsafe fn columns(out: *mut f32, first: usize, m: usize) -> Dest {
+        Dest {
+            // SAFETY: first <= m, within the caller's n × m floats
+            ptr: unsafe { out.add(first) },
+            row_step: 1,
+            col_step: m,
+        }
+    }
+
     /// # Safety
     /// (i, r) must be one of the caller's results.
     #[inline(always)]
