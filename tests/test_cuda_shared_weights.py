@@ -31,6 +31,7 @@ from support.strict_cupy import (
 )
 from test_shared_weights import (
     client_mem_counts_shared_bytes,
+    copy_on_write_without_room_closes_the_writer,
     forged_fnv_never_shares,
     weak_hash,
     writers,
@@ -309,24 +310,8 @@ def test_client_mem_counts_shared_bytes_in_full(server_factory, caplog):
 
 def test_a_copy_on_write_without_room_in_mem_closes_the_writer_only(server_factory, caplog):
     srv = serve(server_factory, capacity=2 * BUF)
-    data = os.urandom(SIZE)
-
-    async def main() -> None:
-        a = await Holder.open(srv.port, data)
-        b = await Holder.open(srv.port, data)
-        filler = await RpcClient.connect("127.0.0.1", srv.port)
-        assert (await filler.alloc_buffer(SIZE))[0] != 0
-        await b.c.memset_tensor(b.t, 0, 64, 1)  # needs SIZE more for b's own copy: none left
-        with pytest.raises(ServerClosed):
-            await b.c.device_count()
-        assert await a.read() == data
-        await a.c.close()
-        await filler.close()
-
-    with caplog.at_level(logging.WARNING):
-        asyncio.run(main())
-    lines = [r.getMessage() for r in caplog.records if "copy on write" in r.getMessage()]
-    assert len(lines) == 1 and "closing connection: MEMSET_TENSOR" in lines[0], lines
+    copy_on_write_without_room_closes_the_writer(srv, Holder, caplog)
+    cp_of(srv).assert_clean()
 
 
 def test_a_copy_on_write_without_gpu_memory_closes_the_writer_only(server_factory, caplog):

@@ -253,11 +253,17 @@ def test_client_mem_counts_shared_bytes_in_full(server_factory, caplog):
 def test_a_copy_on_write_without_room_closes_the_writer_only(server_factory, caplog):
     # a and b share SIZE: the pool holds 2 * BUF - SIZE; a third client fills it up
     srv = server_factory(mem=2 * BUF)
+    copy_on_write_without_room_closes_the_writer(srv, Holder, caplog)
+
+
+def copy_on_write_without_room_closes_the_writer(srv: Any, holder: Any, caplog: Any) -> None:
+    """Two clients share SIZE on `srv` (--mem 2 * BUF), a third fills the rest: the writer's
+    copy on write finds no room, so its connection alone closes and the other reads on."""
     data = os.urandom(SIZE)
 
     async def main() -> None:
-        a = await Holder.open(srv.port, data)
-        b = await Holder.open(srv.port, data)
+        a = await holder.open(srv.port, data)
+        b = await holder.open(srv.port, data)
         filler = await RpcClient.connect("127.0.0.1", srv.port)
         assert (await filler.alloc_buffer(SIZE))[0] != 0
         await b.c.memset_tensor(b.t, 0, 64, 1)  # needs SIZE more for b's own copy: none left
